@@ -1,0 +1,337 @@
+// gpurpc C++ client: RAII handles over the gpurpc.v1 API.
+//
+//   auto client = gpurpc::Client::Connect("localhost:50051");       // or "unix:/path"
+//   auto session = client->OpenSession(/*device_ordinal=*/0);
+//   auto buffer = session->Allocate(1 << 20);
+//   buffer->Upload(bytes);                        // any size: streamed in 1 MiB chunks
+//   auto module = session->Compile({.source = kSaxpy});
+//   auto saxpy = module->GetFunction("saxpy");
+//   saxpy->LaunchAsync({grid, block}, 2.0f, *x, *y, n);   // through the command stream
+//   session->Synchronize();                       // execution errors surface here
+//
+// Ownership: Session, Buffer, Module, Stream and Event are move-only owners; destroying one
+// releases the remote object and never throws (failures are logged to stderr when
+// GPURPC_CLIENT_DEBUG is set). Every handle keeps its session's connection alive; handles
+// that outlive their Session become inert (the daemon already freed them).
+// Function is a cheap copyable value that keeps its module loaded.
+//
+// Errors: absl::Status with the daemon's code and message (DESIGN §3): INVALID_ARGUMENT
+// for bad input, NOT_FOUND for unknown handles, RESOURCE_EXHAUSTED for memory, ABORTED for
+// the call that observes a kernel fault, FAILED_PRECONDITION for every call on a FAULTED
+// session afterwards.
+//
+// Thread safety: a Session and its handles may be used from several threads; commands
+// enqueued from different threads are ordered by when they were enqueued.
+#ifndef GPURPC_CLIENT_CPP_INCLUDE_GPURPC_CLIENT_H_
+#define GPURPC_CLIENT_CPP_INCLUDE_GPURPC_CLIENT_H_
+
+#include <cstdint>
+#include <cstring>
+#include <memory>
+#include <string>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "absl/types/span.h"
+#include "gpurpc/v1/device_service.pb.h"
+#include "gpurpc/v1/execution_service.pb.h"
+#include "gpurpc/v1/module_service.pb.h"
+#include "gpurpc/v1/session_service.pb.h"
+
+namespace grpc {
+class Channel;
+}
+
+namespace gpurpc {
+
+class Session;
+class Buffer;
+class Module;
+class Function;
+class Stream;
+class Event;
+
+namespace internal {
+class SessionCore;
+struct ModuleHandle;
+}  // namespace internal
+
+struct Dim3 {
+  uint32_t x = 1, y = 1, z = 1;
+};
+
+struct LaunchConfig {
+  Dim3 grid;
+  Dim3 block;
+  uint32_t shared_memory_bytes = 0;
+  const Stream* stream = nullptr;  // nullptr = the session's default stream
+};
+
+struct MemInfo {
+  uint64_t free_bytes = 0;
+  uint64_t total_bytes = 0;
+};
+
+// A connection to a gpurpcd.
+class Client {
+ public:
+  // Connects and checks that the daemon answers (ListDevices). UNAVAILABLE when it does not.
+  static absl::StatusOr<Client> Connect(const std::string& address,
+                                        absl::Duration timeout = absl::Seconds(10));
+
+  absl::StatusOr<v1::ListDevicesResponse> ListDevices() const;
+  // Opens a session (one worker process with one context) on a device.
+  absl::StatusOr<Session> OpenSession(int device_ordinal = 0,
+                                      const std::string& client_label = "") const;
+  // The channel, for calling the proto API directly.
+  const std::shared_ptr<grpc::Channel>& channel() const { return channel_; }
+
+ private:
+  explicit Client(std::shared_ptr<grpc::Channel> channel) : channel_(std::move(channel)) {}
+  std::shared_ptr<grpc::Channel> channel_;
+};
+
+// Where device memory is addressed: a buffer plus an offset, or a raw address inside a
+// buffer of the session (pointer arithmetic).
+struct DeviceRef {
+  uint64_t buffer_id = 0;       // 0: a raw address, resolved by the daemon
+  uint64_t offset_bytes = 0;    // offset into buffer_id
+  uint64_t device_address = 0;  // the address of the byte referred to
+  static DeviceRef Address(uint64_t address) { return DeviceRef{0, 0, address}; }
+};
+
+// A device buffer. Move-only; freed remotely on destruction.
+class Buffer {
+ public:
+  Buffer() = default;
+  Buffer(Buffer&&) noexcept;
+  Buffer& operator=(Buffer&&) noexcept;
+  ~Buffer();
+
+  uint64_t id() const { return id_; }
+  uint64_t device_address() const { return device_address_; }
+  uint64_t size_bytes() const { return size_bytes_; }
+  // A reference to byte `offset_bytes` of this buffer.
+  DeviceRef at(uint64_t offset_bytes = 0) const {
+    return DeviceRef{id_, offset_bytes, device_address_ + offset_bytes};
+  }
+
+  // Synchronous copies of any size (chunked streams above 1 MiB).
+  absl::Status Upload(absl::Span<const uint8_t> data, uint64_t offset_bytes = 0) const;
+  absl::StatusOr<std::vector<uint8_t>> Download(uint64_t offset_bytes, uint64_t size_bytes) const;
+  absl::StatusOr<std::vector<uint8_t>> Download() const { return Download(0, size_bytes_); }
+  // Frees now; NOT_FOUND when already freed.
+  absl::Status Free();
+
+ private:
+  friend class Session;
+  std::shared_ptr<internal::SessionCore> core_;
+  uint64_t id_ = 0;
+  uint64_t device_address_ = 0;
+  uint64_t size_bytes_ = 0;
+};
+
+// A stream of the session. Move-only; destroyed remotely on destruction.
+class Stream {
+ public:
+  Stream() = default;
+  Stream(Stream&&) noexcept;
+  Stream& operator=(Stream&&) noexcept;
+  ~Stream();
+  uint64_t id() const { return id_; }
+  // Waits for the stream's work (flushing queued commands first).
+  absl::Status Synchronize() const;
+  // Makes this stream wait for `event` (stream ordered, through the command stream).
+  absl::Status WaitEvent(const Event& event) const;
+
+ private:
+  friend class Session;
+  std::shared_ptr<internal::SessionCore> core_;
+  uint64_t id_ = 0;
+};
+
+// An event of the session. Move-only.
+class Event {
+ public:
+  Event() = default;
+  Event(Event&&) noexcept;
+  Event& operator=(Event&&) noexcept;
+  ~Event();
+  uint64_t id() const { return id_; }
+  // Records on a stream (nullptr = default), through the command stream.
+  absl::Status Record(const Stream* stream = nullptr) const;
+  absl::Status Synchronize() const;
+  absl::StatusOr<bool> Query() const;
+  // Milliseconds from `start` to this event.
+  absl::StatusOr<float> ElapsedSince(const Event& start) const;
+
+ private:
+  friend class Session;
+  std::shared_ptr<internal::SessionCore> core_;
+  uint64_t id_ = 0;
+};
+
+// One kernel argument, packed by value.
+class KernelArg {
+ public:
+  // A buffer (its device address), optionally plus an offset.
+  KernelArg(const Buffer& buffer) : KernelArg(buffer.device_address()) {}  // NOLINT
+  KernelArg(const DeviceRef& ref) : KernelArg(ref.device_address) {}       // NOLINT
+  // Any trivially copyable value (scalars, vector types, structs): its bytes.
+  template <typename T, typename = std::enable_if_t<std::is_trivially_copyable_v<T> &&
+                                                    !std::is_pointer_v<T>>>
+  KernelArg(const T& value)  // NOLINT
+      : bytes_(reinterpret_cast<const uint8_t*>(&value),
+               reinterpret_cast<const uint8_t*>(&value) + sizeof(T)) {}
+  const std::vector<uint8_t>& bytes() const { return bytes_; }
+
+ private:
+  std::vector<uint8_t> bytes_;
+};
+
+// A kernel. Copyable; keeps its module loaded.
+class Function {
+ public:
+  uint64_t id() const { return id_; }
+  const std::string& name() const { return name_; }
+  const std::vector<v1::ParamInfo>& params() const { return params_; }
+  const v1::FunctionAttributes& attributes() const { return attributes_; }
+
+  // Packs `args` at the parameter offsets. INVALID_ARGUMENT naming the parameter index with
+  // expected and given sizes when they do not match the kernel's signature.
+  absl::StatusOr<std::string> Pack(absl::Span<const KernelArg> args) const;
+
+  // Enqueues through the command stream (no round trip); errors surface at the next
+  // synchronising call.
+  template <typename... Args>
+  absl::Status LaunchAsync(const LaunchConfig& config, const Args&... args) const {
+    const KernelArg packed[] = {KernelArg(args)..., KernelArg(0)};
+    return LaunchPacked(config, absl::MakeSpan(packed, sizeof...(Args)), /*async=*/true);
+  }
+  // One unary RPC; returns once enqueued, with argument errors at once.
+  template <typename... Args>
+  absl::Status Launch(const LaunchConfig& config, const Args&... args) const {
+    const KernelArg packed[] = {KernelArg(args)..., KernelArg(0)};
+    return LaunchPacked(config, absl::MakeSpan(packed, sizeof...(Args)), /*async=*/false);
+  }
+  absl::Status LaunchPacked(const LaunchConfig& config, absl::Span<const KernelArg> args,
+                            bool async) const;
+  // Launches with a packed argument blob as is (PyCUDA style), through the command stream.
+  absl::Status LaunchBlobAsync(const LaunchConfig& config, std::string packed_args) const;
+
+ private:
+  friend class Module;
+  std::shared_ptr<internal::SessionCore> core_;
+  std::shared_ptr<internal::ModuleHandle> module_;
+  uint64_t id_ = 0;
+  std::string name_;
+  std::vector<v1::ParamInfo> params_;
+  v1::FunctionAttributes attributes_;
+};
+
+// A loaded module. Move-only; unloaded when it and every Function from it are gone.
+class Module {
+ public:
+  Module() = default;
+  uint64_t id() const;
+  absl::StatusOr<Function> GetFunction(const std::string& name) const;
+  struct Global {
+    uint64_t device_address = 0;
+    uint64_t size_bytes = 0;
+    DeviceRef ref() const { return DeviceRef::Address(device_address); }
+  };
+  absl::StatusOr<Global> GetGlobal(const std::string& name) const;
+
+ private:
+  friend class Session;
+  std::shared_ptr<internal::SessionCore> core_;
+  std::shared_ptr<internal::ModuleHandle> handle_;
+};
+
+struct CompileOptions {
+  std::string source;
+  std::string program_name = "kernel.cu";
+  std::vector<std::string> options;
+  std::vector<std::pair<std::string, std::string>> headers;  // name, content
+  std::vector<std::string> name_expressions;
+};
+
+// The result of a compile: a failed compile is not an error, it has success() false and
+// the log.
+struct CompileResult {
+  v1::CompileResponse response;
+  Module module;  // loaded when response.success()
+  bool success() const { return response.success(); }
+  const std::string& log() const { return response.log(); }
+  // The lowered name of a name expression, or "" if it was not requested.
+  std::string LoweredName(const std::string& name_expression) const;
+};
+
+// A session: one worker process holding one context on one device. Move-only; closed on
+// destruction. A background thread keeps it alive (KeepAlive at a third of the daemon's
+// idle timeout) while the object exists.
+class Session {
+ public:
+  Session() = default;
+  Session(Session&&) noexcept;
+  Session& operator=(Session&&) noexcept;
+  ~Session();
+
+  uint64_t id() const;
+  const v1::DeviceInfo& device() const;
+
+  // Memory.
+  absl::StatusOr<Buffer> Allocate(uint64_t size_bytes) const;
+  absl::StatusOr<MemInfo> GetMemInfo() const;
+  absl::Status Upload(const DeviceRef& dst, absl::Span<const uint8_t> data,
+                      const Stream* stream = nullptr) const;
+  absl::StatusOr<std::vector<uint8_t>> Download(const DeviceRef& src, uint64_t size_bytes,
+                                                const Stream* stream = nullptr) const;
+  // Download into caller memory (no extra copy for large transfers).
+  absl::Status DownloadInto(const DeviceRef& src, absl::Span<uint8_t> out,
+                            const Stream* stream = nullptr) const;
+  // element_size_bytes 1, 2 or 4; count in elements. Unary (synchronous argument checks).
+  absl::Status Memset(const DeviceRef& dst, uint32_t value, uint32_t element_size_bytes,
+                      uint64_t count, const Stream* stream = nullptr) const;
+  absl::Status CopyDeviceToDevice(const DeviceRef& dst, const DeviceRef& src,
+                                  uint64_t size_bytes, const Stream* stream = nullptr) const;
+  // Async forms through the command stream.
+  absl::Status MemsetAsync(const DeviceRef& dst, uint32_t value, uint32_t element_size_bytes,
+                           uint64_t count, const Stream* stream = nullptr) const;
+  absl::Status CopyDeviceToDeviceAsync(const DeviceRef& dst, const DeviceRef& src,
+                                       uint64_t size_bytes, const Stream* stream = nullptr) const;
+  // ≤ 1 MiB, copied at the call.
+  absl::Status UploadAsync(const DeviceRef& dst, absl::Span<const uint8_t> data,
+                           const Stream* stream = nullptr) const;
+
+  // Modules.
+  absl::StatusOr<CompileResult> Compile(const CompileOptions& options) const;
+  absl::StatusOr<Module> LoadModule(const std::string& image) const;
+
+  // Streams and events.
+  absl::StatusOr<Stream> CreateStream(bool non_blocking = false) const;
+  absl::StatusOr<Event> CreateEvent(bool disable_timing = false) const;
+
+  // Sends queued commands without waiting.
+  absl::Status Flush() const;
+  // Waits for everything the session has queued. The first asynchronous error since the
+  // last synchronising call is returned here (with its command's sequence number).
+  absl::Status Synchronize() const;
+
+  // The session's state from the daemon (also a bare front-end round trip).
+  absl::StatusOr<v1::KeepAliveResponse> KeepAlive() const;
+  // Closes now; later calls fail. Idempotent.
+  absl::Status Close();
+
+ private:
+  friend class Client;
+  std::shared_ptr<internal::SessionCore> core_;
+};
+
+}  // namespace gpurpc
+
+#endif  // GPURPC_CLIENT_CPP_INCLUDE_GPURPC_CLIENT_H_

@@ -1,0 +1,71 @@
+// One worker process seen from the front end: spawned by exec of the daemon's own binary
+// (never fork after CUDA init), connected through a private socketpair that nobody else can
+// open, and reaped by a thread of its own so that its death is noticed at once.
+#ifndef GPURPC_SERVER_FRONTEND_WORKER_PROCESS_H_
+#define GPURPC_SERVER_FRONTEND_WORKER_PROCESS_H_
+
+#include <sys/types.h>
+
+#include <condition_variable>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "gpurpc/v1/device_service.pb.h"
+#include "grpcpp/channel.h"
+
+namespace gpurpc::frontend {
+
+class WorkerProcess {
+ public:
+  // Starts `exe` with `args` plus --worker-fd=<fd>. The child gets fd 3 as its end of the
+  // socketpair.
+  static absl::StatusOr<std::unique_ptr<WorkerProcess>> Spawn(
+      const std::string& exe, const std::vector<std::string>& args);
+
+  // Kills the process (if still running) and reaps it. Never throws.
+  ~WorkerProcess();
+
+  WorkerProcess(const WorkerProcess&) = delete;
+  WorkerProcess& operator=(const WorkerProcess&) = delete;
+
+  pid_t pid() const { return pid_; }
+  const std::shared_ptr<grpc::Channel>& channel() const { return channel_; }
+
+  // Waits until the worker answers a ListDevices call and returns the answer. UNAVAILABLE
+  // with the exit description when it died first, DEADLINE_EXCEEDED after `timeout`.
+  absl::StatusOr<v1::ListDevicesResponse> WaitReady(absl::Duration timeout);
+
+  // SIGKILL; idempotent. Kill() + WaitExited() frees the worker's GPU context.
+  void Kill();
+  // Waits up to `timeout` for the process to end; true when it has.
+  bool WaitExited(absl::Duration timeout);
+  bool exited() const;
+  // "exited with code 3", "killed by signal 9 (Killed)"; empty while running.
+  std::string exit_description() const;
+
+  // Called once, on the reaper thread, when the process ends (at once if it already has).
+  void SetExitCallback(std::function<void(const std::string& description)> callback);
+
+ private:
+  WorkerProcess(pid_t pid, std::shared_ptr<grpc::Channel> channel);
+  void Reap();
+
+  const pid_t pid_;
+  std::shared_ptr<grpc::Channel> channel_;
+  std::thread reaper_;
+  mutable std::mutex mu_;
+  std::condition_variable exited_cv_;
+  bool exited_ = false;
+  std::string exit_description_;
+  std::function<void(const std::string&)> on_exit_;
+};
+
+}  // namespace gpurpc::frontend
+
+#endif  // GPURPC_SERVER_FRONTEND_WORKER_PROCESS_H_

@@ -1,0 +1,206 @@
+// The device backend interface: the only layer of the worker that touches a device.
+//
+// Two implementations: `cuda` (the driver API, loaded with dlopen at run time) and `fake`
+// (a host-memory test double that never passes for a GPU). The worker's session layer
+// (server/worker/session.h) owns handle tables, bounds checks and argument checks; a
+// backend only executes raw, already-validated operations on device addresses.
+//
+// Error contract for every method (absl codes, see DESIGN §3):
+// - INVALID_ARGUMENT: the driver rejected an argument or an image.
+// - NOT_FOUND: a name (kernel, global) that the module does not have.
+// - RESOURCE_EXHAUSTED: out of device memory or another driver resource.
+// - ABORTED: a sticky execution fault (illegal address, trap, misaligned access, launch
+//   failure...). The context is unusable afterwards; the worker reports it and exits.
+// - DATA_LOSS: an uncorrectable ECC error (also sticky).
+// - UNAVAILABLE: no driver or no device.
+// - INTERNAL: anything else.
+// Messages name the driver call and the CUDA error name, e.g.
+// "cuStreamSynchronize: CUDA_ERROR_ILLEGAL_ADDRESS (an illegal memory access was
+// encountered)".
+//
+// Thread safety: a Context and the objects it creates may be used from several threads at
+// once; implementations serialise internally where the driver needs it.
+#ifndef GPURPC_SERVER_WORKER_BACKEND_BACKEND_H_
+#define GPURPC_SERVER_WORKER_BACKEND_BACKEND_H_
+
+#include <array>
+#include <cstddef>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/types/span.h"
+
+namespace gpurpc::backend {
+
+// A device address in the context's address space.
+using DevicePtr = uint64_t;
+
+// What the front end and clients learn about a device.
+struct DeviceInfo {
+  int ordinal = 0;
+  std::string name;
+  int compute_capability_major = 0;
+  int compute_capability_minor = 0;
+  uint64_t total_memory_bytes = 0;
+  int multiprocessor_count = 0;
+  int max_threads_per_block = 0;
+  std::array<int, 3> max_block_dim{};
+  std::array<int, 3> max_grid_dim{};
+  int max_shared_memory_per_block_bytes = 0;
+  int max_shared_memory_per_block_optin_bytes = 0;
+  int warp_size = 0;
+  std::string pci_bus_id;
+  // Every CUdevice_attribute the driver answers, keyed by its enum value.
+  std::map<int, int64_t> attributes;
+  bool is_fake = false;
+};
+
+struct MemInfo {
+  uint64_t free_bytes = 0;
+  uint64_t total_bytes = 0;
+};
+
+// One kernel parameter in the packed argument buffer.
+struct ParamInfo {
+  uint32_t offset_bytes = 0;
+  uint32_t size_bytes = 0;
+};
+
+struct FunctionAttributes {
+  int num_regs = 0;
+  int shared_size_bytes = 0;
+  int const_size_bytes = 0;
+  int local_size_bytes = 0;
+  int max_threads_per_block = 0;
+  int ptx_version = 0;
+  int binary_version = 0;
+  int max_dynamic_shared_size_bytes = 0;
+};
+
+struct Dim3 {
+  uint32_t x = 1, y = 1, z = 1;
+};
+
+struct LaunchConfig {
+  Dim3 grid;
+  Dim3 block;
+  uint32_t shared_memory_bytes = 0;
+};
+
+// Opaque backend objects. Destroying one releases the driver object (a stream after its
+// queued work completes). They must be destroyed before the Context that made them.
+class Stream {
+ public:
+  virtual ~Stream() = default;
+};
+
+class Event {
+ public:
+  virtual ~Event() = default;
+};
+
+class Function {
+ public:
+  virtual ~Function() = default;
+  virtual const std::vector<ParamInfo>& params() const = 0;
+  virtual const FunctionAttributes& attributes() const = 0;
+};
+
+// A loaded module. Functions it returns are owned by it and live as long as it does.
+class Module {
+ public:
+  virtual ~Module() = default;
+  // NOT_FOUND when the module has no kernel of that name.
+  virtual absl::StatusOr<Function*> GetFunction(const std::string& name) = 0;
+  struct Global {
+    DevicePtr address = 0;
+    uint64_t size_bytes = 0;
+  };
+  // NOT_FOUND when the module has no global of that name.
+  virtual absl::StatusOr<Global> GetGlobal(const std::string& name) = 0;
+};
+
+// One context on one device. `stream == nullptr` everywhere means the context's default
+// stream (the legacy NULL stream).
+class Context {
+ public:
+  virtual ~Context() = default;
+
+  virtual const DeviceInfo& device() const = 0;
+  // The NVRTC target for this device: "sm_90" (cubin) for a real GPU; the fake answers a
+  // virtual "compute_XX" (PTX), because it runs no device code.
+  virtual std::string CompileTarget() const = 0;
+
+  // Memory. Alloc returns the device address of `size_bytes` (> 0) new bytes.
+  virtual absl::StatusOr<DevicePtr> Alloc(uint64_t size_bytes) = 0;
+  virtual absl::Status Free(DevicePtr ptr) = 0;
+  virtual absl::StatusOr<MemInfo> GetMemInfo() = 0;
+
+  // Host to device, ordered on `stream`. `src` may be reused as soon as this returns.
+  virtual absl::Status Upload(DevicePtr dst, const void* src, uint64_t size_bytes,
+                              Stream* stream) = 0;
+  // Device to host: waits for the work queued before it on `stream`, then fills `dst`.
+  virtual absl::Status Download(void* dst, DevicePtr src, uint64_t size_bytes,
+                                Stream* stream) = 0;
+  // Sets `count` elements of `element_size_bytes` (1, 2 or 4) to `value`, stream ordered.
+  virtual absl::Status Memset(DevicePtr dst, uint32_t value, uint32_t element_size_bytes,
+                              uint64_t count, Stream* stream) = 0;
+  virtual absl::Status CopyDeviceToDevice(DevicePtr dst, DevicePtr src,
+                                          uint64_t size_bytes, Stream* stream) = 0;
+
+  // Modules: PTX, cubin or fatbin. A rejected image is INVALID_ARGUMENT with the JIT log.
+  virtual absl::StatusOr<std::unique_ptr<Module>> LoadModule(
+      absl::Span<const uint8_t> image) = 0;
+
+  // Enqueues a kernel. `packed_args` is laid out as function->params() describes (the
+  // caller has checked it). Returns once enqueued.
+  virtual absl::Status Launch(Function* function, const LaunchConfig& config,
+                              absl::Span<const uint8_t> packed_args, Stream* stream) = 0;
+
+  // Streams.
+  virtual absl::StatusOr<std::unique_ptr<Stream>> CreateStream(bool non_blocking) = 0;
+  virtual absl::Status SynchronizeStream(Stream* stream) = 0;
+  // True when all work queued on `stream` is done.
+  virtual absl::StatusOr<bool> QueryStream(Stream* stream) = 0;
+  virtual absl::Status StreamWaitEvent(Stream* stream, Event* event) = 0;
+  // Waits for all work of the context.
+  virtual absl::Status Synchronize() = 0;
+
+  // Events.
+  virtual absl::StatusOr<std::unique_ptr<Event>> CreateEvent(bool disable_timing,
+                                                             bool blocking_sync) = 0;
+  virtual absl::Status RecordEvent(Event* event, Stream* stream) = 0;
+  // True when the event has completed (or was never recorded).
+  virtual absl::StatusOr<bool> QueryEvent(Event* event) = 0;
+  virtual absl::Status SynchronizeEvent(Event* event) = 0;
+  // Milliseconds between two recorded, completed events.
+  virtual absl::StatusOr<float> ElapsedTime(Event* start, Event* end) = 0;
+};
+
+// A backend: enumerates devices and opens contexts.
+class Backend {
+ public:
+  virtual ~Backend() = default;
+  // "cuda" or "fake".
+  virtual std::string name() const = 0;
+  // Driver version (cuDriverGetVersion); 0 for the fake.
+  virtual int driver_version() const = 0;
+  virtual absl::StatusOr<std::vector<DeviceInfo>> ListDevices() = 0;
+  // Opens the one context this worker process owns on `ordinal`.
+  virtual absl::StatusOr<std::unique_ptr<Context>> OpenContext(int ordinal) = 0;
+};
+
+// Factories. MakeCudaBackend loads libcuda.so.1 with dlopen; without a driver or a device it
+// returns UNAVAILABLE with a message that says so.
+absl::StatusOr<std::unique_ptr<Backend>> MakeCudaBackend();
+// `total_memory_bytes` is what the fake device reports and the most it will allocate.
+std::unique_ptr<Backend> MakeFakeBackend(uint64_t total_memory_bytes);
+
+}  // namespace gpurpc::backend
+
+#endif  // GPURPC_SERVER_WORKER_BACKEND_BACKEND_H_

@@ -1,0 +1,372 @@
+#include "server/worker/service.h"
+
+#include <algorithm>
+#include <string>
+#include <utility>
+
+#include "absl/strings/str_format.h"
+#include "common/grpc_status.h"
+#include "common/limits.h"
+#include "gpurpc/v1/device_service.grpc.pb.h"
+#include "gpurpc/v1/execution_service.grpc.pb.h"
+#include "gpurpc/v1/memory_service.grpc.pb.h"
+#include "gpurpc/v1/module_service.grpc.pb.h"
+
+namespace gpurpc::worker {
+namespace {
+
+void SetDim(const std::array<int, 3>& in, v1::Dim3* out) {
+  out->set_x(in[0]);
+  out->set_y(in[1]);
+  out->set_z(in[2]);
+}
+
+// Answers a unary call from a StatusOr, filling the response with `fill` on success.
+template <typename T, typename Fill>
+grpc::Status Answer(absl::StatusOr<T> result, Fill fill) {
+  if (!result.ok()) return ToGrpcStatus(result.status());
+  fill(*result);
+  return grpc::Status::OK;
+}
+
+class DeviceServiceImpl final : public v1::DeviceService::Service {
+ public:
+  DeviceServiceImpl(backend::Backend* backend, int nvrtc_version)
+      : backend_(backend), nvrtc_version_(nvrtc_version) {}
+
+  grpc::Status ListDevices(grpc::ServerContext*, const v1::ListDevicesRequest*,
+                           v1::ListDevicesResponse* response) override {
+    auto devices = backend_->ListDevices();
+    if (!devices.ok()) return ToGrpcStatus(devices.status());
+    for (const backend::DeviceInfo& info : *devices) ToProto(info, response->add_devices());
+    response->set_backend(backend_->name());
+    response->set_driver_version(backend_->driver_version());
+    response->set_nvrtc_version(nvrtc_version_);
+    return grpc::Status::OK;
+  }
+
+  grpc::Status GetDevice(grpc::ServerContext* context, const v1::GetDeviceRequest* request,
+                         v1::GetDeviceResponse* response) override {
+    v1::ListDevicesResponse all;
+    grpc::Status status = ListDevices(context, nullptr, &all);
+    if (!status.ok()) return status;
+    for (const v1::DeviceInfo& device : all.devices()) {
+      if (device.ordinal() == request->ordinal()) {
+        *response->mutable_device() = device;
+        return grpc::Status::OK;
+      }
+    }
+    return grpc::Status(grpc::StatusCode::NOT_FOUND,
+                        absl::StrFormat("no device with ordinal %d", request->ordinal()));
+  }
+
+ private:
+  backend::Backend* backend_;
+  int nvrtc_version_;
+};
+
+class MemoryServiceImpl final : public v1::MemoryService::Service {
+ public:
+  explicit MemoryServiceImpl(Session* session) : session_(session) {}
+
+  grpc::Status Allocate(grpc::ServerContext*, const v1::AllocateRequest* request,
+                        v1::AllocateResponse* response) override {
+    return Answer(session_->Allocate(request->size_bytes()),
+                  [&](v1::BufferInfo& info) { *response->mutable_buffer() = std::move(info); });
+  }
+
+  grpc::Status Free(grpc::ServerContext*, const v1::FreeRequest* request,
+                    v1::FreeResponse*) override {
+    return ToGrpcStatus(session_->Free(request->buffer_id()));
+  }
+
+  grpc::Status GetAllocation(grpc::ServerContext*, const v1::GetAllocationRequest* request,
+                             v1::GetAllocationResponse* response) override {
+    return Answer(session_->GetAllocation(*request),
+                  [&](v1::BufferInfo& info) { *response->mutable_buffer() = std::move(info); });
+  }
+
+  grpc::Status GetMemInfo(grpc::ServerContext*, const v1::GetMemInfoRequest*,
+                          v1::GetMemInfoResponse* response) override {
+    return Answer(session_->GetMemInfo(), [&](const backend::MemInfo& info) {
+      response->set_free_bytes(info.free_bytes);
+      response->set_total_bytes(info.total_bytes);
+    });
+  }
+
+  grpc::Status Upload(grpc::ServerContext*, const v1::UploadRequest* request,
+                      v1::UploadResponse* response) override {
+    if (request->data().size() > kMaxInlineBytes) {
+      return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                          absl::StrFormat("Upload: %d bytes exceed the unary limit of %d; use "
+                                          "UploadStream",
+                                          request->data().size(), kMaxInlineBytes));
+    }
+    auto address =
+        session_->Resolve(request->destination(), request->data().size(), "Upload destination");
+    if (!address.ok()) return ToGrpcStatus(address.status());
+    absl::Status status = session_->Upload(*address, request->data().data(),
+                                           request->data().size(), request->stream_id());
+    if (status.ok()) response->set_bytes_written(request->data().size());
+    return ToGrpcStatus(status);
+  }
+
+  grpc::Status UploadStream(grpc::ServerContext*, grpc::ServerReader<v1::UploadStreamRequest>* reader,
+                            v1::UploadResponse* response) override {
+    v1::UploadStreamRequest message;
+    if (!reader->Read(&message)) {
+      return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                          "UploadStream: no message; the first names the destination");
+    }
+    const uint64_t total = message.total_size_bytes();
+    auto base = session_->Resolve(message.destination(), total, "UploadStream destination");
+    if (!base.ok()) return ToGrpcStatus(base.status());
+    const uint64_t stream_id = message.stream_id();
+    uint64_t written = 0;
+    do {
+      const std::string& data = message.data();
+      if (data.size() > total - written) {
+        return grpc::Status(
+            grpc::StatusCode::INVALID_ARGUMENT,
+            absl::StrFormat("UploadStream: more than the announced %d bytes arrived", total));
+      }
+      absl::Status status = session_->Upload(*base + written, data.data(), data.size(), stream_id);
+      if (!status.ok()) return ToGrpcStatus(status);
+      written += data.size();
+    } while (reader->Read(&message));
+    if (written != total) {
+      return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                          absl::StrFormat("UploadStream: the stream ended after %d of the "
+                                          "announced %d bytes",
+                                          written, total));
+    }
+    response->set_bytes_written(written);
+    return grpc::Status::OK;
+  }
+
+  grpc::Status Download(grpc::ServerContext*, const v1::DownloadRequest* request,
+                        v1::DownloadResponse* response) override {
+    if (request->size_bytes() > kMaxInlineBytes) {
+      return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                          absl::StrFormat("Download: %d bytes exceed the unary limit of %d; "
+                                          "use DownloadStream",
+                                          request->size_bytes(), kMaxInlineBytes));
+    }
+    auto address = session_->Resolve(request->source(), request->size_bytes(), "Download source");
+    if (!address.ok()) return ToGrpcStatus(address.status());
+    std::string* data = response->mutable_data();
+    data->resize(request->size_bytes());
+    return ToGrpcStatus(
+        session_->Download(*address, data->data(), data->size(), request->stream_id()));
+  }
+
+  grpc::Status DownloadStream(grpc::ServerContext*, const v1::DownloadRequest* request,
+                              grpc::ServerWriter<v1::DownloadResponse>* writer) override {
+    uint64_t chunk = request->chunk_size_bytes() == 0 ? kTransferChunkBytes
+                                                      : request->chunk_size_bytes();
+    if (chunk > kMaxTransferChunkBytes) {
+      return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                          absl::StrFormat("DownloadStream: chunk_size_bytes %d exceeds %d",
+                                          chunk, kMaxTransferChunkBytes));
+    }
+    const uint64_t total = request->size_bytes();
+    auto base = session_->Resolve(request->source(), total, "DownloadStream source");
+    if (!base.ok()) return ToGrpcStatus(base.status());
+    if (total == 0) {
+      return ToGrpcStatus(session_->Download(*base, nullptr, 0, request->stream_id()));
+    }
+    v1::DownloadResponse message;
+    for (uint64_t done = 0; done < total;) {
+      const uint64_t n = std::min(chunk, total - done);
+      std::string* data = message.mutable_data();
+      data->resize(n);
+      absl::Status status = session_->Download(*base + done, data->data(), n, request->stream_id());
+      if (!status.ok()) return ToGrpcStatus(status);
+      if (!writer->Write(message)) {
+        return grpc::Status(grpc::StatusCode::CANCELLED, "DownloadStream: the client went away");
+      }
+      done += n;
+    }
+    return grpc::Status::OK;
+  }
+
+  grpc::Status Memset(grpc::ServerContext*, const v1::MemsetRequest* request,
+                      v1::MemsetResponse*) override {
+    v1::MemsetCommand command;
+    *command.mutable_destination() = request->destination();
+    command.set_value(request->value());
+    command.set_element_size_bytes(request->element_size_bytes());
+    command.set_count(request->count());
+    command.set_stream_id(request->stream_id());
+    return ToGrpcStatus(session_->Memset(command));
+  }
+
+  grpc::Status CopyDeviceToDevice(grpc::ServerContext*, const v1::CopyDeviceToDeviceRequest* request,
+                                  v1::CopyDeviceToDeviceResponse*) override {
+    v1::CopyCommand command;
+    *command.mutable_destination() = request->destination();
+    *command.mutable_source() = request->source();
+    command.set_size_bytes(request->size_bytes());
+    command.set_stream_id(request->stream_id());
+    return ToGrpcStatus(session_->Copy(command));
+  }
+
+ private:
+  Session* session_;
+};
+
+class ModuleServiceImpl final : public v1::ModuleService::Service {
+ public:
+  explicit ModuleServiceImpl(Session* session) : session_(session) {}
+
+  grpc::Status Compile(grpc::ServerContext*, const v1::CompileRequest* request,
+                       v1::CompileResponse* response) override {
+    return Answer(session_->Compile(*request),
+                  [&](v1::CompileResponse& result) { *response = std::move(result); });
+  }
+
+  grpc::Status LoadModule(grpc::ServerContext*, const v1::LoadModuleRequest* request,
+                          v1::LoadModuleResponse* response) override {
+    return Answer(session_->LoadModule(request->image()),
+                  [&](uint64_t id) { response->set_module_id(id); });
+  }
+
+  grpc::Status UnloadModule(grpc::ServerContext*, const v1::UnloadModuleRequest* request,
+                            v1::UnloadModuleResponse*) override {
+    return ToGrpcStatus(session_->UnloadModule(request->module_id()));
+  }
+
+  grpc::Status GetFunction(grpc::ServerContext*, const v1::GetFunctionRequest* request,
+                           v1::GetFunctionResponse* response) override {
+    return Answer(session_->GetFunction(request->module_id(), request->name()),
+                  [&](v1::GetFunctionResponse& result) { *response = std::move(result); });
+  }
+
+  grpc::Status GetGlobal(grpc::ServerContext*, const v1::GetGlobalRequest* request,
+                         v1::GetGlobalResponse* response) override {
+    return Answer(session_->GetGlobal(request->module_id(), request->name()),
+                  [&](v1::GetGlobalResponse& result) { *response = std::move(result); });
+  }
+
+ private:
+  Session* session_;
+};
+
+class ExecutionServiceImpl final : public v1::ExecutionService::Service {
+ public:
+  explicit ExecutionServiceImpl(Session* session) : session_(session) {}
+
+  grpc::Status CreateStream(grpc::ServerContext*, const v1::CreateStreamRequest* request,
+                            v1::CreateStreamResponse* response) override {
+    return Answer(session_->CreateStream(request->non_blocking()),
+                  [&](uint64_t id) { response->set_stream_id(id); });
+  }
+  grpc::Status DestroyStream(grpc::ServerContext*, const v1::DestroyStreamRequest* request,
+                             v1::DestroyStreamResponse*) override {
+    return ToGrpcStatus(session_->DestroyStream(request->stream_id()));
+  }
+  grpc::Status SynchronizeStream(grpc::ServerContext*, const v1::SynchronizeStreamRequest* request,
+                                 v1::SynchronizeStreamResponse*) override {
+    return ToGrpcStatus(session_->SynchronizeStream(request->stream_id()));
+  }
+  grpc::Status QueryStream(grpc::ServerContext*, const v1::QueryStreamRequest* request,
+                           v1::QueryStreamResponse* response) override {
+    return Answer(session_->QueryStream(request->stream_id()),
+                  [&](bool done) { response->set_done(done); });
+  }
+  grpc::Status SynchronizeSession(grpc::ServerContext*, const v1::SynchronizeSessionRequest*,
+                                  v1::SynchronizeSessionResponse*) override {
+    return ToGrpcStatus(session_->Synchronize());
+  }
+  grpc::Status CreateEvent(grpc::ServerContext*, const v1::CreateEventRequest* request,
+                           v1::CreateEventResponse* response) override {
+    return Answer(session_->CreateEvent(request->disable_timing(), request->blocking_sync()),
+                  [&](uint64_t id) { response->set_event_id(id); });
+  }
+  grpc::Status DestroyEvent(grpc::ServerContext*, const v1::DestroyEventRequest* request,
+                            v1::DestroyEventResponse*) override {
+    return ToGrpcStatus(session_->DestroyEvent(request->event_id()));
+  }
+  grpc::Status RecordEvent(grpc::ServerContext*, const v1::RecordEventRequest* request,
+                           v1::RecordEventResponse*) override {
+    return ToGrpcStatus(session_->RecordEvent(request->event_id(), request->stream_id()));
+  }
+  grpc::Status QueryEvent(grpc::ServerContext*, const v1::QueryEventRequest* request,
+                          v1::QueryEventResponse* response) override {
+    return Answer(session_->QueryEvent(request->event_id()),
+                  [&](bool done) { response->set_done(done); });
+  }
+  grpc::Status SynchronizeEvent(grpc::ServerContext*, const v1::SynchronizeEventRequest* request,
+                                v1::SynchronizeEventResponse*) override {
+    return ToGrpcStatus(session_->SynchronizeEvent(request->event_id()));
+  }
+  grpc::Status EventElapsedTime(grpc::ServerContext*, const v1::EventElapsedTimeRequest* request,
+                                v1::EventElapsedTimeResponse* response) override {
+    return Answer(session_->ElapsedTime(request->start_event_id(), request->end_event_id()),
+                  [&](float ms) { response->set_elapsed_ms(ms); });
+  }
+  grpc::Status StreamWaitEvent(grpc::ServerContext*, const v1::StreamWaitEventRequest* request,
+                               v1::StreamWaitEventResponse*) override {
+    return ToGrpcStatus(session_->StreamWaitEvent(request->stream_id(), request->event_id()));
+  }
+  grpc::Status Launch(grpc::ServerContext*, const v1::LaunchRequest* request,
+                      v1::LaunchResponse*) override {
+    return ToGrpcStatus(session_->Launch(request->launch()));
+  }
+
+  grpc::Status CommandStream(
+      grpc::ServerContext*,
+      grpc::ServerReaderWriter<v1::CommandReply, v1::CommandBatch>* stream) override {
+    v1::CommandBatch batch;
+    v1::CommandReply reply;
+    uint64_t last_sequence = 0;
+    while (stream->Read(&batch)) {
+      reply.Clear();
+      absl::Status status = session_->RunBatch(batch, &last_sequence, &reply);
+      if (!status.ok() && status.code() == absl::StatusCode::kInvalidArgument) {
+        return ToGrpcStatus(status);  // a protocol error (sequence numbers)
+      }
+      stream->Write(reply);
+      if (!status.ok()) return ToGrpcStatus(status);  // a sticky fault ends the stream
+    }
+    return grpc::Status::OK;
+  }
+
+ private:
+  Session* session_;
+};
+
+}  // namespace
+
+void ToProto(const backend::DeviceInfo& info, v1::DeviceInfo* out) {
+  out->set_ordinal(info.ordinal);
+  out->set_name(info.name);
+  out->set_compute_capability_major(info.compute_capability_major);
+  out->set_compute_capability_minor(info.compute_capability_minor);
+  out->set_total_memory_bytes(info.total_memory_bytes);
+  out->set_multiprocessor_count(info.multiprocessor_count);
+  out->set_max_threads_per_block(info.max_threads_per_block);
+  SetDim(info.max_block_dim, out->mutable_max_block_dim());
+  SetDim(info.max_grid_dim, out->mutable_max_grid_dim());
+  out->set_max_shared_memory_per_block_bytes(info.max_shared_memory_per_block_bytes);
+  out->set_max_shared_memory_per_block_optin_bytes(info.max_shared_memory_per_block_optin_bytes);
+  out->set_warp_size(info.warp_size);
+  out->set_pci_bus_id(info.pci_bus_id);
+  for (const auto& [attribute, value] : info.attributes) (*out->mutable_attributes())[attribute] = value;
+  out->set_is_fake(info.is_fake);
+}
+
+std::vector<std::unique_ptr<grpc::Service>> MakeWorkerServices(backend::Backend* backend,
+                                                               Session* session,
+                                                               int nvrtc_version) {
+  std::vector<std::unique_ptr<grpc::Service>> services;
+  services.push_back(std::make_unique<DeviceServiceImpl>(backend, nvrtc_version));
+  if (session != nullptr) {
+    services.push_back(std::make_unique<MemoryServiceImpl>(session));
+    services.push_back(std::make_unique<ModuleServiceImpl>(session));
+    services.push_back(std::make_unique<ExecutionServiceImpl>(session));
+  }
+  return services;
+}
+
+}  // namespace gpurpc::worker

@@ -1,0 +1,785 @@
+#include "server/worker/session.h"
+
+#include <algorithm>
+#include <cstring>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "common/status_macros.h"
+
+namespace gpurpc::worker {
+namespace {
+
+bool IsSticky(const absl::Status& status) {
+  return status.code() == absl::StatusCode::kAborted ||
+         status.code() == absl::StatusCode::kDataLoss;
+}
+
+std::string DescribePointer(const v1::DevicePointer& pointer) {
+  switch (pointer.target_case()) {
+    case v1::DevicePointer::kBuffer:
+      return absl::StrFormat("buffer %d + %d", pointer.buffer().buffer_id(),
+                             pointer.buffer().offset_bytes());
+    case v1::DevicePointer::kDeviceAddress:
+      return absl::StrFormat("address 0x%x", pointer.device_address());
+    default:
+      return "an unset pointer";
+  }
+}
+
+std::string DescribeParams(const std::vector<backend::ParamInfo>& params) {
+  std::string out;
+  for (size_t i = 0; i < params.size(); ++i) {
+    absl::StrAppendFormat(&out, "%s#%d: %d bytes at offset %d", i == 0 ? "" : ", ", i,
+                          params[i].size_bytes, params[i].offset_bytes);
+  }
+  return out.empty() ? "none" : out;
+}
+
+uint32_t ArgSize(const v1::KernelArg& arg) {
+  switch (arg.value_case()) {
+    case v1::KernelArg::kU8: return 1;
+    case v1::KernelArg::kU16: return 2;
+    case v1::KernelArg::kU32: return 4;
+    case v1::KernelArg::kU64: return 8;
+    case v1::KernelArg::kF32: return 4;
+    case v1::KernelArg::kF64: return 8;
+    case v1::KernelArg::kBuffer: return 8;
+    case v1::KernelArg::kRaw: return static_cast<uint32_t>(arg.raw().size());
+    case v1::KernelArg::kDeviceAddress: return 8;
+    default: return 0;
+  }
+}
+
+const char* ArgKind(const v1::KernelArg& arg) {
+  switch (arg.value_case()) {
+    case v1::KernelArg::kU8: return "u8";
+    case v1::KernelArg::kU16: return "u16";
+    case v1::KernelArg::kU32: return "u32";
+    case v1::KernelArg::kU64: return "u64";
+    case v1::KernelArg::kF32: return "f32";
+    case v1::KernelArg::kF64: return "f64";
+    case v1::KernelArg::kBuffer: return "buffer pointer";
+    case v1::KernelArg::kRaw: return "raw bytes";
+    case v1::KernelArg::kDeviceAddress: return "device address";
+    default: return "unset";
+  }
+}
+
+absl::Status CheckDim(const char* name, const v1::Dim3& dim, const std::array<int, 3>& max,
+                      backend::Dim3* out) {
+  const uint32_t v[3] = {dim.x(), dim.y(), dim.z()};
+  static constexpr const char* kAxis[3] = {"x", "y", "z"};
+  for (int i = 0; i < 3; ++i) {
+    if (v[i] == 0) {
+      return absl::InvalidArgumentError(absl::StrFormat(
+          "%s.%s is 0; every launch dimension must be at least 1", name, kAxis[i]));
+    }
+    if (max[i] > 0 && v[i] > static_cast<uint32_t>(max[i])) {
+      return absl::InvalidArgumentError(absl::StrFormat(
+          "%s.%s = %d exceeds the device limit of %d", name, kAxis[i], v[i], max[i]));
+    }
+  }
+  *out = backend::Dim3{v[0], v[1], v[2]};
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+Session::Session(std::unique_ptr<backend::Context> context, compiler::Compiler* compiler,
+                 absl::Status compiler_status)
+    : context_(std::move(context)),
+      compiler_(compiler),
+      compiler_status_(std::move(compiler_status)) {}
+
+Session::~Session() {
+  // Dependency order: nothing may outlive the context it was made in.
+  functions_.clear();
+  modules_.clear();
+  events_.clear();
+  streams_.clear();
+  for (const auto& [id, address] : buffers_) {
+    absl::Status status = context_->Free(address);
+    (void)status;  // The context is going away; a failure here frees nothing less.
+  }
+  buffers_.clear();
+  context_.reset();
+}
+
+absl::Status Session::Check(absl::Status status) {
+  if (!status.ok() && IsSticky(status)) {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (fault_.ok()) fault_ = status;
+    faulted_.store(true, std::memory_order_release);
+  }
+  return status;
+}
+
+absl::Status Session::fault() const {
+  if (!faulted_.load(std::memory_order_acquire)) return absl::OkStatus();
+  std::lock_guard<std::mutex> lock(mu_);
+  return fault_;
+}
+
+// ---------------------------------------------------------------------------- memory
+
+absl::StatusOr<v1::BufferInfo> Session::Allocate(uint64_t size_bytes) {
+  GPURPC_RETURN_IF_ERROR(fault());
+  if (size_bytes == 0) return absl::InvalidArgumentError("Allocate: size_bytes must be > 0");
+  GPURPC_ASSIGN_OR_RETURN(backend::DevicePtr address, Check(context_->Alloc(size_bytes)));
+  const uint64_t id = ids_.Next();
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    buffers_[id] = address;
+    ranges_[address] = Range{id, size_bytes};
+  }
+  v1::BufferInfo info;
+  info.set_buffer_id(id);
+  info.set_device_address(address);
+  info.set_size_bytes(size_bytes);
+  return info;
+}
+
+absl::Status Session::Free(uint64_t buffer_id) {
+  GPURPC_RETURN_IF_ERROR(fault());
+  backend::DevicePtr address;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = buffers_.find(buffer_id);
+    if (it == buffers_.end()) {
+      return absl::NotFoundError(absl::StrFormat("Free: no buffer %d in this session", buffer_id));
+    }
+    address = it->second;
+    buffers_.erase(it);
+    ranges_.erase(address);
+  }
+  return Check(context_->Free(address));
+}
+
+absl::StatusOr<v1::BufferInfo> Session::GetAllocation(const v1::GetAllocationRequest& request) {
+  std::lock_guard<std::mutex> lock(mu_);
+  v1::BufferInfo info;
+  if (request.target_case() == v1::GetAllocationRequest::kBufferId) {
+    auto it = buffers_.find(request.buffer_id());
+    if (it == buffers_.end()) {
+      return absl::NotFoundError(
+          absl::StrFormat("GetAllocation: no buffer %d in this session", request.buffer_id()));
+    }
+    info.set_buffer_id(it->first);
+    info.set_device_address(it->second);
+    info.set_size_bytes(ranges_.at(it->second).size_bytes);
+    return info;
+  }
+  if (request.target_case() != v1::GetAllocationRequest::kDeviceAddress) {
+    return absl::InvalidArgumentError("GetAllocation: set buffer_id or device_address");
+  }
+  const uint64_t address = request.device_address();
+  auto it = ranges_.upper_bound(address);
+  if (it == ranges_.begin() || std::prev(it)->second.id == 0 ||
+      address - std::prev(it)->first >= std::prev(it)->second.size_bytes) {
+    return absl::NotFoundError(
+        absl::StrFormat("GetAllocation: address 0x%x is in no buffer of this session", address));
+  }
+  --it;
+  info.set_buffer_id(it->second.id);
+  info.set_device_address(it->first);
+  info.set_size_bytes(it->second.size_bytes);
+  return info;
+}
+
+absl::StatusOr<backend::MemInfo> Session::GetMemInfo() {
+  GPURPC_RETURN_IF_ERROR(fault());
+  return Check(context_->GetMemInfo());
+}
+
+absl::StatusOr<backend::DevicePtr> Session::Resolve(const v1::DevicePointer& pointer,
+                                                    uint64_t size_bytes, const char* what) {
+  std::lock_guard<std::mutex> lock(mu_);
+  return ResolveLocked(pointer, size_bytes, what);
+}
+
+absl::StatusOr<backend::DevicePtr> Session::ResolveLocked(const v1::DevicePointer& pointer,
+                                                          uint64_t size_bytes,
+                                                          const char* what) {
+  backend::DevicePtr base = 0;
+  uint64_t offset = 0;
+  uint64_t limit = 0;
+  if (pointer.target_case() == v1::DevicePointer::kBuffer) {
+    auto it = buffers_.find(pointer.buffer().buffer_id());
+    if (it == buffers_.end()) {
+      return absl::NotFoundError(absl::StrFormat("%s: no buffer %d in this session", what,
+                                                 pointer.buffer().buffer_id()));
+    }
+    base = it->second;
+    offset = pointer.buffer().offset_bytes();
+    limit = ranges_.at(base).size_bytes;
+  } else if (pointer.target_case() == v1::DevicePointer::kDeviceAddress) {
+    const uint64_t address = pointer.device_address();
+    auto it = ranges_.upper_bound(address);
+    if (it == ranges_.begin()) {
+      return absl::NotFoundError(absl::StrFormat(
+          "%s: address 0x%x is in no buffer of this session", what, address));
+    }
+    --it;
+    base = it->first;
+    offset = address - base;
+    limit = it->second.size_bytes;
+    if (offset >= limit && !(offset == limit && size_bytes == 0)) {
+      return absl::NotFoundError(absl::StrFormat(
+          "%s: address 0x%x is in no buffer of this session", what, address));
+    }
+  } else {
+    return absl::InvalidArgumentError(absl::StrFormat("%s: pointer not set", what));
+  }
+  if (offset > limit || size_bytes > limit - offset) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "%s: range [%d, %d) of %s is outside the buffer of %d bytes", what, offset,
+        offset + size_bytes, DescribePointer(pointer), limit));
+  }
+  return base + offset;
+}
+
+absl::Status Session::Upload(backend::DevicePtr address, const void* data, uint64_t size_bytes,
+                             uint64_t stream_id) {
+  GPURPC_RETURN_IF_ERROR(fault());
+  if (size_bytes == 0) return absl::OkStatus();
+  GPURPC_ASSIGN_OR_RETURN(auto stream, FindStream(stream_id));
+  return Check(context_->Upload(address, data, size_bytes, stream.get()));
+}
+
+absl::Status Session::Download(backend::DevicePtr address, void* data, uint64_t size_bytes,
+                               uint64_t stream_id) {
+  GPURPC_RETURN_IF_ERROR(fault());
+  GPURPC_ASSIGN_OR_RETURN(auto stream, FindStream(stream_id));
+  if (size_bytes == 0) return Check(context_->SynchronizeStream(stream.get()));
+  return Check(context_->Download(data, address, size_bytes, stream.get()));
+}
+
+absl::Status Session::Memset(const v1::MemsetCommand& command) {
+  GPURPC_RETURN_IF_ERROR(fault());
+  const uint32_t element = command.element_size_bytes();
+  if (element != 1 && element != 2 && element != 4) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "Memset: element_size_bytes must be 1, 2 or 4, got %d", element));
+  }
+  if (command.count() > (~0ull) / element) {
+    return absl::InvalidArgumentError("Memset: count * element size overflows");
+  }
+  GPURPC_ASSIGN_OR_RETURN(
+      backend::DevicePtr address,
+      Resolve(command.destination(), command.count() * element, "Memset destination"));
+  if (address % element != 0) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "Memset: destination 0x%x is not aligned to the element size %d", address, element));
+  }
+  if (command.count() == 0) return absl::OkStatus();
+  GPURPC_ASSIGN_OR_RETURN(auto stream, FindStream(command.stream_id()));
+  return Check(context_->Memset(address, command.value(), element, command.count(), stream.get()));
+}
+
+absl::Status Session::Copy(const v1::CopyCommand& command) {
+  GPURPC_RETURN_IF_ERROR(fault());
+  GPURPC_ASSIGN_OR_RETURN(
+      backend::DevicePtr dst,
+      Resolve(command.destination(), command.size_bytes(), "CopyDeviceToDevice destination"));
+  GPURPC_ASSIGN_OR_RETURN(
+      backend::DevicePtr src,
+      Resolve(command.source(), command.size_bytes(), "CopyDeviceToDevice source"));
+  if (command.size_bytes() == 0) return absl::OkStatus();
+  GPURPC_ASSIGN_OR_RETURN(auto stream, FindStream(command.stream_id()));
+  return Check(context_->CopyDeviceToDevice(dst, src, command.size_bytes(), stream.get()));
+}
+
+// ---------------------------------------------------------------------------- modules
+
+absl::StatusOr<v1::CompileResponse> Session::Compile(const v1::CompileRequest& request) {
+  GPURPC_RETURN_IF_ERROR(fault());
+  if (compiler_ == nullptr) {
+    return absl::UnavailableError(
+        absl::StrCat("Compile: NVRTC is not available on this server: ",
+                     compiler_status_.message()));
+  }
+  compiler::CompileRequest creq;
+  creq.source = request.source();
+  creq.program_name = request.program_name();
+  creq.options.assign(request.options().begin(), request.options().end());
+  for (const v1::Header& header : request.headers()) {
+    creq.headers.push_back(compiler::Header{header.name(), header.content()});
+  }
+  creq.name_expressions.assign(request.name_expressions().begin(),
+                               request.name_expressions().end());
+  creq.target = context_->CompileTarget();
+  GPURPC_ASSIGN_OR_RETURN(compiler::CompileResult result, compiler_->Compile(creq));
+
+  v1::CompileResponse response;
+  response.set_success(result.success);
+  response.set_log(std::move(result.log));
+  response.set_cache_hit(result.cache_hit);
+  response.set_arch(result.arch);
+  response.set_cache_key(result.cache_key);
+  for (auto& option : result.effective_options) response.add_effective_options(option);
+  for (auto& [expression, lowered] : result.lowered_names) {
+    v1::LoweredName* name = response.add_lowered_names();
+    name->set_name_expression(expression);
+    name->set_lowered_name(lowered);
+  }
+  if (!result.success) return response;
+  response.mutable_image()->assign(result.image.begin(), result.image.end());
+  if (!request.compile_only()) {
+    GPURPC_ASSIGN_OR_RETURN(uint64_t module_id, LoadModule(response.image()));
+    response.set_module_id(module_id);
+  }
+  return response;
+}
+
+absl::StatusOr<uint64_t> Session::LoadModule(const std::string& image) {
+  GPURPC_RETURN_IF_ERROR(fault());
+  if (image.empty()) return absl::InvalidArgumentError("LoadModule: the image is empty");
+  GPURPC_ASSIGN_OR_RETURN(
+      std::unique_ptr<backend::Module> module,
+      Check(context_->LoadModule(absl::Span<const uint8_t>(
+          reinterpret_cast<const uint8_t*>(image.data()), image.size()))));
+  auto entry = std::make_shared<ModuleEntry>();
+  entry->module = std::move(module);
+  const uint64_t id = ids_.Next();
+  std::lock_guard<std::mutex> lock(mu_);
+  modules_[id] = std::move(entry);
+  return id;
+}
+
+absl::Status Session::UnloadModule(uint64_t module_id) {
+  GPURPC_RETURN_IF_ERROR(fault());
+  std::shared_ptr<ModuleEntry> entry;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = modules_.find(module_id);
+    if (it == modules_.end()) {
+      return absl::NotFoundError(
+          absl::StrFormat("UnloadModule: no module %d in this session", module_id));
+    }
+    entry = std::move(it->second);
+    modules_.erase(it);
+    for (const auto& [name, function_id] : entry->functions_by_name) functions_.erase(function_id);
+    for (backend::DevicePtr address : entry->global_addresses) ranges_.erase(address);
+  }
+  // Launches still holding the entry keep the module loaded until they are enqueued.
+  return absl::OkStatus();
+}
+
+absl::StatusOr<v1::GetFunctionResponse> Session::GetFunction(uint64_t module_id,
+                                                            const std::string& name) {
+  GPURPC_RETURN_IF_ERROR(fault());
+  std::shared_ptr<ModuleEntry> entry;
+  v1::GetFunctionResponse response;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = modules_.find(module_id);
+    if (it == modules_.end()) {
+      return absl::NotFoundError(
+          absl::StrFormat("GetFunction: no module %d in this session", module_id));
+    }
+    entry = it->second;
+    auto known = entry->functions_by_name.find(name);
+    if (known != entry->functions_by_name.end()) response.set_function_id(known->second);
+  }
+  GPURPC_ASSIGN_OR_RETURN(backend::Function * function, Check(entry->module->GetFunction(name)));
+  if (response.function_id() == 0) {
+    auto function_entry = std::make_shared<FunctionEntry>();
+    function_entry->function = function;
+    function_entry->name = name;
+    function_entry->module = entry;
+    function_entry->module_id = module_id;
+    std::lock_guard<std::mutex> lock(mu_);
+    auto [it, inserted] = entry->functions_by_name.emplace(name, 0);
+    if (inserted) {
+      it->second = ids_.Next();
+      functions_[it->second] = std::move(function_entry);
+    }
+    response.set_function_id(it->second);
+  }
+  for (const backend::ParamInfo& param : function->params()) {
+    v1::ParamInfo* info = response.add_params();
+    info->set_offset_bytes(param.offset_bytes);
+    info->set_size_bytes(param.size_bytes);
+  }
+  const backend::FunctionAttributes& attrs = function->attributes();
+  v1::FunctionAttributes* out = response.mutable_attributes();
+  out->set_num_regs(attrs.num_regs);
+  out->set_shared_size_bytes(attrs.shared_size_bytes);
+  out->set_const_size_bytes(attrs.const_size_bytes);
+  out->set_local_size_bytes(attrs.local_size_bytes);
+  out->set_max_threads_per_block(attrs.max_threads_per_block);
+  out->set_ptx_version(attrs.ptx_version);
+  out->set_binary_version(attrs.binary_version);
+  out->set_max_dynamic_shared_size_bytes(attrs.max_dynamic_shared_size_bytes);
+  return response;
+}
+
+absl::StatusOr<v1::GetGlobalResponse> Session::GetGlobal(uint64_t module_id,
+                                                        const std::string& name) {
+  GPURPC_RETURN_IF_ERROR(fault());
+  std::shared_ptr<ModuleEntry> entry;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = modules_.find(module_id);
+    if (it == modules_.end()) {
+      return absl::NotFoundError(
+          absl::StrFormat("GetGlobal: no module %d in this session", module_id));
+    }
+    entry = it->second;
+  }
+  GPURPC_ASSIGN_OR_RETURN(backend::Module::Global global, Check(entry->module->GetGlobal(name)));
+  {
+    // Register the global as a device range so that memory calls can address it.
+    std::lock_guard<std::mutex> lock(mu_);
+    if (modules_.count(module_id) != 0 && global.size_bytes > 0 &&
+        ranges_.emplace(global.address, Range{0, global.size_bytes}).second) {
+      entry->global_addresses.push_back(global.address);
+    }
+  }
+  v1::GetGlobalResponse response;
+  response.set_device_address(global.address);
+  response.set_size_bytes(global.size_bytes);
+  return response;
+}
+
+// ---------------------------------------------------------------------------- execution
+
+absl::StatusOr<std::shared_ptr<backend::Stream>> Session::FindStream(uint64_t stream_id) {
+  if (stream_id == 0) return std::shared_ptr<backend::Stream>();
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = streams_.find(stream_id);
+  if (it == streams_.end()) {
+    return absl::NotFoundError(absl::StrFormat("no stream %d in this session", stream_id));
+  }
+  return it->second;
+}
+
+absl::StatusOr<std::shared_ptr<backend::Event>> Session::FindEvent(uint64_t event_id) {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = events_.find(event_id);
+  if (it == events_.end()) {
+    return absl::NotFoundError(absl::StrFormat("no event %d in this session", event_id));
+  }
+  return it->second;
+}
+
+absl::StatusOr<std::shared_ptr<Session::FunctionEntry>> Session::FindFunction(
+    uint64_t function_id) {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = functions_.find(function_id);
+  if (it == functions_.end()) {
+    return absl::NotFoundError(absl::StrFormat("no function %d in this session", function_id));
+  }
+  return it->second;
+}
+
+absl::StatusOr<uint64_t> Session::CreateStream(bool non_blocking) {
+  GPURPC_RETURN_IF_ERROR(fault());
+  GPURPC_ASSIGN_OR_RETURN(std::unique_ptr<backend::Stream> stream,
+                          Check(context_->CreateStream(non_blocking)));
+  const uint64_t id = ids_.Next();
+  std::lock_guard<std::mutex> lock(mu_);
+  streams_[id] = std::move(stream);
+  return id;
+}
+
+absl::Status Session::DestroyStream(uint64_t stream_id) {
+  GPURPC_RETURN_IF_ERROR(fault());
+  std::shared_ptr<backend::Stream> stream;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = streams_.find(stream_id);
+    if (it == streams_.end()) {
+      return absl::NotFoundError(
+          absl::StrFormat("DestroyStream: no stream %d in this session%s", stream_id,
+                          stream_id == 0 ? " (the default stream cannot be destroyed)" : ""));
+    }
+    stream = std::move(it->second);
+    streams_.erase(it);
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Session::SynchronizeStream(uint64_t stream_id) {
+  GPURPC_RETURN_IF_ERROR(fault());
+  GPURPC_ASSIGN_OR_RETURN(auto stream, FindStream(stream_id));
+  return Check(context_->SynchronizeStream(stream.get()));
+}
+
+absl::StatusOr<bool> Session::QueryStream(uint64_t stream_id) {
+  GPURPC_RETURN_IF_ERROR(fault());
+  GPURPC_ASSIGN_OR_RETURN(auto stream, FindStream(stream_id));
+  return Check(context_->QueryStream(stream.get()));
+}
+
+absl::Status Session::Synchronize() {
+  GPURPC_RETURN_IF_ERROR(fault());
+  return Check(context_->Synchronize());
+}
+
+absl::StatusOr<uint64_t> Session::CreateEvent(bool disable_timing, bool blocking_sync) {
+  GPURPC_RETURN_IF_ERROR(fault());
+  GPURPC_ASSIGN_OR_RETURN(std::unique_ptr<backend::Event> event,
+                          Check(context_->CreateEvent(disable_timing, blocking_sync)));
+  const uint64_t id = ids_.Next();
+  std::lock_guard<std::mutex> lock(mu_);
+  events_[id] = std::move(event);
+  return id;
+}
+
+absl::Status Session::DestroyEvent(uint64_t event_id) {
+  GPURPC_RETURN_IF_ERROR(fault());
+  std::lock_guard<std::mutex> lock(mu_);
+  if (events_.erase(event_id) == 0) {
+    return absl::NotFoundError(
+        absl::StrFormat("DestroyEvent: no event %d in this session", event_id));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Session::RecordEvent(uint64_t event_id, uint64_t stream_id) {
+  GPURPC_RETURN_IF_ERROR(fault());
+  GPURPC_ASSIGN_OR_RETURN(auto event, FindEvent(event_id));
+  GPURPC_ASSIGN_OR_RETURN(auto stream, FindStream(stream_id));
+  return Check(context_->RecordEvent(event.get(), stream.get()));
+}
+
+absl::StatusOr<bool> Session::QueryEvent(uint64_t event_id) {
+  GPURPC_RETURN_IF_ERROR(fault());
+  GPURPC_ASSIGN_OR_RETURN(auto event, FindEvent(event_id));
+  return Check(context_->QueryEvent(event.get()));
+}
+
+absl::Status Session::SynchronizeEvent(uint64_t event_id) {
+  GPURPC_RETURN_IF_ERROR(fault());
+  GPURPC_ASSIGN_OR_RETURN(auto event, FindEvent(event_id));
+  return Check(context_->SynchronizeEvent(event.get()));
+}
+
+absl::StatusOr<float> Session::ElapsedTime(uint64_t start_event_id, uint64_t end_event_id) {
+  GPURPC_RETURN_IF_ERROR(fault());
+  GPURPC_ASSIGN_OR_RETURN(auto start, FindEvent(start_event_id));
+  GPURPC_ASSIGN_OR_RETURN(auto end, FindEvent(end_event_id));
+  return Check(context_->ElapsedTime(start.get(), end.get()));
+}
+
+absl::Status Session::StreamWaitEvent(uint64_t stream_id, uint64_t event_id) {
+  GPURPC_RETURN_IF_ERROR(fault());
+  GPURPC_ASSIGN_OR_RETURN(auto stream, FindStream(stream_id));
+  GPURPC_ASSIGN_OR_RETURN(auto event, FindEvent(event_id));
+  return Check(context_->StreamWaitEvent(stream.get(), event.get()));
+}
+
+absl::Status Session::CheckLaunchDims(const FunctionEntry& entry, const v1::LaunchCommand& launch,
+                                      backend::LaunchConfig* config) const {
+  const backend::DeviceInfo& device = context_->device();
+  GPURPC_RETURN_IF_ERROR(CheckDim("grid", launch.grid(), device.max_grid_dim, &config->grid));
+  GPURPC_RETURN_IF_ERROR(CheckDim("block", launch.block(), device.max_block_dim, &config->block));
+  const uint64_t threads =
+      uint64_t{config->block.x} * config->block.y * config->block.z;
+  int limit = device.max_threads_per_block;
+  const int function_limit = entry.function->attributes().max_threads_per_block;
+  if (function_limit > 0 && (limit <= 0 || function_limit < limit)) limit = function_limit;
+  if (limit > 0 && threads > static_cast<uint64_t>(limit)) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "kernel '%s': a block of %d threads exceeds the limit of %d threads per block",
+        entry.name, threads, limit));
+  }
+  const uint64_t shared =
+      uint64_t{launch.shared_memory_bytes()} + entry.function->attributes().shared_size_bytes;
+  const int shared_limit = std::max(device.max_shared_memory_per_block_optin_bytes,
+                                    device.max_shared_memory_per_block_bytes);
+  if (shared_limit > 0 && shared > static_cast<uint64_t>(shared_limit)) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "kernel '%s': %d bytes of dynamic shared memory plus %d static exceed the device "
+        "limit of %d bytes per block",
+        entry.name, launch.shared_memory_bytes(),
+        entry.function->attributes().shared_size_bytes, shared_limit));
+  }
+  config->shared_memory_bytes = launch.shared_memory_bytes();
+  return absl::OkStatus();
+}
+
+absl::Status Session::PackArgs(const FunctionEntry& entry, const v1::LaunchCommand& launch,
+                               std::vector<uint8_t>* packed) {
+  const std::vector<backend::ParamInfo>& params = entry.function->params();
+  const uint64_t expected =
+      params.empty() ? 0 : uint64_t{params.back().offset_bytes} + params.back().size_bytes;
+  if (launch.args_size() > 0 && !launch.packed_args().empty()) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "kernel '%s': give either packed_args or typed args, not both", entry.name));
+  }
+  if (launch.args_size() == 0) {
+    if (launch.packed_args().size() != expected) {
+      return absl::InvalidArgumentError(absl::StrFormat(
+          "kernel '%s' takes %d parameters in %d bytes (%s); the packed arguments are %d "
+          "bytes",
+          entry.name, params.size(), expected, DescribeParams(params),
+          launch.packed_args().size()));
+    }
+    packed->assign(launch.packed_args().begin(), launch.packed_args().end());
+    return absl::OkStatus();
+  }
+  if (static_cast<size_t>(launch.args_size()) != params.size()) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("kernel '%s' takes %d parameters (%s); %d arguments were given",
+                        entry.name, params.size(), DescribeParams(params), launch.args_size()));
+  }
+  packed->assign(expected, 0);
+  std::lock_guard<std::mutex> lock(mu_);
+  for (int i = 0; i < launch.args_size(); ++i) {
+    const v1::KernelArg& arg = launch.args(i);
+    const backend::ParamInfo& param = params[i];
+    const uint32_t size = ArgSize(arg);
+    if (size != param.size_bytes) {
+      return absl::InvalidArgumentError(absl::StrFormat(
+          "kernel '%s' parameter #%d: expected %d bytes, given %d bytes (%s)", entry.name, i,
+          param.size_bytes, size, ArgKind(arg)));
+    }
+    uint8_t* out = packed->data() + param.offset_bytes;
+    uint64_t u64 = 0;
+    switch (arg.value_case()) {
+      case v1::KernelArg::kU8: u64 = arg.u8(); break;
+      case v1::KernelArg::kU16: u64 = arg.u16(); break;
+      case v1::KernelArg::kU32: u64 = arg.u32(); break;
+      case v1::KernelArg::kU64: u64 = arg.u64(); break;
+      case v1::KernelArg::kDeviceAddress: u64 = arg.device_address(); break;
+      case v1::KernelArg::kF32: {
+        const float f = arg.f32();
+        std::memcpy(out, &f, 4);
+        continue;
+      }
+      case v1::KernelArg::kF64: {
+        const double d = arg.f64();
+        std::memcpy(out, &d, 8);
+        continue;
+      }
+      case v1::KernelArg::kBuffer: {
+        v1::DevicePointer pointer;
+        *pointer.mutable_buffer() = arg.buffer();
+        auto address = ResolveLocked(pointer, 0, "kernel argument");
+        if (!address.ok()) {
+          return absl::Status(address.status().code(),
+                              absl::StrFormat("kernel '%s' parameter #%d: %s", entry.name, i,
+                                              address.status().message()));
+        }
+        u64 = *address;
+        break;
+      }
+      case v1::KernelArg::kRaw:
+        std::memcpy(out, arg.raw().data(), size);
+        continue;
+      default:
+        return absl::InvalidArgumentError(
+            absl::StrFormat("kernel '%s' parameter #%d: argument not set", entry.name, i));
+    }
+    // Little-endian integer of `size` bytes (x86-64 and aarch64 hosts and the GPU agree).
+    std::memcpy(out, &u64, size);
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Session::Launch(const v1::LaunchCommand& launch) {
+  GPURPC_RETURN_IF_ERROR(fault());
+  GPURPC_ASSIGN_OR_RETURN(std::shared_ptr<FunctionEntry> entry,
+                          FindFunction(launch.function_id()));
+  backend::LaunchConfig config;
+  GPURPC_RETURN_IF_ERROR(CheckLaunchDims(*entry, launch, &config));
+  thread_local std::vector<uint8_t> packed;
+  GPURPC_RETURN_IF_ERROR(PackArgs(*entry, launch, &packed));
+  GPURPC_ASSIGN_OR_RETURN(auto stream, FindStream(launch.stream_id()));
+  return Check(context_->Launch(entry->function, config,
+                                absl::Span<const uint8_t>(packed.data(), packed.size()),
+                                stream.get()));
+}
+
+// ---------------------------------------------------------------------------- commands
+
+absl::Status Session::RunCommand(const v1::Command& command, v1::CommandReply* reply,
+                                 uint64_t* download_bytes) {
+  switch (command.kind_case()) {
+    case v1::Command::kLaunch:
+      return Launch(command.launch());
+    case v1::Command::kMemset:
+      return Memset(command.memset());
+    case v1::Command::kCopy:
+      return Copy(command.copy());
+    case v1::Command::kUpload: {
+      const v1::UploadCommand& upload = command.upload();
+      if (upload.data().size() > kMaxInlineBytes) {
+        return absl::InvalidArgumentError(absl::StrFormat(
+            "UploadCommand: %d bytes exceed the inline limit of %d; split it",
+            upload.data().size(), kMaxInlineBytes));
+      }
+      GPURPC_ASSIGN_OR_RETURN(
+          backend::DevicePtr address,
+          Resolve(upload.destination(), upload.data().size(), "UploadCommand destination"));
+      return Upload(address, upload.data().data(), upload.data().size(), upload.stream_id());
+    }
+    case v1::Command::kDownload: {
+      const v1::DownloadCommand& download = command.download();
+      if (download.size_bytes() > kMaxBatchDownloadBytes - *download_bytes) {
+        return absl::InvalidArgumentError(absl::StrFormat(
+            "DownloadCommand: the batch's downloads exceed %d bytes; use DownloadStream",
+            kMaxBatchDownloadBytes));
+      }
+      GPURPC_ASSIGN_OR_RETURN(
+          backend::DevicePtr address,
+          Resolve(download.source(), download.size_bytes(), "DownloadCommand source"));
+      v1::DownloadResult* result = reply->add_downloads();
+      result->set_sequence(command.sequence());
+      std::string* data = result->mutable_data();
+      data->resize(download.size_bytes());
+      *download_bytes += download.size_bytes();
+      return Download(address, data->data(), data->size(), download.stream_id());
+    }
+    case v1::Command::kRecordEvent:
+      return RecordEvent(command.record_event().event_id(), command.record_event().stream_id());
+    case v1::Command::kWaitEvent:
+      return StreamWaitEvent(command.wait_event().stream_id(), command.wait_event().event_id());
+    case v1::Command::kSync:
+      return command.sync().whole_session() ? Synchronize()
+                                            : SynchronizeStream(command.sync().stream_id());
+    default:
+      return absl::InvalidArgumentError(
+          absl::StrFormat("command %d: no command kind set", command.sequence()));
+  }
+}
+
+absl::Status Session::RunBatch(const v1::CommandBatch& batch, uint64_t* last_sequence,
+                               v1::CommandReply* reply) {
+  uint64_t download_bytes = 0;
+  for (int i = 0; i < batch.commands_size(); ++i) {
+    const v1::Command& command = batch.commands(i);
+    if (command.sequence() <= *last_sequence) {
+      return absl::InvalidArgumentError(absl::StrFormat(
+          "command stream: sequence %d does not increase (last was %d)", command.sequence(),
+          *last_sequence));
+    }
+    *last_sequence = command.sequence();
+    absl::Status status = RunCommand(command, reply, &download_bytes);
+    if (!status.ok()) {
+      v1::CommandError* error = reply->mutable_error();
+      error->set_sequence(command.sequence());
+      error->set_code(static_cast<int32_t>(status.code()));
+      error->set_message(std::string(status.message()));
+      if (i + 1 < batch.commands_size()) {
+        reply->set_skipped_from_sequence(batch.commands(i + 1).sequence());
+        *last_sequence = batch.commands(batch.commands_size() - 1).sequence();
+      }
+      if (command.kind_case() == v1::Command::kDownload && !reply->downloads().empty() &&
+          reply->downloads().rbegin()->sequence() == command.sequence()) {
+        reply->mutable_downloads()->RemoveLast();
+      }
+      reply->set_processed_through_sequence(command.sequence());
+      if (IsSticky(status)) return status;
+      return absl::OkStatus();
+    }
+  }
+  reply->set_processed_through_sequence(*last_sequence);
+  return absl::OkStatus();
+}
+
+}  // namespace gpurpc::worker
