@@ -2,10 +2,11 @@
 
 #include <fcntl.h>
 #include <signal.h>
-#include <sys/prctl.h>
 #include <unistd.h>
 
+#include <chrono>
 #include <memory>
+#include <thread>
 
 #include "common/limits.h"
 #include "grpcpp/grpcpp.h"
@@ -21,8 +22,14 @@ namespace gpurpc::worker {
 
 int WorkerMain(const DaemonOptions& options) {
   // Die with the front end: an orphaned worker would hold a GPU context forever.
-  prctl(PR_SET_PDEATHSIG, SIGKILL);
-  if (getppid() == 1) return kExitBadUsage;
+  // PR_SET_PDEATHSIG would fire when the front-end *thread* that spawned us ends, so watch
+  // the parent process instead.
+  const pid_t parent = getppid();
+  if (parent == 1) return kExitBadUsage;
+  std::thread([parent] {
+    while (getppid() == parent) std::this_thread::sleep_for(std::chrono::milliseconds(200));
+    _exit(kExitBadUsage);
+  }).detach();
 
   auto logger = spdlog::stderr_color_mt("worker");
   logger->set_pattern("[%Y-%m-%d %H:%M:%S.%e] [%l] [worker %P dev " +

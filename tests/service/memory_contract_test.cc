@@ -1,0 +1,451 @@
+// The devices/sessions/memory contract, through the C++ client against a real gpurpcd with
+// real worker processes. Compiled twice: label `service` with the fake backend, label
+// `gpu` with the CUDA backend (GPURPC_TEST_BACKEND), where it skips without a driver.
+#include <signal.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cstring>
+#include <random>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "common/grpc_status.h"
+#include "common/limits.h"
+#include "gmock/gmock.h"
+#include "gpurpc/client.h"
+#include "gpurpc/v1/memory_service.grpc.pb.h"
+#include "gpurpc/v1/session_service.grpc.pb.h"
+#include "grpcpp/grpcpp.h"
+#include "gtest/gtest.h"
+#include "tests/testing/daemon.h"
+#include "tests/testing/status_matchers.h"
+
+namespace gpurpc {
+namespace {
+
+using ::gpurpc::testing::IsOk;
+using ::gpurpc::testing::StatusIs;
+using ::gpurpc::testing::TestDaemon;
+using ::testing::HasSubstr;
+
+constexpr char kBackend[] = GPURPC_TEST_BACKEND;
+constexpr uint64_t kMiB = 1ull << 20;
+
+std::vector<uint8_t> RandomBytes(size_t n, uint32_t seed) {
+  std::vector<uint8_t> out(n);
+  std::mt19937 rng(seed);
+  size_t i = 0;
+  for (; i + 4 <= n; i += 4) {
+    const uint32_t v = rng();
+    std::memcpy(out.data() + i, &v, 4);
+  }
+  for (; i < n; ++i) out[i] = static_cast<uint8_t>(rng());
+  return out;
+}
+
+class MemoryContractTest : public ::testing::Test {
+ protected:
+  static TestDaemon::Options DaemonOptions() {
+    TestDaemon::Options options;
+    options.backend = kBackend;
+    return options;
+  }
+
+  void StartDaemon(TestDaemon::Options options) {
+    if (std::string(kBackend) == "cuda") {
+      if (absl::Status cuda = testing::CudaAvailable(); !cuda.ok()) {
+        GTEST_SKIP() << "skipping the CUDA contract: " << cuda;
+      }
+    }
+    auto daemon = TestDaemon::Start(std::move(options));
+    ASSERT_THAT(daemon, IsOk());
+    daemon_ = *std::move(daemon);
+    auto client = Client::Connect(daemon_->address());
+    ASSERT_THAT(client, IsOk());
+    client_ = std::make_unique<Client>(*std::move(client));
+  }
+
+  void SetUp() override { StartDaemon(DaemonOptions()); }
+
+  Session Open() {
+    auto session = client_->OpenSession(0, "memory contract test");
+    EXPECT_THAT(session, IsOk());
+    return session.ok() ? *std::move(session) : Session();
+  }
+
+  // Calls a MemoryService method with the given session id directly (no client checks).
+  grpc::Status RawFree(uint64_t session_id, uint64_t buffer_id) {
+    auto stub = v1::MemoryService::NewStub(client_->channel());
+    grpc::ClientContext context;
+    context.AddMetadata(kSessionMetadataKey, std::to_string(session_id));
+    v1::FreeRequest request;
+    request.set_buffer_id(buffer_id);
+    v1::FreeResponse response;
+    return stub->Free(&context, request, &response);
+  }
+
+  void ExpectRoundTrip(const Session& session, uint64_t size, uint64_t offset, uint32_t seed) {
+    const uint64_t guard = 64;
+    auto buffer = session.Allocate(std::max<uint64_t>(offset + size + guard, 1));
+    ASSERT_THAT(buffer, IsOk());
+    ASSERT_THAT(session.Memset(buffer->at(0), 0xA5, 1, buffer->size_bytes()), IsOk());
+    const std::vector<uint8_t> data = RandomBytes(size, seed);
+    ASSERT_THAT(buffer->Upload(data, offset), IsOk()) << "size " << size;
+    auto back = buffer->Download(offset, size);
+    ASSERT_THAT(back, IsOk());
+    EXPECT_TRUE(*back == data) << "round trip of " << size << " bytes at offset " << offset;
+    auto around = buffer->Download(0, buffer->size_bytes());
+    ASSERT_THAT(around, IsOk());
+    for (uint64_t i = 0; i < offset; ++i) ASSERT_EQ((*around)[i], 0xA5) << i;
+    for (uint64_t i = offset + size; i < around->size(); ++i) ASSERT_EQ((*around)[i], 0xA5) << i;
+  }
+
+  std::unique_ptr<TestDaemon> daemon_;
+  std::unique_ptr<Client> client_;
+};
+
+TEST_F(MemoryContractTest, ListsItsDevicesWithLaunchLimits) {
+  auto devices = client_->ListDevices();
+  ASSERT_THAT(devices, IsOk());
+  ASSERT_GE(devices->devices_size(), 1);
+  EXPECT_EQ(devices->backend(), kBackend);
+  const v1::DeviceInfo& device = devices->devices(0);
+  EXPECT_GT(device.total_memory_bytes(), 0u);
+  EXPECT_GT(device.multiprocessor_count(), 0);
+  EXPECT_GT(device.max_threads_per_block(), 0);
+  EXPECT_GT(device.max_grid_dim().x(), 0u);
+  EXPECT_GT(device.max_shared_memory_per_block_bytes(), 0);
+  EXPECT_FALSE(device.attributes().empty());
+  if (std::string(kBackend) == "fake") {
+    EXPECT_TRUE(device.is_fake());
+    EXPECT_THAT(device.name(), HasSubstr("not a GPU"));
+  } else {
+    EXPECT_FALSE(device.is_fake());
+    EXPECT_GE(device.compute_capability_major(), 7);
+  }
+}
+
+TEST_F(MemoryContractTest, OpenSessionOnUnknownDeviceIsNotFound) {
+  EXPECT_THAT(client_->OpenSession(99), StatusIs(absl::StatusCode::kNotFound));
+}
+
+TEST_F(MemoryContractTest, RoundTripsRandomBytesAtSizesAndOffsets) {
+  Session session = Open();
+  const uint64_t sizes[] = {0, 1, 4095, kMiB + 1, 64 * kMiB};
+  const uint64_t offsets[] = {0, 3, 4096 + 7};
+  uint32_t seed = 1;
+  for (uint64_t size : sizes) {
+    for (uint64_t offset : offsets) {
+      if (size == 64 * kMiB && offset != 3) continue;  // one 64 MiB run is enough
+      ExpectRoundTrip(session, size, offset, seed++);
+    }
+  }
+}
+
+TEST_F(MemoryContractTest, ZeroByteTransferAtTheEndIsAllowed) {
+  Session session = Open();
+  auto buffer = session.Allocate(16);
+  ASSERT_THAT(buffer, IsOk());
+  EXPECT_THAT(buffer->Upload({}, 16), IsOk());
+  auto empty = buffer->Download(16, 0);
+  ASSERT_THAT(empty, IsOk());
+  EXPECT_TRUE(empty->empty());
+}
+
+TEST_F(MemoryContractTest, AllocateZeroBytesIsInvalid) {
+  Session session = Open();
+  EXPECT_THAT(session.Allocate(0), StatusIs(absl::StatusCode::kInvalidArgument));
+}
+
+TEST_F(MemoryContractTest, EveryOutOfBoundsAccessIsRejectedAndWritesNothing) {
+  Session session = Open();
+  auto buffer = session.Allocate(4096);
+  ASSERT_THAT(buffer, IsOk());
+  auto other = session.Allocate(4096);
+  ASSERT_THAT(other, IsOk());
+  ASSERT_THAT(session.Memset(buffer->at(0), 0x11, 1, 4096), IsOk());
+  const auto small = RandomBytes(100, 7);
+  const auto big = RandomBytes(2 * kMiB, 8);  // the chunked stream path
+  const auto kInvalid = absl::StatusCode::kInvalidArgument;
+
+  EXPECT_THAT(buffer->Upload(small, 4000), StatusIs(kInvalid, HasSubstr("outside the buffer")));
+  EXPECT_THAT(buffer->Upload(small, 5000), StatusIs(kInvalid));
+  EXPECT_THAT(buffer->Upload(big, 0), StatusIs(kInvalid));
+  EXPECT_THAT(buffer->Upload(small, ~0ull - 10), StatusIs(kInvalid));
+  EXPECT_THAT(buffer->Download(4000, 100), StatusIs(kInvalid));
+  EXPECT_THAT(buffer->Download(0, 2 * kMiB), StatusIs(kInvalid));
+  EXPECT_THAT(session.Memset(buffer->at(4000), 0, 1, 97), StatusIs(kInvalid));
+  EXPECT_THAT(session.Memset(buffer->at(4000), 0, 4, 25), StatusIs(kInvalid));
+  EXPECT_THAT(session.Memset(buffer->at(1), 0, 4, 4), StatusIs(kInvalid, HasSubstr("aligned")));
+  EXPECT_THAT(session.Memset(buffer->at(0), 0, 3, 4), StatusIs(kInvalid));
+  EXPECT_THAT(session.CopyDeviceToDevice(buffer->at(4000), other->at(0), 97), StatusIs(kInvalid));
+  EXPECT_THAT(session.CopyDeviceToDevice(buffer->at(0), other->at(4000), 97), StatusIs(kInvalid));
+  // Address arithmetic: inside the buffer but running past its end.
+  EXPECT_THAT(session.Upload(DeviceRef::Address(buffer->device_address() + 4090), small),
+              StatusIs(kInvalid));
+  // Past the end entirely: no buffer there.
+  EXPECT_THAT(session.Upload(DeviceRef::Address(buffer->device_address() + 4096), small),
+              StatusIs(absl::StatusCode::kNotFound));
+
+  auto back = buffer->Download(0, 4096);
+  ASSERT_THAT(back, IsOk());
+  EXPECT_TRUE(std::all_of(back->begin(), back->end(), [](uint8_t b) { return b == 0x11; }))
+      << "a rejected call wrote into the buffer";
+}
+
+TEST_F(MemoryContractTest, AddressArithmeticReachesTheRightBytes) {
+  Session session = Open();
+  auto buffer = session.Allocate(1024);
+  ASSERT_THAT(buffer, IsOk());
+  const auto data = RandomBytes(1024, 9);
+  ASSERT_THAT(buffer->Upload(data), IsOk());
+  auto part = session.Download(DeviceRef::Address(buffer->device_address() + 100), 50);
+  ASSERT_THAT(part, IsOk());
+  EXPECT_TRUE(std::equal(part->begin(), part->end(), data.begin() + 100));
+}
+
+TEST_F(MemoryContractTest, MemsetsEachElementSize) {
+  Session session = Open();
+  auto buffer = session.Allocate(64);
+  ASSERT_THAT(buffer, IsOk());
+  ASSERT_THAT(session.Memset(buffer->at(0), 0, 1, 64), IsOk());
+  ASSERT_THAT(session.Memset(buffer->at(0), 0x7F, 1, 8), IsOk());
+  ASSERT_THAT(session.Memset(buffer->at(8), 0xBEEF, 2, 4), IsOk());
+  ASSERT_THAT(session.Memset(buffer->at(16), 0xDEADBEEF, 4, 4), IsOk());
+  auto back = buffer->Download(0, 64);
+  ASSERT_THAT(back, IsOk());
+  for (int i = 0; i < 8; ++i) EXPECT_EQ((*back)[i], 0x7F);
+  for (int i = 0; i < 4; ++i) {
+    uint16_t v;
+    std::memcpy(&v, back->data() + 8 + 2 * i, 2);
+    EXPECT_EQ(v, 0xBEEF);
+  }
+  for (int i = 0; i < 4; ++i) {
+    uint32_t v;
+    std::memcpy(&v, back->data() + 16 + 4 * i, 4);
+    EXPECT_EQ(v, 0xDEADBEEFu);
+  }
+  for (int i = 32; i < 64; ++i) EXPECT_EQ((*back)[i], 0);
+}
+
+TEST_F(MemoryContractTest, CopiesDeviceToDeviceWithOffsets) {
+  Session session = Open();
+  auto a = session.Allocate(1000);
+  auto b = session.Allocate(1000);
+  ASSERT_THAT(a, IsOk());
+  ASSERT_THAT(b, IsOk());
+  const auto data = RandomBytes(1000, 11);
+  ASSERT_THAT(a->Upload(data), IsOk());
+  ASSERT_THAT(session.Memset(b->at(0), 0, 1, 1000), IsOk());
+  ASSERT_THAT(session.CopyDeviceToDevice(b->at(10), a->at(500), 300), IsOk());
+  auto back = b->Download(10, 300);
+  ASSERT_THAT(back, IsOk());
+  EXPECT_TRUE(std::equal(back->begin(), back->end(), data.begin() + 500));
+}
+
+TEST_F(MemoryContractTest, MemInfoReportsTotalAndFreeing) {
+  Session session = Open();
+  auto info = session.GetMemInfo();
+  ASSERT_THAT(info, IsOk());
+  EXPECT_GT(info->total_bytes, 0u);
+  EXPECT_LE(info->free_bytes, info->total_bytes);
+}
+
+TEST_F(MemoryContractTest, UnknownHandleDoubleFreeAndOtherSessionsHandlesAreNotFound) {
+  Session a = Open();
+  Session b = Open();
+  auto buffer = a.Allocate(256);
+  ASSERT_THAT(buffer, IsOk());
+  const uint64_t id = buffer->id();
+
+  EXPECT_EQ(RawFree(a.id(), 0x1234567).error_code(), grpc::StatusCode::NOT_FOUND);
+  // Another session's handle and address: NOT_FOUND, never PERMISSION_DENIED.
+  EXPECT_EQ(RawFree(b.id(), id).error_code(), grpc::StatusCode::NOT_FOUND);
+  EXPECT_THAT(b.Download(DeviceRef{id, 0, 0}, 16), StatusIs(absl::StatusCode::kNotFound));
+  EXPECT_THAT(b.Download(DeviceRef::Address(buffer->device_address()), 16),
+              StatusIs(absl::StatusCode::kNotFound));
+  // Still A's.
+  EXPECT_THAT(a.Download(buffer->at(0), 16), IsOk());
+  EXPECT_TRUE(RawFree(a.id(), id).ok());
+  EXPECT_EQ(RawFree(a.id(), id).error_code(), grpc::StatusCode::NOT_FOUND);  // double free
+}
+
+TEST_F(MemoryContractTest, AllocationBeyondFreeMemoryIsResourceExhaustedAndHarmless) {
+  Session session = Open();
+  auto info = session.GetMemInfo();
+  ASSERT_THAT(info, IsOk());
+  EXPECT_THAT(session.Allocate(info->total_bytes * 4),
+              StatusIs(absl::StatusCode::kResourceExhausted));
+  ExpectRoundTrip(session, 4096, 5, 3);
+}
+
+TEST_F(MemoryContractTest, SessionScopedCallsNeedTheSessionMetadata) {
+  auto stub = v1::MemoryService::NewStub(client_->channel());
+  v1::AllocateRequest request;
+  request.set_size_bytes(16);
+  v1::AllocateResponse response;
+  {
+    grpc::ClientContext context;
+    grpc::Status status = stub->Allocate(&context, request, &response);
+    EXPECT_EQ(status.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+    EXPECT_THAT(status.error_message(), HasSubstr(kSessionMetadataKey));
+  }
+  {
+    grpc::ClientContext context;
+    context.AddMetadata(kSessionMetadataKey, "not-a-number");
+    EXPECT_EQ(stub->Allocate(&context, request, &response).error_code(),
+              grpc::StatusCode::INVALID_ARGUMENT);
+  }
+  {
+    grpc::ClientContext context;
+    context.AddMetadata(kSessionMetadataKey, "12345");
+    EXPECT_EQ(stub->Allocate(&context, request, &response).error_code(),
+              grpc::StatusCode::NOT_FOUND);
+  }
+}
+
+TEST_F(MemoryContractTest, ClosedSessionIsNotFound) {
+  Session session = Open();
+  const uint64_t id = session.id();
+  ASSERT_THAT(session.Close(), IsOk());
+  EXPECT_EQ(RawFree(id, 1).error_code(), grpc::StatusCode::NOT_FOUND);
+}
+
+TEST_F(MemoryContractTest, SixteenParallelSessionsSeeOnlyTheirOwnData) {
+  constexpr int kSessions = 16;
+  std::vector<std::thread> threads;
+  std::vector<uint64_t> buffer_ids(kSessions);
+  std::vector<uint64_t> session_ids(kSessions);
+  std::atomic<int> failures{0};
+  std::atomic<int> ready{0};
+  std::atomic<bool> release{false};
+  for (int i = 0; i < kSessions; ++i) {
+    threads.emplace_back([&, i] {
+      auto session = client_->OpenSession(0, "parallel " + std::to_string(i));
+      if (!session.ok()) {
+        ++failures;
+        ++ready;
+        return;
+      }
+      const auto data = RandomBytes(kMiB + 17, 1000 + i);
+      auto buffer = session->Allocate(data.size());
+      if (!buffer.ok() || !buffer->Upload(data).ok()) ++failures;
+      if (buffer.ok()) buffer_ids[i] = buffer->id();
+      session_ids[i] = session->id();
+      ++ready;
+      while (!release) std::this_thread::yield();  // all sessions alive at once
+      for (int round = 0; round < 3 && buffer.ok(); ++round) {
+        auto back = buffer->Download();
+        if (!back.ok() || *back != data) ++failures;
+      }
+      // Every other session's buffer id is unknown here.
+      for (int j = 0; j < kSessions; ++j) {
+        if (j == i || buffer_ids[j] == 0) continue;
+        if (session->Download(DeviceRef{buffer_ids[j], 0, 0}, 1).status().code() !=
+            absl::StatusCode::kNotFound) {
+          ++failures;
+        }
+      }
+    });
+  }
+  while (ready < kSessions) std::this_thread::yield();
+  release = true;
+  for (std::thread& t : threads) t.join();
+  EXPECT_EQ(failures.load(), 0);
+}
+
+class IsolationTest : public MemoryContractTest {
+ protected:
+  void SetUp() override {
+    TestDaemon::Options options = DaemonOptions();
+    options.warm_workers = 0;  // each session's worker is the newest child
+    options.idle_timeout = "1500ms";
+    StartDaemon(options);
+  }
+};
+
+TEST_F(IsolationTest, KilledWorkerFaultsOnlyItsSession) {
+  Session victim = Open();
+  const std::vector<pid_t> before = daemon_->WorkerPids();
+  ASSERT_EQ(before.size(), 1u);
+  Session bystander = Open();
+  auto buffer = victim.Allocate(1024);
+  ASSERT_THAT(buffer, IsOk());
+
+  ASSERT_EQ(kill(before[0], SIGKILL), 0);
+  absl::StatusOr<v1::KeepAliveResponse> state;
+  for (int i = 0; i < 200; ++i) {
+    state = victim.KeepAlive();
+    if (state.ok() && state->state() == v1::SESSION_STATE_FAULTED) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  ASSERT_THAT(state, IsOk());
+  EXPECT_EQ(state->state(), v1::SESSION_STATE_FAULTED);
+  EXPECT_THAT(state->fault_cause(), HasSubstr("signal 9"));
+  EXPECT_THAT(victim.Allocate(16),
+              StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("signal 9")));
+  EXPECT_THAT(buffer->Download(0, 16), StatusIs(absl::StatusCode::kFailedPrecondition));
+
+  ExpectRoundTrip(bystander, kMiB + 1, 7, 42);
+}
+
+TEST_F(IsolationTest, WorkerKilledDuringACallAbortsThatCall) {
+  Session victim = Open();
+  const std::vector<pid_t> workers = daemon_->WorkerPids();
+  ASSERT_EQ(workers.size(), 1u);
+  auto buffer = victim.Allocate(64 * kMiB);
+  ASSERT_THAT(buffer, IsOk());
+  const auto data = RandomBytes(64 * kMiB, 5);
+  std::thread killer([&] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    kill(workers[0], SIGKILL);
+  });
+  absl::Status status;
+  for (int i = 0; i < 50 && status.ok(); ++i) status = buffer->Upload(data);
+  killer.join();
+  EXPECT_THAT(status, ::testing::AnyOf(StatusIs(absl::StatusCode::kAborted),
+                                       StatusIs(absl::StatusCode::kFailedPrecondition)));
+  EXPECT_THAT(victim.Allocate(16), StatusIs(absl::StatusCode::kFailedPrecondition));
+}
+
+TEST_F(IsolationTest, VanishedClientIsReclaimedAfterTheIdleTimeout) {
+  // A client that opens a session and disappears: no calls, no keepalive.
+  auto stub = v1::SessionService::NewStub(client_->channel());
+  grpc::ClientContext open_context;
+  v1::OpenSessionRequest request;
+  v1::OpenSessionResponse response;
+  ASSERT_TRUE(stub->OpenSession(&open_context, request, &response).ok());
+  EXPECT_EQ(response.idle_timeout_ms(), 1500u);
+  ASSERT_EQ(daemon_->WorkerPids().size(), 1u);
+
+  // Meanwhile a well-behaved session keeps itself alive through its keepalive thread.
+  Session kept = Open();
+
+  std::this_thread::sleep_for(std::chrono::milliseconds(3500));
+  grpc::ClientContext context;
+  context.AddMetadata(kSessionMetadataKey, std::to_string(response.session_id()));
+  v1::KeepAliveResponse state;
+  EXPECT_EQ(stub->KeepAlive(&context, v1::KeepAliveRequest(), &state).error_code(),
+            grpc::StatusCode::NOT_FOUND);
+  EXPECT_EQ(daemon_->WorkerPids().size(), 1u) << "the reclaimed session's worker still runs";
+  ExpectRoundTrip(kept, 100, 1, 77);
+}
+
+#if GPURPC_TEST_LARGE
+TEST_F(MemoryContractTest, SixGibBufferRoundTrip) {
+  Session session = Open();
+  const uint64_t size = 6ull << 30;
+  auto buffer = session.Allocate(size);
+  ASSERT_THAT(buffer, IsOk());
+  std::vector<uint8_t> data = RandomBytes(size, 6);
+  ASSERT_THAT(buffer->Upload(data), IsOk());
+  std::vector<uint8_t> back(size);
+  ASSERT_THAT(session.DownloadInto(buffer->at(0), absl::MakeSpan(back)), IsOk());
+  EXPECT_TRUE(back == data);
+}
+#endif
+
+}  // namespace
+}  // namespace gpurpc

@@ -1,0 +1,149 @@
+#include "tests/testing/daemon.h"
+
+#include <dirent.h>
+#include <dlfcn.h>
+#include <fcntl.h>
+#include <signal.h>
+#include <spawn.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstdlib>
+#include <fstream>
+#include <sstream>
+#include <thread>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "gpurpc/client.h"
+
+extern char** environ;
+
+namespace gpurpc::testing {
+namespace {
+
+std::string Binary() {
+  if (const char* bin = std::getenv("GPURPCD_BIN"); bin != nullptr && *bin != '\0') return bin;
+  return GPURPC_GPURPCD_PATH;
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<TestDaemon>> TestDaemon::Start(Options options) {
+  auto daemon = std::unique_ptr<TestDaemon>(new TestDaemon());
+  char tmpl[] = "/tmp/gpurpc-test-XXXXXX";
+  if (mkdtemp(tmpl) == nullptr) return absl::InternalError("mkdtemp failed");
+  daemon->dir_ = tmpl;
+  daemon->address_ = absl::StrCat("unix:", daemon->dir_, "/gpurpcd.sock");
+  daemon->log_path_ = daemon->dir_ + "/gpurpcd.log";
+  if (options.cache_dir.empty()) {
+    daemon->cache_dir_ = daemon->dir_ + "/cache";
+    daemon->own_cache_dir_ = true;
+  } else {
+    daemon->cache_dir_ = options.cache_dir;
+  }
+
+  std::vector<std::string> args = {Binary(),
+                                   "--listen=",
+                                   absl::StrCat("--unix-socket=", daemon->dir_, "/gpurpcd.sock"),
+                                   absl::StrCat("--backend=", options.backend),
+                                   absl::StrCat("--session-idle-timeout=", options.idle_timeout),
+                                   absl::StrCat("--warm-workers=", options.warm_workers),
+                                   absl::StrCat("--cache-dir=", daemon->cache_dir_),
+                                   "--log-level=debug"};
+  args.insert(args.end(), options.extra_flags.begin(), options.extra_flags.end());
+  std::vector<char*> argv;
+  for (std::string& arg : args) argv.push_back(arg.data());
+  argv.push_back(nullptr);
+
+  posix_spawn_file_actions_t actions;
+  posix_spawn_file_actions_init(&actions);
+  posix_spawn_file_actions_addopen(&actions, 2, daemon->log_path_.c_str(),
+                                   O_WRONLY | O_CREAT | O_TRUNC, 0644);
+  posix_spawn_file_actions_adddup2(&actions, 2, 1);
+  const int rc = posix_spawn(&daemon->pid_, argv[0], &actions, nullptr, argv.data(), environ);
+  posix_spawn_file_actions_destroy(&actions);
+  if (rc != 0) {
+    daemon->pid_ = -1;
+    return absl::InternalError(absl::StrCat("cannot start ", argv[0], ": ", strerror(rc)));
+  }
+
+  const absl::Time deadline = absl::Now() + absl::Seconds(60);
+  while (absl::Now() < deadline) {
+    int status;
+    if (waitpid(daemon->pid_, &status, WNOHANG) == daemon->pid_) {
+      daemon->pid_ = -1;
+      return absl::UnavailableError(
+          absl::StrCat("gpurpcd exited at start; its log:\n", daemon->Log()));
+    }
+    if (access((daemon->dir_ + "/gpurpcd.sock").c_str(), F_OK) == 0) {
+      auto client = Client::Connect(daemon->address_, absl::Seconds(1));
+      if (client.ok() && client->ListDevices().ok()) return daemon;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  return absl::DeadlineExceededError(
+      absl::StrCat("gpurpcd did not answer within 60 s; its log:\n", daemon->Log()));
+}
+
+TestDaemon::~TestDaemon() {
+  if (pid_ > 0) {
+    kill(pid_, SIGTERM);
+    int status;
+    bool ended = false;
+    for (int i = 0; i < 1000 && !ended; ++i) {
+      ended = waitpid(pid_, &status, WNOHANG) == pid_;
+      if (!ended) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+    if (!ended) {
+      kill(pid_, SIGKILL);
+      waitpid(pid_, &status, 0);
+    }
+  }
+  if (!dir_.empty()) {
+    std::string command = absl::StrCat("rm -rf '", dir_, "'");
+    if (std::system(command.c_str()) != 0) {
+      // Leaving a temporary directory behind is harmless.
+    }
+  }
+}
+
+std::string TestDaemon::Log() const {
+  std::ifstream in(log_path_);
+  std::stringstream out;
+  out << in.rdbuf();
+  return out.str();
+}
+
+std::vector<pid_t> TestDaemon::WorkerPids() const {
+  std::vector<pid_t> pids;
+  DIR* proc = opendir("/proc");
+  if (proc == nullptr) return pids;
+  while (dirent* entry = readdir(proc)) {
+    const pid_t pid = std::atoi(entry->d_name);
+    if (pid <= 0) continue;
+    std::ifstream stat(absl::StrCat("/proc/", pid, "/stat"));
+    std::string line;
+    std::getline(stat, line);
+    // pid (comm) state ppid ...; comm may contain spaces, so split after the last ')'.
+    const size_t paren = line.rfind(')');
+    if (paren == std::string::npos) continue;
+    std::vector<std::string> fields = absl::StrSplit(line.substr(paren + 2), ' ');
+    if (fields.size() > 1 && std::atoi(fields[1].c_str()) == pid_ && fields[0] != "Z") {
+      pids.push_back(pid);
+    }
+  }
+  closedir(proc);
+  return pids;
+}
+
+absl::Status CudaAvailable() {
+  void* driver = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
+  if (driver == nullptr) {
+    return absl::UnavailableError(absl::StrCat("no CUDA driver (libcuda.so.1): ", dlerror()));
+  }
+  dlclose(driver);
+  return absl::OkStatus();
+}
+
+}  // namespace gpurpc::testing
