@@ -1,0 +1,986 @@
+// The CUDA device backend: backend.h on the CUDA driver API, loaded at run time
+// (driver_api.h).
+//
+// Structure:
+// - ContextCore: the retained primary context of one device. The Context and every object
+//   it creates hold it through a shared_ptr, so the primary context is released only after
+//   the last of them is gone. It makes the context current on the calling thread before
+//   each driver call (gRPC calls arrive on a thread pool), turns CUresults into statuses
+//   and remembers when a sticky fault has poisoned the context, after which destructors
+//   skip their driver calls.
+// - CudaContext: memory, copies through a pinned staging ring, modules, launches, streams
+//   and events.
+// - CudaModule / CudaFunction / CudaStream / CudaEvent: move-free owners of one driver
+//   object each.
+//
+// The launch path allocates nothing, logs nothing and builds no string unless it fails.
+
+#include <cuda.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cstdint>
+#include <cstring>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/base/attributes.h"
+#include "absl/base/optimization.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/str_cat.h"
+#include "absl/types/span.h"
+#include "common/status_macros.h"
+#include "server/worker/backend/backend.h"
+#include "server/worker/backend/cuda/cuda_status.h"
+#include "server/worker/backend/cuda/driver_api.h"
+#include "server/worker/backend/cuda/module_image.h"
+#include "spdlog/spdlog.h"
+
+namespace gpurpc::backend {
+namespace cuda {
+namespace {
+
+static_assert(sizeof(CUdeviceptr) == sizeof(DevicePtr), "CUdeviceptr must be 64-bit");
+
+// Transfers up to this size use the small-transfer paths (see Upload/Download).
+constexpr uint64_t kSmallTransferBytes = 64 << 10;
+// The staging ring for large transfers: double-buffered, so the memcpy of one chunk
+// overlaps the DMA of the other.
+constexpr size_t kStagingSlotBytes = 8 << 20;
+constexpr int kStagingSlots = 2;
+// Small uploads get their own ring of many small slots, so that a burst of them does not
+// wait for the GPU after the second one.
+constexpr size_t kSmallStagingSlotBytes = kSmallTransferBytes;
+constexpr int kSmallStagingSlots = 16;
+// JIT log buffers for cuModuleLoadDataEx.
+constexpr size_t kJitLogBytes = 16 << 10;
+// More parameters than fit in the 32764-byte parameter space means the driver never said
+// "no more".
+constexpr size_t kMaxKernelParams = 32764;
+
+std::string HexAddress(uint64_t address) { return absl::StrCat("0x", absl::Hex(address)); }
+
+// ---------------------------------------------------------------------------------------
+
+class ContextCore {
+ public:
+  // Takes over one reference to the primary context of `device` (released by the
+  // destructor).
+  ContextCore(const DriverApi& api, CUdevice device, CUcontext context, int ordinal)
+      : api_(api), device_(device), context_(context), ordinal_(ordinal) {}
+
+  ContextCore(const ContextCore&) = delete;
+  ContextCore& operator=(const ContextCore&) = delete;
+
+  ~ContextCore() {
+    if (poisoned()) {
+      spdlog::debug("cuDevicePrimaryCtxRelease skipped on device {}: the context is poisoned",
+                    ordinal_);
+      return;
+    }
+    const CUresult result = api_.cuDevicePrimaryCtxRelease(device_);
+    if (result != CUDA_SUCCESS) {
+      spdlog::warn("{}", CuResultToStatus(&api_, result, "cuDevicePrimaryCtxRelease",
+                                          absl::StrCat("device ", ordinal_))
+                             .ToString());
+    }
+  }
+
+  const DriverApi& api() const { return api_; }
+  CUcontext context() const { return context_; }
+  int ordinal() const { return ordinal_; }
+  bool poisoned() const { return poisoned_.load(std::memory_order_acquire); }
+
+  // Makes the context current on the calling thread. The process owns one context, so it
+  // is left current afterwards; the usual cost is one cuCtxGetCurrent (a thread-local
+  // read in the driver).
+  absl::Status MakeCurrent() {
+    CUcontext current = nullptr;
+    CUresult result = api_.cuCtxGetCurrent(&current);
+    if (ABSL_PREDICT_TRUE(result == CUDA_SUCCESS && current == context_)) {
+      return absl::OkStatus();
+    }
+    if (result != CUDA_SUCCESS) return Error(result, "cuCtxGetCurrent");
+    result = api_.cuCtxSetCurrent(context_);
+    if (ABSL_PREDICT_FALSE(result != CUDA_SUCCESS)) return Error(result, "cuCtxSetCurrent");
+    return absl::OkStatus();
+  }
+
+  absl::Status Check(CUresult result, const char* call) {
+    if (ABSL_PREDICT_TRUE(result == CUDA_SUCCESS)) return absl::OkStatus();
+    return Error(result, call);
+  }
+
+  // The status for a failed call (see CuResultToStatus). A sticky fault poisons the
+  // context. Failure path only.
+  ABSL_ATTRIBUTE_NOINLINE absl::Status Error(CUresult result, const char* call,
+                                             absl::string_view detail = {}) {
+    absl::Status status = CuResultToStatus(&api_, result, call, detail);
+    if (IsStickyCuResult(result) && !poisoned_.exchange(true, std::memory_order_acq_rel)) {
+      spdlog::error("the CUDA context on device {} is poisoned: {}", ordinal_, status.ToString());
+    }
+    return status;
+  }
+
+  // For destructors: runs `release` (returning a CUresult) with the context current, unless
+  // the context is poisoned. Logs failures; never throws.
+  template <typename F>
+  void CleanUp(const char* call, const F& release) noexcept {
+    if (poisoned()) {
+      spdlog::debug("{} skipped: the CUDA context on device {} is poisoned", call, ordinal_);
+      return;
+    }
+    absl::Status status = MakeCurrent();
+    if (status.ok()) status = Check(release(), call);
+    if (status.ok()) return;
+    if (poisoned()) {
+      spdlog::debug("{} (cleanup abandoned)", status.ToString());
+    } else {
+      spdlog::warn("cleanup failed: {}", status.ToString());
+    }
+  }
+
+ private:
+  const DriverApi& api_;
+  const CUdevice device_;
+  const CUcontext context_;
+  const int ordinal_;
+  std::atomic<bool> poisoned_{false};
+};
+
+// ---------------------------------------------------------------------------------------
+
+class CudaFunction final : public Function {
+ public:
+  CudaFunction(CUfunction handle, std::string name, std::vector<ParamInfo> params,
+               const FunctionAttributes& attributes)
+      : handle_(handle),
+        name_(std::move(name)),
+        params_(std::move(params)),
+        attributes_(attributes),
+        dynamic_shared_limit_(
+            static_cast<uint32_t>(std::max(0, attributes.max_dynamic_shared_size_bytes))) {}
+
+  const std::vector<ParamInfo>& params() const override { return params_; }
+  const FunctionAttributes& attributes() const override { return attributes_; }
+
+  CUfunction handle() const { return handle_; }
+  const std::string& name() const { return name_; }
+
+  bool NeedsMoreDynamicShared(uint32_t bytes) const {
+    return bytes > dynamic_shared_limit_.load(std::memory_order_acquire);
+  }
+
+  // Raises CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES to at least `bytes`. Only ever
+  // raises it, so concurrent launches asking for different sizes all stay valid.
+  ABSL_ATTRIBUTE_NOINLINE absl::Status RaiseDynamicShared(ContextCore& core, uint32_t bytes) {
+    std::lock_guard<std::mutex> lock(raise_mu_);
+    if (bytes <= dynamic_shared_limit_.load(std::memory_order_acquire)) {
+      return absl::OkStatus();
+    }
+    const CUresult result = core.api().cuFuncSetAttribute(
+        handle_, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, static_cast<int>(bytes));
+    if (result != CUDA_SUCCESS) {
+      return core.Error(result, "cuFuncSetAttribute",
+                        absl::StrCat("kernel ", name_, ": cannot allow ", bytes,
+                                     " bytes of dynamic shared memory (the kernel uses ",
+                                     attributes_.shared_size_bytes,
+                                     " bytes of static shared memory; see the device's "
+                                     "max_shared_memory_per_block_optin_bytes)"));
+    }
+    dynamic_shared_limit_.store(bytes, std::memory_order_release);
+    return absl::OkStatus();
+  }
+
+ private:
+  const CUfunction handle_;
+  const std::string name_;
+  const std::vector<ParamInfo> params_;
+  const FunctionAttributes attributes_;
+  std::atomic<uint32_t> dynamic_shared_limit_;
+  std::mutex raise_mu_;
+};
+
+class CudaModule final : public Module {
+ public:
+  CudaModule(std::shared_ptr<ContextCore> core, CUmodule module)
+      : core_(std::move(core)), module_(module) {}
+
+  ~CudaModule() override {
+    functions_.clear();  // Handles only; the driver frees them with the module.
+    const DriverApi& api = core_->api();
+    core_->CleanUp("cuModuleUnload", [&] { return api.cuModuleUnload(module_); });
+  }
+
+  absl::StatusOr<Function*> GetFunction(const std::string& name) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (auto it = functions_.find(name); it != functions_.end()) return it->second.get();
+
+    GPURPC_RETURN_IF_ERROR(core_->MakeCurrent());
+    const DriverApi& api = core_->api();
+    CUfunction handle = nullptr;
+    CUresult result = api.cuModuleGetFunction(&handle, module_, name.c_str());
+    if (result != CUDA_SUCCESS) {
+      return core_->Error(result, "cuModuleGetFunction",
+                          result == CUDA_ERROR_NOT_FOUND
+                              ? absl::StrCat("the module has no kernel named \"", name, "\"")
+                              : absl::StrCat("kernel \"", name, "\""));
+    }
+    // Under lazy loading (the default since CUDA 12.2) some attributes need a fully
+    // loaded function; load it now rather than on the first launch.
+    result = api.cuFuncLoad(handle);
+    if (result != CUDA_SUCCESS) {
+      return core_->Error(result, "cuFuncLoad", absl::StrCat("kernel \"", name, "\""));
+    }
+
+    std::vector<ParamInfo> params;
+    for (size_t i = 0;; ++i) {
+      if (i > kMaxKernelParams) {
+        return absl::InternalError(absl::StrCat("cuFuncGetParamInfo: kernel \"", name,
+                                                "\" reports more than ", kMaxKernelParams,
+                                                " parameters"));
+      }
+      size_t offset = 0;
+      size_t size = 0;
+      result = api.cuFuncGetParamInfo(handle, i, &offset, &size);
+      if (result == CUDA_ERROR_INVALID_VALUE) break;  // Past the last parameter.
+      if (result != CUDA_SUCCESS) {
+        return core_->Error(result, "cuFuncGetParamInfo",
+                            absl::StrCat("kernel \"", name, "\" parameter ", i));
+      }
+      params.push_back(ParamInfo{static_cast<uint32_t>(offset), static_cast<uint32_t>(size)});
+    }
+
+    FunctionAttributes attributes;
+    const struct {
+      CUfunction_attribute attribute;
+      const char* attribute_name;
+      int* value;
+    } queries[] = {
+        {CU_FUNC_ATTRIBUTE_NUM_REGS, "CU_FUNC_ATTRIBUTE_NUM_REGS", &attributes.num_regs},
+        {CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES, "CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES",
+         &attributes.shared_size_bytes},
+        {CU_FUNC_ATTRIBUTE_CONST_SIZE_BYTES, "CU_FUNC_ATTRIBUTE_CONST_SIZE_BYTES",
+         &attributes.const_size_bytes},
+        {CU_FUNC_ATTRIBUTE_LOCAL_SIZE_BYTES, "CU_FUNC_ATTRIBUTE_LOCAL_SIZE_BYTES",
+         &attributes.local_size_bytes},
+        {CU_FUNC_ATTRIBUTE_MAX_THREADS_PER_BLOCK, "CU_FUNC_ATTRIBUTE_MAX_THREADS_PER_BLOCK",
+         &attributes.max_threads_per_block},
+        {CU_FUNC_ATTRIBUTE_PTX_VERSION, "CU_FUNC_ATTRIBUTE_PTX_VERSION", &attributes.ptx_version},
+        {CU_FUNC_ATTRIBUTE_BINARY_VERSION, "CU_FUNC_ATTRIBUTE_BINARY_VERSION",
+         &attributes.binary_version},
+        {CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+         "CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES",
+         &attributes.max_dynamic_shared_size_bytes},
+    };
+    for (const auto& query : queries) {
+      result = api.cuFuncGetAttribute(query.value, query.attribute, handle);
+      if (result != CUDA_SUCCESS) {
+        return core_->Error(result, "cuFuncGetAttribute",
+                            absl::StrCat(query.attribute_name, " of kernel \"", name, "\""));
+      }
+    }
+
+    auto function = std::make_unique<CudaFunction>(handle, name, std::move(params), attributes);
+    Function* raw = function.get();
+    functions_.emplace(name, std::move(function));
+    return raw;
+  }
+
+  absl::StatusOr<Global> GetGlobal(const std::string& name) override {
+    GPURPC_RETURN_IF_ERROR(core_->MakeCurrent());
+    CUdeviceptr address = 0;
+    size_t size = 0;
+    const CUresult result = core_->api().cuModuleGetGlobal(&address, &size, module_, name.c_str());
+    if (result != CUDA_SUCCESS) {
+      return core_->Error(result, "cuModuleGetGlobal",
+                          result == CUDA_ERROR_NOT_FOUND
+                              ? absl::StrCat("the module has no global named \"", name, "\"")
+                              : absl::StrCat("global \"", name, "\""));
+    }
+    return Global{static_cast<DevicePtr>(address), static_cast<uint64_t>(size)};
+  }
+
+ private:
+  const std::shared_ptr<ContextCore> core_;
+  const CUmodule module_;
+  std::mutex mu_;
+  // Stable addresses: Function pointers are handed out. Guarded by mu_.
+  std::map<std::string, std::unique_ptr<CudaFunction>> functions_;
+};
+
+class CudaStream final : public Stream {
+ public:
+  CudaStream(std::shared_ptr<ContextCore> core, CUstream stream)
+      : core_(std::move(core)), stream_(stream) {}
+
+  // cuStreamDestroy returns at once; the driver frees the stream after its queued work.
+  ~CudaStream() override {
+    const DriverApi& api = core_->api();
+    core_->CleanUp("cuStreamDestroy", [&] { return api.cuStreamDestroy(stream_); });
+  }
+
+  CUstream handle() const { return stream_; }
+
+ private:
+  const std::shared_ptr<ContextCore> core_;
+  const CUstream stream_;
+};
+
+class CudaEvent final : public Event {
+ public:
+  CudaEvent(std::shared_ptr<ContextCore> core, CUevent event, bool timing_enabled)
+      : core_(std::move(core)), event_(event), timing_enabled_(timing_enabled) {}
+
+  ~CudaEvent() override {
+    const DriverApi& api = core_->api();
+    core_->CleanUp("cuEventDestroy", [&] { return api.cuEventDestroy(event_); });
+  }
+
+  CUevent handle() const { return event_; }
+  bool timing_enabled() const { return timing_enabled_; }
+
+ private:
+  const std::shared_ptr<ContextCore> core_;
+  const CUevent event_;
+  const bool timing_enabled_;
+};
+
+// Backend objects come only from this backend (the session layer never mixes backends),
+// hence the static_casts.
+CUstream ToCuStream(Stream* stream) {
+  return stream == nullptr ? nullptr : static_cast<CudaStream*>(stream)->handle();
+}
+
+// ---------------------------------------------------------------------------------------
+
+// Pinned host buffers for staging copies. Each slot has an event recorded after the copy
+// that uses it; a slot is reused only after its event has completed. All methods except
+// the constructor require mutex() held; all but slot accessors also the context current.
+class StagingRing {
+ public:
+  struct Slot {
+    uint8_t* host = nullptr;
+    CUevent done = nullptr;
+    bool pending = false;  // `done` was recorded and not yet waited for.
+  };
+
+  StagingRing(size_t slot_bytes, int slot_count)
+      : slot_bytes_(slot_bytes), slots_(static_cast<size_t>(slot_count)) {}
+
+  std::mutex& mutex() { return mu_; }
+  size_t slot_bytes() const { return slot_bytes_; }
+  size_t slot_count() const { return slots_.size(); }
+  Slot& slot(uint64_t index) { return slots_[index % slots_.size()]; }
+  Slot& NextSlot() { return slots_[next_++ % slots_.size()]; }
+
+  absl::Status EnsureAllocated(ContextCore& core) {
+    if (host_ != nullptr) return absl::OkStatus();
+    const DriverApi& api = core.api();
+    const size_t total_bytes = slot_bytes_ * slots_.size();
+    void* host = nullptr;
+    CUresult result = api.cuMemHostAlloc(&host, total_bytes, 0);
+    if (result != CUDA_SUCCESS) {
+      return core.Error(result, "cuMemHostAlloc",
+                        absl::StrCat(total_bytes, " bytes of pinned staging memory"));
+    }
+    size_t created = 0;
+    for (; created < slots_.size(); ++created) {
+      result = api.cuEventCreate(&slots_[created].done, CU_EVENT_DISABLE_TIMING);
+      if (result != CUDA_SUCCESS) break;
+    }
+    if (result != CUDA_SUCCESS) {
+      absl::Status status = core.Error(result, "cuEventCreate", "staging event");
+      for (size_t i = 0; i < created; ++i) {
+        api.cuEventDestroy(slots_[i].done);
+        slots_[i].done = nullptr;
+      }
+      api.cuMemFreeHost(host);
+      return status;
+    }
+    host_ = host;
+    for (size_t i = 0; i < slots_.size(); ++i) {
+      slots_[i].host = static_cast<uint8_t*>(host_) + i * slot_bytes_;
+      slots_[i].pending = false;
+    }
+    return absl::OkStatus();
+  }
+
+  // Waits until the last copy that used `slot` has completed.
+  absl::Status WaitIdle(ContextCore& core, Slot& slot) {
+    if (!slot.pending) return absl::OkStatus();
+    GPURPC_RETURN_IF_ERROR(
+        core.Check(core.api().cuEventSynchronize(slot.done), "cuEventSynchronize"));
+    slot.pending = false;
+    return absl::OkStatus();
+  }
+
+  // Marks `slot` busy until the work just queued on `stream` completes.
+  absl::Status MarkPending(ContextCore& core, Slot& slot, CUstream stream) {
+    const CUresult result = core.api().cuEventRecord(slot.done, stream);
+    if (ABSL_PREDICT_FALSE(result != CUDA_SUCCESS)) {
+      // Without the event we cannot tell when the DMA stops reading the slot: wait.
+      core.api().cuStreamSynchronize(stream);
+      return core.Error(result, "cuEventRecord", "staging event");
+    }
+    slot.pending = true;
+    return absl::OkStatus();
+  }
+
+  // Waits for in-flight copies, then frees the events and the pinned memory. Never throws.
+  void Destroy(ContextCore& core) noexcept {
+    if (host_ == nullptr) return;
+    const DriverApi& api = core.api();
+    for (Slot& slot : slots_) {
+      if (slot.pending) {
+        core.CleanUp("cuEventSynchronize", [&] { return api.cuEventSynchronize(slot.done); });
+      }
+      core.CleanUp("cuEventDestroy", [&] { return api.cuEventDestroy(slot.done); });
+      slot = Slot{};
+    }
+    void* host = host_;
+    core.CleanUp("cuMemFreeHost", [&] { return api.cuMemFreeHost(host); });
+    host_ = nullptr;
+  }
+
+ private:
+  std::mutex mu_;
+  const size_t slot_bytes_;
+  std::vector<Slot> slots_;
+  void* host_ = nullptr;  // One allocation; the slots are slices of it.
+  uint64_t next_ = 0;
+};
+
+// ---------------------------------------------------------------------------------------
+
+class CudaContext final : public Context {
+ public:
+  CudaContext(std::shared_ptr<ContextCore> core, DeviceInfo device)
+      : core_(std::move(core)),
+        api_(core_->api()),
+        device_(std::move(device)),
+        staging_(kStagingSlotBytes, kStagingSlots),
+        small_staging_(kSmallStagingSlotBytes, kSmallStagingSlots) {}
+
+  ~CudaContext() override {
+    {
+      std::lock_guard<std::mutex> lock(staging_.mutex());
+      staging_.Destroy(*core_);
+    }
+    {
+      std::lock_guard<std::mutex> lock(small_staging_.mutex());
+      small_staging_.Destroy(*core_);
+    }
+    // core_ goes last: the primary context is released once every object made in it
+    // (which all hold core_) is gone.
+  }
+
+  const DeviceInfo& device() const override { return device_; }
+
+  std::string CompileTarget() const override {
+    return absl::StrCat("sm_", device_.compute_capability_major, device_.compute_capability_minor);
+  }
+
+  absl::StatusOr<DevicePtr> Alloc(uint64_t size_bytes) override {
+    GPURPC_RETURN_IF_ERROR(core_->MakeCurrent());
+    CUdeviceptr address = 0;
+    const CUresult result = api_.cuMemAlloc(&address, size_bytes);
+    if (result != CUDA_SUCCESS) {
+      return core_->Error(result, "cuMemAlloc", absl::StrCat("size_bytes=", size_bytes));
+    }
+    return static_cast<DevicePtr>(address);
+  }
+
+  absl::Status Free(DevicePtr ptr) override {
+    GPURPC_RETURN_IF_ERROR(core_->MakeCurrent());
+    const CUresult result = api_.cuMemFree(static_cast<CUdeviceptr>(ptr));
+    if (result != CUDA_SUCCESS) {
+      return core_->Error(result, "cuMemFree", absl::StrCat("ptr=", HexAddress(ptr)));
+    }
+    return absl::OkStatus();
+  }
+
+  absl::StatusOr<MemInfo> GetMemInfo() override {
+    GPURPC_RETURN_IF_ERROR(core_->MakeCurrent());
+    size_t free_bytes = 0;
+    size_t total_bytes = 0;
+    GPURPC_RETURN_IF_ERROR(
+        core_->Check(api_.cuMemGetInfo(&free_bytes, &total_bytes), "cuMemGetInfo"));
+    return MemInfo{free_bytes, total_bytes};
+  }
+
+  // Always through pinned staging: `src` is copied before this returns, so the caller may
+  // reuse it at once whatever memory it is (even pinned memory, with which a plain
+  // cuMemcpyHtoDAsync would still be reading after the return).
+  absl::Status Upload(DevicePtr dst, const void* src, uint64_t size_bytes,
+                      Stream* stream) override {
+    if (size_bytes == 0) return absl::OkStatus();
+    GPURPC_RETURN_IF_ERROR(core_->MakeCurrent());
+    const CUstream cu_stream = ToCuStream(stream);
+    StagingRing& ring = size_bytes <= kSmallTransferBytes ? small_staging_ : staging_;
+    std::lock_guard<std::mutex> lock(ring.mutex());
+    GPURPC_RETURN_IF_ERROR(ring.EnsureAllocated(*core_));
+    const auto* bytes = static_cast<const uint8_t*>(src);
+    for (uint64_t offset = 0; offset < size_bytes;) {
+      const size_t chunk =
+          static_cast<size_t>(std::min<uint64_t>(ring.slot_bytes(), size_bytes - offset));
+      StagingRing::Slot& slot = ring.NextSlot();
+      GPURPC_RETURN_IF_ERROR(ring.WaitIdle(*core_, slot));
+      std::memcpy(slot.host, bytes + offset, chunk);
+      const CUresult result = api_.cuMemcpyHtoDAsync(static_cast<CUdeviceptr>(dst + offset),
+                                                     slot.host, chunk, cu_stream);
+      if (result != CUDA_SUCCESS) {
+        return core_->Error(result, "cuMemcpyHtoDAsync",
+                            absl::StrCat("dst=", HexAddress(dst + offset), " size_bytes=", chunk));
+      }
+      GPURPC_RETURN_IF_ERROR(ring.MarkPending(*core_, slot, cu_stream));
+      offset += chunk;
+    }
+    return absl::OkStatus();
+  }
+
+  absl::Status Download(void* dst, DevicePtr src, uint64_t size_bytes, Stream* stream) override {
+    if (size_bytes == 0) return absl::OkStatus();
+    GPURPC_RETURN_IF_ERROR(core_->MakeCurrent());
+    const CUstream cu_stream = ToCuStream(stream);
+    auto* bytes = static_cast<uint8_t*>(dst);
+
+    if (size_bytes <= kSmallTransferBytes) {
+      // Straight into `dst`. Into pageable memory this returns when the copy is done;
+      // the stream sync covers a pinned `dst`.
+      const CUresult result =
+          api_.cuMemcpyDtoHAsync(dst, static_cast<CUdeviceptr>(src), size_bytes, cu_stream);
+      if (result != CUDA_SUCCESS) {
+        return core_->Error(result, "cuMemcpyDtoHAsync",
+                            absl::StrCat("src=", HexAddress(src), " size_bytes=", size_bytes));
+      }
+      return core_->Check(api_.cuStreamSynchronize(cu_stream), "cuStreamSynchronize");
+    }
+
+    // Double-buffered: chunk k+1 is in flight while chunk k is copied out.
+    std::lock_guard<std::mutex> lock(staging_.mutex());
+    GPURPC_RETURN_IF_ERROR(staging_.EnsureAllocated(*core_));
+    const uint64_t chunk_bytes = staging_.slot_bytes();
+    const uint64_t chunks = (size_bytes + chunk_bytes - 1) / chunk_bytes;
+    auto chunk_size = [&](uint64_t k) {
+      return static_cast<size_t>(std::min(chunk_bytes, size_bytes - k * chunk_bytes));
+    };
+    auto issue = [&](uint64_t k) -> absl::Status {
+      StagingRing::Slot& slot = staging_.slot(k);
+      // The slot may still feed an earlier upload, or hold chunk k - slot_count, which
+      // was copied out before.
+      GPURPC_RETURN_IF_ERROR(staging_.WaitIdle(*core_, slot));
+      const DevicePtr from = src + k * chunk_bytes;
+      const CUresult result = api_.cuMemcpyDtoHAsync(slot.host, static_cast<CUdeviceptr>(from),
+                                                     chunk_size(k), cu_stream);
+      if (result != CUDA_SUCCESS) {
+        return core_->Error(result, "cuMemcpyDtoHAsync",
+                            absl::StrCat("src=", HexAddress(from), " size_bytes=", chunk_size(k)));
+      }
+      return staging_.MarkPending(*core_, slot, cu_stream);
+    };
+    GPURPC_RETURN_IF_ERROR(issue(0));
+    for (uint64_t k = 0; k < chunks; ++k) {
+      if (k + 1 < chunks) GPURPC_RETURN_IF_ERROR(issue(k + 1));
+      StagingRing::Slot& slot = staging_.slot(k);
+      GPURPC_RETURN_IF_ERROR(staging_.WaitIdle(*core_, slot));
+      std::memcpy(bytes + k * chunk_bytes, slot.host, chunk_size(k));
+    }
+    return absl::OkStatus();
+  }
+
+  absl::Status Memset(DevicePtr dst, uint32_t value, uint32_t element_size_bytes, uint64_t count,
+                      Stream* stream) override {
+    if (element_size_bytes != 1 && element_size_bytes != 2 && element_size_bytes != 4) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("memset element size must be 1, 2 or 4 bytes, not ", element_size_bytes));
+    }
+    if (count == 0) return absl::OkStatus();
+    GPURPC_RETURN_IF_ERROR(core_->MakeCurrent());
+    const CUstream cu_stream = ToCuStream(stream);
+    const auto address = static_cast<CUdeviceptr>(dst);
+    CUresult result = CUDA_SUCCESS;
+    const char* call = nullptr;
+    switch (element_size_bytes) {
+      case 1:
+        call = "cuMemsetD8Async";
+        result = api_.cuMemsetD8Async(address, static_cast<unsigned char>(value), count, cu_stream);
+        break;
+      case 2:
+        call = "cuMemsetD16Async";
+        result =
+            api_.cuMemsetD16Async(address, static_cast<unsigned short>(value), count, cu_stream);
+        break;
+      default:
+        call = "cuMemsetD32Async";
+        result = api_.cuMemsetD32Async(address, value, count, cu_stream);
+        break;
+    }
+    if (result != CUDA_SUCCESS) {
+      return core_->Error(result, call,
+                          absl::StrCat("dst=", HexAddress(dst), " count=", count,
+                                       " (the address must be aligned to the element size)"));
+    }
+    return absl::OkStatus();
+  }
+
+  absl::Status CopyDeviceToDevice(DevicePtr dst, DevicePtr src, uint64_t size_bytes,
+                                  Stream* stream) override {
+    if (size_bytes == 0) return absl::OkStatus();
+    GPURPC_RETURN_IF_ERROR(core_->MakeCurrent());
+    const CUresult result =
+        api_.cuMemcpyDtoDAsync(static_cast<CUdeviceptr>(dst), static_cast<CUdeviceptr>(src),
+                               size_bytes, ToCuStream(stream));
+    if (result != CUDA_SUCCESS) {
+      return core_->Error(result, "cuMemcpyDtoDAsync",
+                          absl::StrCat("dst=", HexAddress(dst), " src=", HexAddress(src),
+                                       " size_bytes=", size_bytes));
+    }
+    return absl::OkStatus();
+  }
+
+  absl::StatusOr<std::unique_ptr<Module>> LoadModule(absl::Span<const uint8_t> image) override {
+    GPURPC_ASSIGN_OR_RETURN(ModuleImage prepared, ModuleImage::Prepare(image));
+    GPURPC_RETURN_IF_ERROR(core_->MakeCurrent());
+    std::string error_log(kJitLogBytes, '\0');
+    std::string info_log(kJitLogBytes, '\0');
+    CUjit_option options[] = {
+        CU_JIT_ERROR_LOG_BUFFER,
+        CU_JIT_ERROR_LOG_BUFFER_SIZE_BYTES,
+        CU_JIT_INFO_LOG_BUFFER,
+        CU_JIT_INFO_LOG_BUFFER_SIZE_BYTES,
+    };
+    // The size options are unsigned ints passed by value in the pointer slot.
+    void* values[] = {
+        error_log.data(),
+        reinterpret_cast<void*>(static_cast<uintptr_t>(kJitLogBytes - 1)),
+        info_log.data(),
+        reinterpret_cast<void*>(static_cast<uintptr_t>(kJitLogBytes - 1)),
+    };
+    static_assert(sizeof(options) / sizeof(options[0]) == sizeof(values) / sizeof(values[0]));
+    CUmodule module = nullptr;
+    const CUresult result = api_.cuModuleLoadDataEx(
+        &module, prepared.data(), sizeof(options) / sizeof(options[0]), options, values);
+    // The buffers were zero-filled and the driver was told one byte less than their size.
+    error_log.resize(std::strlen(error_log.c_str()));
+    info_log.resize(std::strlen(info_log.c_str()));
+    if (result != CUDA_SUCCESS) {
+      std::string detail = absl::StrCat(ModuleImageKindName(prepared.kind()), " image of ",
+                                        prepared.size_bytes(), " bytes rejected");
+      if (!error_log.empty()) absl::StrAppend(&detail, "; JIT error log: ", error_log);
+      absl::Status status = core_->Error(result, "cuModuleLoadDataEx", detail);
+      switch (status.code()) {
+        case absl::StatusCode::kResourceExhausted:
+        case absl::StatusCode::kAborted:
+        case absl::StatusCode::kDataLoss:
+        case absl::StatusCode::kUnavailable:
+          return status;
+        default:
+          // Whatever the driver's reason, the image is what was wrong (backend.h).
+          return absl::InvalidArgumentError(status.message());
+      }
+    }
+    if (!info_log.empty()) spdlog::debug("cuModuleLoadDataEx info log: {}", info_log);
+    return std::unique_ptr<Module>(std::make_unique<CudaModule>(core_, module));
+  }
+
+  absl::Status Launch(Function* function, const LaunchConfig& config,
+                      absl::Span<const uint8_t> packed_args, Stream* stream) override {
+    if (ABSL_PREDICT_FALSE(function == nullptr)) {
+      return absl::InvalidArgumentError("Launch: no function");
+    }
+    auto* cuda_function = static_cast<CudaFunction*>(function);
+    GPURPC_RETURN_IF_ERROR(core_->MakeCurrent());
+    if (ABSL_PREDICT_FALSE(cuda_function->NeedsMoreDynamicShared(config.shared_memory_bytes))) {
+      GPURPC_RETURN_IF_ERROR(cuda_function->RaiseDynamicShared(*core_, config.shared_memory_bytes));
+    }
+    size_t args_size = packed_args.size();
+    void* extra[] = {
+        CU_LAUNCH_PARAM_BUFFER_POINTER,
+        const_cast<uint8_t*>(packed_args.data()),
+        CU_LAUNCH_PARAM_BUFFER_SIZE,
+        &args_size,
+        CU_LAUNCH_PARAM_END,
+    };
+    const CUresult result = api_.cuLaunchKernel(
+        cuda_function->handle(), config.grid.x, config.grid.y, config.grid.z, config.block.x,
+        config.block.y, config.block.z, config.shared_memory_bytes, ToCuStream(stream),
+        /*kernelParams=*/nullptr, args_size == 0 ? nullptr : extra);
+    if (ABSL_PREDICT_TRUE(result == CUDA_SUCCESS)) return absl::OkStatus();
+    return LaunchError(result, *cuda_function, config, args_size);
+  }
+
+  absl::StatusOr<std::unique_ptr<Stream>> CreateStream(bool non_blocking) override {
+    GPURPC_RETURN_IF_ERROR(core_->MakeCurrent());
+    CUstream stream = nullptr;
+    GPURPC_RETURN_IF_ERROR(core_->Check(
+        api_.cuStreamCreate(&stream, non_blocking ? CU_STREAM_NON_BLOCKING : CU_STREAM_DEFAULT),
+        "cuStreamCreate"));
+    return std::unique_ptr<Stream>(std::make_unique<CudaStream>(core_, stream));
+  }
+
+  absl::Status SynchronizeStream(Stream* stream) override {
+    GPURPC_RETURN_IF_ERROR(core_->MakeCurrent());
+    return core_->Check(api_.cuStreamSynchronize(ToCuStream(stream)), "cuStreamSynchronize");
+  }
+
+  absl::StatusOr<bool> QueryStream(Stream* stream) override {
+    GPURPC_RETURN_IF_ERROR(core_->MakeCurrent());
+    const CUresult result = api_.cuStreamQuery(ToCuStream(stream));
+    if (result == CUDA_SUCCESS) return true;
+    if (result == CUDA_ERROR_NOT_READY) return false;
+    return core_->Error(result, "cuStreamQuery");
+  }
+
+  absl::Status StreamWaitEvent(Stream* stream, Event* event) override {
+    if (event == nullptr) return absl::InvalidArgumentError("StreamWaitEvent: no event");
+    GPURPC_RETURN_IF_ERROR(core_->MakeCurrent());
+    return core_->Check(
+        api_.cuStreamWaitEvent(ToCuStream(stream), static_cast<CudaEvent*>(event)->handle(),
+                               CU_EVENT_WAIT_DEFAULT),
+        "cuStreamWaitEvent");
+  }
+
+  absl::Status Synchronize() override {
+    GPURPC_RETURN_IF_ERROR(core_->MakeCurrent());
+    // The CUDA 13 variant names the context to synchronise.
+    return core_->Check(api_.cuCtxSynchronize(core_->context()), "cuCtxSynchronize");
+  }
+
+  absl::StatusOr<std::unique_ptr<Event>> CreateEvent(bool disable_timing,
+                                                     bool blocking_sync) override {
+    GPURPC_RETURN_IF_ERROR(core_->MakeCurrent());
+    unsigned int flags = CU_EVENT_DEFAULT;
+    if (disable_timing) flags |= CU_EVENT_DISABLE_TIMING;
+    if (blocking_sync) flags |= CU_EVENT_BLOCKING_SYNC;
+    CUevent event = nullptr;
+    GPURPC_RETURN_IF_ERROR(core_->Check(api_.cuEventCreate(&event, flags), "cuEventCreate"));
+    return std::unique_ptr<Event>(
+        std::make_unique<CudaEvent>(core_, event, /*timing_enabled=*/!disable_timing));
+  }
+
+  absl::Status RecordEvent(Event* event, Stream* stream) override {
+    if (event == nullptr) return absl::InvalidArgumentError("RecordEvent: no event");
+    GPURPC_RETURN_IF_ERROR(core_->MakeCurrent());
+    return core_->Check(
+        api_.cuEventRecord(static_cast<CudaEvent*>(event)->handle(), ToCuStream(stream)),
+        "cuEventRecord");
+  }
+
+  absl::StatusOr<bool> QueryEvent(Event* event) override {
+    if (event == nullptr) return absl::InvalidArgumentError("QueryEvent: no event");
+    GPURPC_RETURN_IF_ERROR(core_->MakeCurrent());
+    const CUresult result = api_.cuEventQuery(static_cast<CudaEvent*>(event)->handle());
+    if (result == CUDA_SUCCESS) return true;
+    if (result == CUDA_ERROR_NOT_READY) return false;
+    return core_->Error(result, "cuEventQuery");
+  }
+
+  absl::Status SynchronizeEvent(Event* event) override {
+    if (event == nullptr) return absl::InvalidArgumentError("SynchronizeEvent: no event");
+    GPURPC_RETURN_IF_ERROR(core_->MakeCurrent());
+    return core_->Check(api_.cuEventSynchronize(static_cast<CudaEvent*>(event)->handle()),
+                        "cuEventSynchronize");
+  }
+
+  absl::StatusOr<float> ElapsedTime(Event* start, Event* end) override {
+    if (start == nullptr || end == nullptr) {
+      return absl::InvalidArgumentError("ElapsedTime: no event");
+    }
+    auto* start_event = static_cast<CudaEvent*>(start);
+    auto* end_event = static_cast<CudaEvent*>(end);
+    if (!start_event->timing_enabled() || !end_event->timing_enabled()) {
+      return absl::FailedPreconditionError(
+          "cuEventElapsedTime: both events must be created with timing enabled "
+          "(disable_timing = false)");
+    }
+    GPURPC_RETURN_IF_ERROR(core_->MakeCurrent());
+    float milliseconds = 0;
+    const CUresult result =
+        api_.cuEventElapsedTime(&milliseconds, start_event->handle(), end_event->handle());
+    if (result == CUDA_SUCCESS) return milliseconds;
+    if (result == CUDA_ERROR_NOT_READY) {
+      return core_->Error(result, "cuEventElapsedTime", "event not completed yet");
+    }
+    if (result == CUDA_ERROR_INVALID_HANDLE) {
+      return absl::FailedPreconditionError(
+          core_
+              ->Error(result, "cuEventElapsedTime",
+                      "both events must have been recorded, and created with timing enabled")
+              .message());
+    }
+    return core_->Error(result, "cuEventElapsedTime");
+  }
+
+ private:
+  ABSL_ATTRIBUTE_NOINLINE absl::Status LaunchError(CUresult result, const CudaFunction& function,
+                                                   const LaunchConfig& config, size_t args_size) {
+    return core_->Error(
+        result, "cuLaunchKernel",
+        absl::StrCat("kernel ", function.name(), " grid (", config.grid.x, ",", config.grid.y, ",",
+                     config.grid.z, ") block (", config.block.x, ",", config.block.y, ",",
+                     config.block.z, ") shared_memory_bytes=", config.shared_memory_bytes, " args ",
+                     args_size, " bytes"));
+  }
+
+  const std::shared_ptr<ContextCore> core_;
+  const DriverApi& api_;
+  const DeviceInfo device_;
+  StagingRing staging_;
+  StagingRing small_staging_;
+};
+
+// ---------------------------------------------------------------------------------------
+
+absl::StatusOr<DeviceInfo> QueryDeviceInfo(const DriverApi& api, int ordinal) {
+  CUdevice device = 0;
+  CUresult result = api.cuDeviceGet(&device, ordinal);
+  if (result != CUDA_SUCCESS) {
+    return CuResultToStatus(&api, result, "cuDeviceGet", absl::StrCat("ordinal ", ordinal));
+  }
+  auto fail = [&](const char* call, absl::string_view what) {
+    return CuResultToStatus(&api, result, call, absl::StrCat(what, " of device ", ordinal));
+  };
+
+  DeviceInfo info;
+  info.ordinal = ordinal;
+
+  char name[256] = {};
+  result = api.cuDeviceGetName(name, sizeof(name) - 1, device);
+  if (result != CUDA_SUCCESS) return fail("cuDeviceGetName", "name");
+  info.name = name;
+
+  size_t total_bytes = 0;
+  result = api.cuDeviceTotalMem(&total_bytes, device);
+  if (result != CUDA_SUCCESS) return fail("cuDeviceTotalMem", "total memory");
+  info.total_memory_bytes = total_bytes;
+
+  char bus_id[64] = {};
+  result = api.cuDeviceGetPCIBusId(bus_id, sizeof(bus_id) - 1, device);
+  if (result != CUDA_SUCCESS) return fail("cuDeviceGetPCIBusId", "PCI bus id");
+  info.pci_bus_id = bus_id;
+
+  const struct {
+    CUdevice_attribute attribute;
+    const char* attribute_name;
+    int* value;
+  } required[] = {
+      {CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR, "CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR",
+       &info.compute_capability_major},
+      {CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR, "CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR",
+       &info.compute_capability_minor},
+      {CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT, "CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT",
+       &info.multiprocessor_count},
+      {CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_BLOCK, "CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_BLOCK",
+       &info.max_threads_per_block},
+      {CU_DEVICE_ATTRIBUTE_MAX_BLOCK_DIM_X, "CU_DEVICE_ATTRIBUTE_MAX_BLOCK_DIM_X",
+       &info.max_block_dim[0]},
+      {CU_DEVICE_ATTRIBUTE_MAX_BLOCK_DIM_Y, "CU_DEVICE_ATTRIBUTE_MAX_BLOCK_DIM_Y",
+       &info.max_block_dim[1]},
+      {CU_DEVICE_ATTRIBUTE_MAX_BLOCK_DIM_Z, "CU_DEVICE_ATTRIBUTE_MAX_BLOCK_DIM_Z",
+       &info.max_block_dim[2]},
+      {CU_DEVICE_ATTRIBUTE_MAX_GRID_DIM_X, "CU_DEVICE_ATTRIBUTE_MAX_GRID_DIM_X",
+       &info.max_grid_dim[0]},
+      {CU_DEVICE_ATTRIBUTE_MAX_GRID_DIM_Y, "CU_DEVICE_ATTRIBUTE_MAX_GRID_DIM_Y",
+       &info.max_grid_dim[1]},
+      {CU_DEVICE_ATTRIBUTE_MAX_GRID_DIM_Z, "CU_DEVICE_ATTRIBUTE_MAX_GRID_DIM_Z",
+       &info.max_grid_dim[2]},
+      {CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK,
+       "CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK", &info.max_shared_memory_per_block_bytes},
+      {CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN,
+       "CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN",
+       &info.max_shared_memory_per_block_optin_bytes},
+      {CU_DEVICE_ATTRIBUTE_WARP_SIZE, "CU_DEVICE_ATTRIBUTE_WARP_SIZE", &info.warp_size},
+  };
+  for (const auto& query : required) {
+    result = api.cuDeviceGetAttribute(query.value, query.attribute, device);
+    if (result != CUDA_SUCCESS) return fail("cuDeviceGetAttribute", query.attribute_name);
+  }
+
+  // Everything else the driver answers; values it does not know (reserved or removed
+  // attributes) are left out.
+  for (int attribute = 1; attribute < static_cast<int>(CU_DEVICE_ATTRIBUTE_MAX); ++attribute) {
+    int value = 0;
+    if (api.cuDeviceGetAttribute(&value, static_cast<CUdevice_attribute>(attribute), device) ==
+        CUDA_SUCCESS) {
+      info.attributes[attribute] = value;
+    }
+  }
+  info.is_fake = false;
+  return info;
+}
+
+absl::Status NoDeviceError(const DriverApi& api) {
+  return absl::UnavailableError(
+      absl::StrCat("no CUDA device: the NVIDIA driver (CUDA ", api.driver_version / 1000, ".",
+                   (api.driver_version % 1000) / 10, ") reports 0 devices"));
+}
+
+class CudaBackend final : public Backend {
+ public:
+  explicit CudaBackend(const DriverApi& api) : api_(api) {}
+
+  std::string name() const override { return "cuda"; }
+  int driver_version() const override { return api_.driver_version; }
+
+  absl::StatusOr<std::vector<DeviceInfo>> ListDevices() override {
+    int count = 0;
+    const CUresult result = api_.cuDeviceGetCount(&count);
+    if (result != CUDA_SUCCESS) {
+      return absl::UnavailableError(CuResultToStatus(&api_, result, "cuDeviceGetCount").message());
+    }
+    if (count <= 0) return NoDeviceError(api_);
+    std::vector<DeviceInfo> devices;
+    devices.reserve(static_cast<size_t>(count));
+    for (int ordinal = 0; ordinal < count; ++ordinal) {
+      GPURPC_ASSIGN_OR_RETURN(DeviceInfo info, QueryDeviceInfo(api_, ordinal));
+      devices.push_back(std::move(info));
+    }
+    return devices;
+  }
+
+  absl::StatusOr<std::unique_ptr<Context>> OpenContext(int ordinal) override {
+    GPURPC_ASSIGN_OR_RETURN(DeviceInfo info, QueryDeviceInfo(api_, ordinal));
+    CUdevice device = 0;
+    CUresult result = api_.cuDeviceGet(&device, ordinal);
+    if (result != CUDA_SUCCESS) {
+      return CuResultToStatus(&api_, result, "cuDeviceGet", absl::StrCat("ordinal ", ordinal));
+    }
+    CUcontext context = nullptr;
+    result = api_.cuDevicePrimaryCtxRetain(&context, device);
+    if (result != CUDA_SUCCESS) {
+      return CuResultToStatus(&api_, result, "cuDevicePrimaryCtxRetain",
+                              absl::StrCat("device ", ordinal));
+    }
+    // From here the core owns the reference and releases it on every path.
+    auto core = std::make_shared<ContextCore>(api_, device, context, ordinal);
+    GPURPC_RETURN_IF_ERROR(core->MakeCurrent());
+    return std::unique_ptr<Context>(
+        std::make_unique<CudaContext>(std::move(core), std::move(info)));
+  }
+
+ private:
+  const DriverApi& api_;
+};
+
+}  // namespace
+}  // namespace cuda
+
+absl::StatusOr<std::unique_ptr<Backend>> MakeCudaBackend() {
+  GPURPC_ASSIGN_OR_RETURN(const cuda::DriverApi* api, cuda::LoadDriverApi());
+  int count = 0;
+  const CUresult result = api->cuDeviceGetCount(&count);
+  if (result != CUDA_SUCCESS) {
+    return absl::UnavailableError(
+        cuda::CuResultToStatus(api, result, "cuDeviceGetCount").message());
+  }
+  if (count <= 0) return cuda::NoDeviceError(*api);
+  return std::unique_ptr<Backend>(std::make_unique<cuda::CudaBackend>(*api));
+}
+
+}  // namespace gpurpc::backend
