@@ -4,9 +4,14 @@
 //   auto session = client->OpenSession(/*device_ordinal=*/0);
 //   auto buffer = session->Allocate(1 << 20);
 //   buffer->Upload(bytes);                        // any size: streamed in 1 MiB chunks
-//   auto module = session->Compile({.source = kSaxpy});
-//   auto saxpy = module->GetFunction("saxpy");
-//   saxpy->LaunchAsync({grid, block}, 2.0f, *x, *y, n);   // through the command stream
+//   gpurpc::CompileOptions compile;
+//   compile.source = kSaxpy;
+//   auto compiled = session->Compile(compile);    // compiled->log(), compiled->success()
+//   auto saxpy = compiled->module.GetFunction("saxpy");
+//   gpurpc::LaunchConfig launch;
+//   launch.grid = {n / 256, 1, 1};
+//   launch.block = {256, 1, 1};
+//   saxpy->LaunchAsync(launch, 2.0f, *x, *y, n);  // through the command stream
 //   session->Synchronize();                       // execution errors surface here
 //
 // Ownership: Session, Buffer, Module, Stream and Event are move-only owners; destroying one

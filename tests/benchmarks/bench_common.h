@@ -1,0 +1,78 @@
+// Shared pieces of the benchmark programs: a daemon to measure (started here with the CUDA
+// backend, or an existing one from --address), a timer, and table printing. Benchmarks
+// print ratios measured in one run; they never assert on time.
+#ifndef GPURPC_TESTS_BENCHMARKS_BENCH_COMMON_H_
+#define GPURPC_TESTS_BENCHMARKS_BENCH_COMMON_H_
+
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <memory>
+#include <string>
+
+#include "gpurpc/client.h"
+#include "server/worker/backend/cuda/driver_api.h"
+#include "tests/testing/daemon.h"
+
+namespace gpurpc::bench {
+
+inline double Seconds(std::chrono::steady_clock::time_point start) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+}
+
+// Exits with a message when `status` is not OK.
+inline void Check(const absl::Status& status, const char* what) {
+  if (!status.ok()) {
+    std::fprintf(stderr, "%s: %s\n", what, status.ToString().c_str());
+    std::exit(1);
+  }
+}
+
+#define BENCH_CHECK_CU(api, call)                                             \
+  do {                                                                        \
+    CUresult bench_rc_ = (call);                                              \
+    if (bench_rc_ != CUDA_SUCCESS) {                                          \
+      const char* bench_name_ = "?";                                          \
+      (api)->cuGetErrorName(bench_rc_, &bench_name_);                         \
+      std::fprintf(stderr, "%s failed: %s\n", #call, bench_name_);            \
+      std::exit(1);                                                           \
+    }                                                                         \
+  } while (0)
+
+// The daemon under test: --address=ADDR uses a running one; otherwise one is started with
+// the CUDA backend (TCP on 127.0.0.1 and a unix socket).
+struct DaemonUnderTest {
+  std::unique_ptr<testing::TestDaemon> daemon;
+  std::string unix_address;
+  std::string tcp_address;
+};
+
+inline DaemonUnderTest StartDaemon(int argc, char** argv) {
+  DaemonUnderTest out;
+  for (int i = 1; i < argc; ++i) {
+    std::string arg = argv[i];
+    if (arg.rfind("--address=", 0) == 0) {
+      out.tcp_address = arg.substr(10);
+      return out;
+    }
+  }
+  testing::TestDaemon::Options options;
+  options.backend = "cuda";
+  options.extra_flags = {"--listen=127.0.0.1:50777"};
+  auto daemon = testing::TestDaemon::Start(options);
+  Check(daemon.status(), "start gpurpcd");
+  out.daemon = *std::move(daemon);
+  out.unix_address = out.daemon->address();
+  out.tcp_address = "127.0.0.1:50777";
+  return out;
+}
+
+inline const backend::cuda::DriverApi* Driver() {
+  auto api = backend::cuda::LoadDriverApi();
+  Check(api.status(), "load the CUDA driver");
+  return *api;
+}
+
+}  // namespace gpurpc::bench
+
+#endif  // GPURPC_TESTS_BENCHMARKS_BENCH_COMMON_H_
