@@ -1,0 +1,443 @@
+#include "server/worker/compiler/compiler.h"
+
+#include <sys/stat.h>
+
+#include <cctype>
+#include <set>
+
+#include "absl/status/status.h"
+#include "absl/strings/escaping.h"
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
+#include "absl/strings/string_view.h"
+#include "common/status_macros.h"
+#include "server/worker/compiler/compile_cache.h"
+#include "server/worker/compiler/nvrtc_library.h"
+#include "server/worker/compiler/sha256.h"
+#include "spdlog/spdlog.h"
+
+namespace gpurpc::compiler {
+namespace {
+
+// Part of every cache key: bump it whenever what a key covers, or what a cached result
+// holds, changes, so that old entries are never mistaken for new ones.
+constexpr absl::string_view kKeyFormat = "gpurpc-nvrtc-cache-v1";
+constexpr char kDefaultProgramName[] = "kernel.cu";
+constexpr size_t kMaxNameLength = 256;
+
+// Length-prefixing every field (and counting every list) makes the encoding injective:
+// no two different requests can feed the hash the same bytes.
+void HashCount(Sha256* hasher, uint64_t count) {
+  uint8_t bytes[8];
+  for (int i = 0; i < 8; ++i) bytes[i] = static_cast<uint8_t>(count >> (8 * i));
+  hasher->Update(bytes, sizeof(bytes));
+}
+
+void HashField(Sha256* hasher, absl::string_view field) {
+  HashCount(hasher, field.size());
+  hasher->Update(field);
+}
+
+absl::Status CheckSize(absl::string_view what, uint64_t size_bytes, uint64_t limit_bytes,
+                       absl::string_view limit_name) {
+  if (size_bytes <= limit_bytes) return absl::OkStatus();
+  return absl::InvalidArgumentError(absl::StrCat(what, " is ", size_bytes,
+                                                 " bytes, over the limit of ", limit_bytes,
+                                                 " bytes (", limit_name, ")"));
+}
+
+// NVRTC takes C strings: an embedded NUL would silently cut the text short.
+absl::Status CheckNoNul(absl::string_view what, absl::string_view text) {
+  const size_t nul = text.find('\0');
+  if (nul == absl::string_view::npos) return absl::OkStatus();
+  return absl::InvalidArgumentError(absl::StrCat(what, " contains a NUL byte at offset ", nul));
+}
+
+// Header and program names: NVRTC matches `#include` names against them, so they must
+// look like relative paths that cannot point outside the virtual include tree.
+absl::Status CheckRelativeName(absl::string_view what, absl::string_view name) {
+  const auto bad = [&](absl::string_view why) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(what, " '", absl::CHexEscape(name.substr(0, kMaxNameLength)), "' ", why));
+  };
+  if (name.empty()) return absl::InvalidArgumentError(absl::StrCat(what, " is empty"));
+  if (name.size() > kMaxNameLength) {
+    return bad(absl::StrCat("is ", name.size(), " characters long; the limit is ", kMaxNameLength));
+  }
+  if (name.find('\0') != absl::string_view::npos) return bad("contains a NUL byte");
+  if (name.find('\\') != absl::string_view::npos) return bad("contains a backslash");
+  if (name.front() == '/') return bad("is an absolute path");
+  if (absl::StrContains(name, "..")) return bad("contains \"..\"");
+  return absl::OkStatus();
+}
+
+// The option's name: "--gpu-architecture=sm_90" -> "--gpu-architecture".
+absl::string_view OptionName(absl::string_view option) {
+  return option.substr(0, option.find_first_of("= \t"));
+}
+
+// Why `option` may not reach NVRTC, or "" when it may. These options make NVRTC read
+// (or, for the timing reports, write) files on the server.
+std::string ForbiddenReason(absl::string_view option) {
+  const absl::string_view name = OptionName(option);
+  absl::string_view bare = name;
+  while (!bare.empty() && bare.front() == '-') bare.remove_prefix(1);
+  if (absl::StartsWith(name, "-I") || absl::StartsWith(bare, "include")) {
+    return "include paths are not allowed (send headers with the request)";
+  }
+  if (absl::StartsWith(bare, "pre-include")) return "pre-includes are not allowed";
+  if (absl::StrContains(bare, "pch")) return "precompiled headers are not allowed";
+  if (absl::StartsWith(bare, "options-file") || absl::StartsWith(bare, "optf")) {
+    return "options files are not allowed";
+  }
+  if (absl::StartsWith(bare, "time") || absl::StartsWith(bare, "fdevice-time-trace")) {
+    return "timing reports would write files on the server";
+  }
+  // The value: after '=' (or a blank) in "-opt=value"; a token of its own otherwise
+  // ("-arch", "sm_90" passed as two options).
+  absl::string_view value = option;
+  if (absl::StartsWith(option, "-")) {
+    const size_t separator = option.find_first_of("= \t");
+    value =
+        separator == absl::string_view::npos ? absl::string_view() : option.substr(separator + 1);
+  }
+  if (absl::StartsWith(value, "/")) return "option values may not be absolute paths";
+  if (absl::StrContains(value, "..")) return "option values may not contain \"..\"";
+  // -Xptxas=-v,-O3 and the like hand options on to an embedded tool, which has its own
+  // file options (--options-file ...): each of those must pass the same checks.
+  if (absl::StartsWith(name, "-X") || absl::StartsWith(bare, "ptxas-options")) {
+    for (absl::string_view part : absl::StrSplit(value, ',')) {
+      if (std::string reason = ForbiddenReason(part); !reason.empty()) {
+        return absl::StrCat("in '", part, "': ", reason);
+      }
+    }
+  }
+  return "";
+}
+
+bool IsArchOption(absl::string_view name) {
+  return name == "-arch" || name == "--gpu-architecture";
+}
+
+// "sm_90", "sm_90a", "sm_100f", "compute_75".
+bool IsArchName(absl::string_view arch) {
+  absl::string_view digits;
+  if (absl::StartsWith(arch, "sm_")) {
+    digits = arch.substr(3);
+  } else if (absl::StartsWith(arch, "compute_")) {
+    digits = arch.substr(8);
+  } else {
+    return false;
+  }
+  if (!digits.empty() && std::islower(static_cast<unsigned char>(digits.back()))) {
+    digits.remove_suffix(1);
+  }
+  return !digits.empty() && digits.find_first_not_of("0123456789") == absl::string_view::npos;
+}
+
+// Best effort at naming the option NVRTC rejected, from its log:
+// "nvrtc: error: unrecognized option --foo found" or
+// "nvrtc: error: invalid value for --gpu-architecture (-arch)".
+std::string RejectedOption(const std::vector<std::string>& options, absl::string_view log) {
+  constexpr absl::string_view kUnrecognized = "unrecognized option ";
+  if (const size_t at = log.find(kUnrecognized); at != absl::string_view::npos) {
+    const absl::string_view rest = log.substr(at + kUnrecognized.size());
+    const absl::string_view named = rest.substr(0, rest.find(" found"));
+    for (const std::string& option : options) {
+      if (option == named) return option;
+    }
+  }
+  for (const std::string& option : options) {
+    const absl::string_view name = OptionName(option);
+    if (name.size() > 1 && absl::StrContains(log, name)) return option;
+  }
+  return absl::StrJoin(options, " ");
+}
+
+absl::Status NvrtcError(const NvrtcLibrary& nvrtc, absl::string_view call, nvrtcResult result) {
+  const std::string message = absl::StrCat(call, " failed: ", nvrtc.ErrorName(result));
+  switch (result) {
+    case NVRTC_ERROR_OUT_OF_MEMORY:
+      return absl::ResourceExhaustedError(message);
+    case NVRTC_ERROR_INVALID_INPUT:
+    case NVRTC_ERROR_INVALID_OPTION:
+    case NVRTC_ERROR_NAME_EXPRESSION_NOT_VALID:
+      return absl::InvalidArgumentError(message);
+    default:
+      return absl::InternalError(message);
+  }
+}
+
+// Owns one nvrtcProgram; destroying it never fails the compile.
+class Program {
+ public:
+  explicit Program(const NvrtcLibrary& nvrtc) : nvrtc_(nvrtc) {}
+  ~Program() {
+    if (program_ == nullptr) return;
+    const nvrtcResult result = nvrtc_.DestroyProgram(&program_);
+    if (result != NVRTC_SUCCESS) {
+      spdlog::warn("nvrtcDestroyProgram failed: {}", nvrtc_.ErrorName(result));
+    }
+  }
+  Program(const Program&) = delete;
+  Program& operator=(const Program&) = delete;
+
+  nvrtcProgram* out() { return &program_; }
+  nvrtcProgram get() const { return program_; }
+
+ private:
+  const NvrtcLibrary& nvrtc_;
+  nvrtcProgram program_ = nullptr;
+};
+
+// The checked request, with what the server derives from it.
+struct PreparedRequest {
+  std::string program_name;
+  std::vector<std::string> effective_options;
+  std::string arch;
+};
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<Compiler>> Compiler::Create(CompilerOptions options) {
+  GPURPC_ASSIGN_OR_RETURN(std::unique_ptr<const NvrtcLibrary> nvrtc,
+                          NvrtcLibrary::Load(options.cuda_include_dir));
+  spdlog::info("compiler: NVRTC {}.{} from {}; cache {}", nvrtc->major, nvrtc->minor, nvrtc->path,
+               options.cache_dir.empty() ? "in memory only" : options.cache_dir);
+  return std::unique_ptr<Compiler>(new Compiler(std::move(options), std::move(nvrtc)));
+}
+
+Compiler::Compiler(CompilerOptions options, std::unique_ptr<const NvrtcLibrary> nvrtc)
+    : options_(std::move(options)),
+      nvrtc_(std::move(nvrtc)),
+      cache_(std::make_unique<CompileCache>(CompileCacheOptions{
+          options_.cache_dir, options_.cache_max_bytes, options_.memory_cache_max_bytes})) {
+  const std::string& include_dir = options_.cuda_include_dir;
+  struct stat st;
+  if (!include_dir.empty() && stat(include_dir.c_str(), &st) == 0 && S_ISDIR(st.st_mode)) {
+    server_options_.emplace_back("--include-path=" + include_dir);
+    // CUDA 13 moved libcu++ (<cuda/std/...>, used by curand_kernel.h) under cccl/.
+    const std::string cccl = include_dir + "/cccl";
+    if (stat(cccl.c_str(), &st) == 0 && S_ISDIR(st.st_mode)) {
+      server_options_.emplace_back("--include-path=" + cccl);
+    }
+  } else if (!include_dir.empty()) {
+    spdlog::warn(
+        "compiler: CUDA include folder {} not found; toolkit headers will not be "
+        "available to kernels",
+        include_dir);
+  }
+  // Without it NVRTC also searches the folder of the program name, i.e. the worker's
+  // working directory, for `#include "..."`.
+  server_options_.emplace_back("--no-source-include");
+}
+
+Compiler::~Compiler() = default;
+
+int Compiler::nvrtc_version() const { return nvrtc_->major * 1000 + nvrtc_->minor * 10; }
+
+absl::StatusOr<CompileResult> Compiler::Compile(const CompileRequest& request) {
+  // Checks run before the cache lookup so that a request is refused the same way whether
+  // or not an identical one was compiled before.
+  GPURPC_RETURN_IF_ERROR(
+      CheckSize("source", request.source.size(), options_.max_source_bytes, "max_source_bytes"));
+  GPURPC_RETURN_IF_ERROR(CheckNoNul("source", request.source));
+  PreparedRequest prepared;
+  prepared.program_name = request.program_name.empty() ? kDefaultProgramName : request.program_name;
+  GPURPC_RETURN_IF_ERROR(CheckRelativeName("program name", prepared.program_name));
+
+  uint64_t total_header_bytes = 0;
+  std::set<absl::string_view> seen_header_names;
+  for (const Header& header : request.headers) {
+    GPURPC_RETURN_IF_ERROR(CheckRelativeName("header name", header.name));
+    if (!seen_header_names.insert(header.name).second) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("header '", header.name, "' is given more than once"));
+    }
+    const std::string what = absl::StrCat("header '", header.name, "'");
+    GPURPC_RETURN_IF_ERROR(
+        CheckSize(what, header.content.size(), options_.max_header_bytes, "max_header_bytes"));
+    GPURPC_RETURN_IF_ERROR(CheckNoNul(what, header.content));
+    total_header_bytes += header.content.size();
+  }
+  GPURPC_RETURN_IF_ERROR(CheckSize("all headers together", total_header_bytes,
+                                   options_.max_total_header_bytes, "max_total_header_bytes"));
+  for (const std::string& expression : request.name_expressions) {
+    if (expression.empty()) return absl::InvalidArgumentError("a name expression is empty");
+    GPURPC_RETURN_IF_ERROR(
+        CheckNoNul(absl::StrCat("name expression '", expression, "'"), expression));
+  }
+
+  bool has_arch = false;
+  std::string user_arch;
+  for (size_t i = 0; i < request.options.size(); ++i) {
+    const std::string& option = request.options[i];
+    if (option.empty()) return absl::InvalidArgumentError("an option is empty");
+    GPURPC_RETURN_IF_ERROR(CheckNoNul(absl::StrCat("option '", option, "'"), option));
+    if (const std::string reason = ForbiddenReason(option); !reason.empty()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("option '", option, "' is not allowed: ", reason));
+    }
+    const absl::string_view name = OptionName(option);
+    if (IsArchOption(name)) {
+      has_arch = true;  // NVRTC honours the last one
+      if (name.size() < option.size()) {
+        user_arch = option.substr(name.size() + 1);
+      } else if (i + 1 < request.options.size()) {
+        user_arch = request.options[i + 1];
+      } else {
+        user_arch.clear();  // NVRTC will reject the dangling -arch
+      }
+    }
+  }
+  if (has_arch) {
+    prepared.arch = user_arch;
+  } else {
+    if (!IsArchName(request.target)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "target '", request.target,
+          "' is not an architecture such as sm_90 or compute_75, and no -arch option is given"));
+    }
+    prepared.arch = request.target;
+    prepared.effective_options.push_back("--gpu-architecture=" + request.target);
+  }
+  prepared.effective_options.insert(prepared.effective_options.end(), request.options.begin(),
+                                    request.options.end());
+  prepared.effective_options.insert(prepared.effective_options.end(), server_options_.begin(),
+                                    server_options_.end());
+
+  Sha256 hasher;
+  HashField(&hasher, kKeyFormat);
+  HashField(&hasher, nvrtc_->build_identity);
+  HashField(&hasher, prepared.arch);
+  HashField(&hasher, prepared.program_name);
+  HashField(&hasher, request.source);
+  HashCount(&hasher, prepared.effective_options.size());
+  for (const std::string& option : prepared.effective_options) HashField(&hasher, option);
+  HashCount(&hasher, request.headers.size());
+  for (const Header& header : request.headers) {
+    HashField(&hasher, header.name);
+    HashField(&hasher, header.content);
+  }
+  HashCount(&hasher, request.name_expressions.size());
+  for (const std::string& expression : request.name_expressions) {
+    HashField(&hasher, expression);
+  }
+  const Sha256Digest key = hasher.Finish();
+
+  CompileResult result;
+  result.cache_key = DigestToHex(key);
+  if (std::shared_ptr<const CacheEntry> entry = cache_->Lookup(key)) {
+    result.success = true;
+    result.cache_hit = true;
+    result.log = entry->log;
+    result.image = entry->image;
+    result.lowered_names = entry->lowered_names;
+    result.effective_options = entry->effective_options;
+    result.arch = entry->arch;
+    return result;
+  }
+
+  const NvrtcLibrary& nvrtc = *nvrtc_;
+  std::vector<const char*> header_contents, header_names;
+  header_contents.reserve(request.headers.size());
+  header_names.reserve(request.headers.size());
+  for (const Header& header : request.headers) {
+    header_contents.push_back(header.content.c_str());
+    header_names.push_back(header.name.c_str());
+  }
+  Program program(nvrtc);
+  nvrtcResult status = nvrtc.CreateProgram(
+      program.out(), request.source.c_str(), prepared.program_name.c_str(),
+      static_cast<int>(request.headers.size()), header_contents.data(), header_names.data());
+  if (status != NVRTC_SUCCESS) return NvrtcError(nvrtc, "nvrtcCreateProgram", status);
+  for (const std::string& expression : request.name_expressions) {
+    status = nvrtc.AddNameExpression(program.get(), expression.c_str());
+    if (status != NVRTC_SUCCESS) {
+      return NvrtcError(nvrtc, absl::StrCat("nvrtcAddNameExpression('", expression, "')"), status);
+    }
+  }
+
+  std::vector<const char*> option_pointers;
+  option_pointers.reserve(prepared.effective_options.size());
+  for (const std::string& option : prepared.effective_options) {
+    option_pointers.push_back(option.c_str());
+  }
+  const nvrtcResult compiled = nvrtc.CompileProgram(
+      program.get(), static_cast<int>(option_pointers.size()), option_pointers.data());
+
+  // The log matters in every outcome: errors, warnings, rejected options.
+  size_t log_size = 0;
+  status = nvrtc.GetProgramLogSize(program.get(), &log_size);
+  if (status != NVRTC_SUCCESS) return NvrtcError(nvrtc, "nvrtcGetProgramLogSize", status);
+  std::string log(log_size, '\0');
+  if (log_size > 0) {
+    status = nvrtc.GetProgramLog(program.get(), log.data());
+    if (status != NVRTC_SUCCESS) return NvrtcError(nvrtc, "nvrtcGetProgramLog", status);
+  }
+  while (!log.empty() && log.back() == '\0') log.pop_back();
+
+  if (compiled == NVRTC_ERROR_INVALID_OPTION) {
+    return absl::InvalidArgumentError(absl::StrCat("NVRTC rejected option '",
+                                                   RejectedOption(prepared.effective_options, log),
+                                                   "' (NVRTC_ERROR_INVALID_OPTION): ", log));
+  }
+  if (compiled == NVRTC_ERROR_COMPILATION) {
+    result.success = false;
+    result.log = std::move(log);
+    result.effective_options = std::move(prepared.effective_options);
+    result.arch = std::move(prepared.arch);
+    return result;
+  }
+  if (compiled != NVRTC_SUCCESS) {
+    const absl::Status error = NvrtcError(nvrtc, "nvrtcCompileProgram", compiled);
+    return absl::Status(error.code(), absl::StrCat(error.message(), log.empty() ? "" : ": ", log));
+  }
+
+  auto entry = std::make_shared<CacheEntry>();
+  const bool cubin = absl::StartsWith(prepared.arch, "sm_");
+  size_t image_size = 0;
+  status = cubin ? nvrtc.GetCUBINSize(program.get(), &image_size)
+                 : nvrtc.GetPTXSize(program.get(), &image_size);
+  if (status != NVRTC_SUCCESS) {
+    return NvrtcError(nvrtc, cubin ? "nvrtcGetCUBINSize" : "nvrtcGetPTXSize", status);
+  }
+  // NVRTC reports an empty cubin (and a PTX of just the NUL) when the options ask for
+  // something else, e.g. LTO-IR with -dlto: nothing a device could load.
+  if (image_size <= 1) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "the options produce no loadable ", cubin ? "cubin" : "PTX", " for ", prepared.arch,
+        " (options: ", absl::StrJoin(prepared.effective_options, " "), ")"));
+  }
+  entry->image.resize(image_size);
+  status = cubin ? nvrtc.GetCUBIN(program.get(), reinterpret_cast<char*>(entry->image.data()))
+                 : nvrtc.GetPTX(program.get(), reinterpret_cast<char*>(entry->image.data()));
+  if (status != NVRTC_SUCCESS) {
+    return NvrtcError(nvrtc, cubin ? "nvrtcGetCUBIN" : "nvrtcGetPTX", status);
+  }
+  for (const std::string& expression : request.name_expressions) {
+    const char* lowered = nullptr;
+    status = nvrtc.GetLoweredName(program.get(), expression.c_str(), &lowered);
+    if (status != NVRTC_SUCCESS || lowered == nullptr) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "name expression '", expression, "' has no lowered name: ", nvrtc.ErrorName(status)));
+    }
+    entry->lowered_names.emplace_back(expression, lowered);
+  }
+  entry->log = std::move(log);
+  entry->effective_options = std::move(prepared.effective_options);
+  entry->arch = std::move(prepared.arch);
+
+  result.success = true;
+  result.log = entry->log;
+  result.image = entry->image;
+  result.lowered_names = entry->lowered_names;
+  result.effective_options = entry->effective_options;
+  result.arch = entry->arch;
+  cache_->Insert(key, std::move(entry));
+  return result;
+}
+
+}  // namespace gpurpc::compiler

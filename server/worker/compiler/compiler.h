@@ -1,0 +1,115 @@
+// NVRTC compiles for the worker, with a compile cache shared by the worker processes of a
+// host. NVRTC is loaded with dlopen at run time; this header does not expose CUDA types.
+//
+// A compile is identified by a SHA-256 over the NVRTC build, the architecture, the
+// program name, the source, the options NVRTC gets, the headers and the name expressions
+// (every field length-prefixed). Successful compiles are cached in memory (LRU) and, when
+// `CompilerOptions::cache_dir` is set, on disk (see compile_cache.h for the file format and
+// the guarantees under concurrent processes). Toolkit headers found through
+// `cuda_include_dir` are not hashed: they change only with the toolkit, and so with the
+// NVRTC build, which is (its include path is hashed too, as one of the options).
+//
+// Security: the server adds `--no-source-include` and the toolkit include folder itself,
+// and refuses options that would make NVRTC read or write files of the server (include
+// paths, pre-includes, precompiled headers, options files, timing reports, and any option
+// value that is an absolute path or contains "..", also inside -Xptxas=...). A source can
+// still name an absolute path in its own `#include`; confining that is the worker
+// sandbox's job.
+#ifndef GPURPC_SERVER_WORKER_COMPILER_COMPILER_H_
+#define GPURPC_SERVER_WORKER_COMPILER_COMPILER_H_
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/status/statusor.h"
+
+namespace gpurpc::compiler {
+
+// A header given with the request, found by `#include "name"` and `#include <name>`.
+struct Header {
+  std::string name;  // non-empty, <= 256 chars, relative, no "..", no NUL, no backslash
+  std::string content;
+};
+
+struct CompileRequest {
+  std::string source;
+  std::string program_name;  // "" -> "kernel.cu"; appears in the log's diagnostics
+  std::vector<std::string> options;
+  std::vector<Header> headers;
+  // Expressions such as "my_kernel<float>" whose mangled names are wanted.
+  std::vector<std::string> name_expressions;
+  // The device's architecture: "sm_90" -> cubin, "compute_75" -> PTX. Ignored when the
+  // options carry their own -arch / --gpu-architecture.
+  std::string target;
+};
+
+struct CompileResult {
+  bool success = false;
+  std::string log;  // NVRTC's log; also on success (warnings)
+  // cubin for an sm_XX architecture, PTX (NUL-terminated text) for compute_XX.
+  std::vector<uint8_t> image;
+  std::vector<std::pair<std::string, std::string>> lowered_names;  // (expression, lowered)
+  bool cache_hit = false;
+  std::vector<std::string> effective_options;  // exactly what NVRTC was given
+  std::string arch;                            // the architecture compiled for
+  std::string cache_key;                       // SHA-256 as lower-case hex
+};
+
+struct CompilerOptions {
+  std::string cache_dir;  // "" disables the disk cache; created (mkdir -p) when missing
+  uint64_t cache_max_bytes = 1ull << 30;  // disk bound
+  uint64_t memory_cache_max_bytes = 64ull << 20;
+  // Toolkit headers (curand_kernel.h, cuda_fp16.h ...); its "cccl" subfolder is added too
+  // when present, because CUDA 13's headers include <cuda/std/...> from there.
+  std::string cuda_include_dir = "/usr/local/cuda/include";
+  uint64_t max_source_bytes = 4ull << 20;
+  uint64_t max_header_bytes = 4ull << 20;
+  uint64_t max_total_header_bytes = 16ull << 20;
+};
+
+struct NvrtcLibrary;
+class CompileCache;
+
+class Compiler {
+ public:
+  // UNAVAILABLE when NVRTC cannot be loaded (the message names every path tried).
+  static absl::StatusOr<std::unique_ptr<Compiler>> Create(CompilerOptions options);
+
+  ~Compiler();
+  Compiler(const Compiler&) = delete;
+  Compiler& operator=(const Compiler&) = delete;
+
+  // Compiles `request`, or returns the cached result of an identical earlier compile
+  // (cache_hit = true; a hit costs a hash and a lookup, well under a millisecond).
+  //
+  // A compile error is not a failed call: OK with success = false and the log.
+  // INVALID_ARGUMENT, with a message naming the culprit, for: a forbidden option (see the
+  // file comment), an option NVRTC rejects (NVRTC_ERROR_INVALID_OPTION; the log is
+  // included), a bad header name or duplicate header, a source/header/total header size
+  // over its limit, NUL bytes in text fields, a missing or malformed target, and options
+  // that yield no loadable image (e.g. -dlto). RESOURCE_EXHAUSTED when NVRTC runs out of
+  // memory; INTERNAL for other NVRTC failures. Only those two may succeed on a retry.
+  //
+  // Thread-safe: any number of compiles may run at once.
+  absl::StatusOr<CompileResult> Compile(const CompileRequest& request);
+
+  // NVRTC's version as major * 1000 + minor * 10 (13.0 -> 13000).
+  int nvrtc_version() const;
+
+ private:
+  Compiler(CompilerOptions options, std::unique_ptr<const NvrtcLibrary> nvrtc);
+
+  const CompilerOptions options_;
+  const std::unique_ptr<const NvrtcLibrary> nvrtc_;
+  // Options the server appends to every compile (toolkit include paths,
+  // --no-source-include).
+  std::vector<std::string> server_options_;
+  const std::unique_ptr<CompileCache> cache_;
+};
+
+}  // namespace gpurpc::compiler
+
+#endif  // GPURPC_SERVER_WORKER_COMPILER_COMPILER_H_

@@ -1,0 +1,412 @@
+// The NVRTC compiler against the real NVRTC (it needs no GPU): outputs, logs, option and
+// header checks, limits, name expressions, toolkit headers; and the SHA-256 used for keys.
+#include "server/worker/compiler/compiler.h"
+
+#include <stdlib.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "server/worker/compiler/sha256.h"
+#include "tests/testing/status_matchers.h"
+
+namespace gpurpc::compiler {
+namespace {
+
+using ::gpurpc::testing::IsOk;
+using ::gpurpc::testing::StatusIs;
+using ::testing::Contains;
+using ::testing::HasSubstr;
+using ::testing::Not;
+using ::testing::StartsWith;
+
+constexpr char kKernel[] = R"(
+extern "C" __global__ void scale(float* data, float factor, int n) {
+  const int i = blockIdx.x * blockDim.x + threadIdx.x;
+  if (i < n) data[i] *= factor;
+}
+)";
+
+CompileRequest Request(std::string source, std::string target = "sm_90") {
+  CompileRequest request;
+  request.source = std::move(source);
+  request.target = std::move(target);
+  return request;
+}
+
+std::string ImageText(const CompileResult& result) {
+  return std::string(result.image.begin(), result.image.end());
+}
+
+// One compiler for the whole binary: NVRTC is loaded once. Its memory cache is off, so
+// every compile reaches NVRTC.
+Compiler* SharedCompiler() {
+  static Compiler* const kCompiler = [] {
+    CompilerOptions options;
+    options.cache_dir = "";
+    options.memory_cache_max_bytes = 0;
+    auto compiler = Compiler::Create(options);
+    return compiler.ok() ? std::move(compiler).value().release() : nullptr;
+  }();
+  return kCompiler;
+}
+
+class CompilerTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    compiler_ = SharedCompiler();
+    ASSERT_NE(compiler_, nullptr) << Compiler::Create(CompilerOptions()).status();
+  }
+
+  Compiler* compiler_ = nullptr;
+};
+
+TEST_F(CompilerTest, ReportsNvrtcVersion) {
+  EXPECT_GE(compiler_->nvrtc_version(), 11000);
+  EXPECT_EQ(compiler_->nvrtc_version() % 10, 0);
+}
+
+TEST_F(CompilerTest, CompilesToCubinForSm) {
+  ASSERT_OK_AND_ASSIGN(CompileResult result, compiler_->Compile(Request(kKernel, "sm_90")));
+  ASSERT_TRUE(result.success) << result.log;
+  ASSERT_GE(result.image.size(), 4u);
+  EXPECT_EQ(ImageText(result).substr(0, 4),
+            "\x7f"
+            "ELF");
+  EXPECT_EQ(result.arch, "sm_90");
+  EXPECT_THAT(result.effective_options, Contains("--gpu-architecture=sm_90"));
+  EXPECT_THAT(result.effective_options, Contains("--no-source-include"));
+  EXPECT_FALSE(result.cache_hit);
+  EXPECT_EQ(result.cache_key.size(), 64u);
+}
+
+TEST_F(CompilerTest, CompilesToPtxForCompute) {
+  ASSERT_OK_AND_ASSIGN(CompileResult result, compiler_->Compile(Request(kKernel, "compute_75")));
+  ASSERT_TRUE(result.success) << result.log;
+  EXPECT_THAT(ImageText(result), HasSubstr(".entry"));
+  EXPECT_THAT(ImageText(result), HasSubstr(".target sm_75"));
+  ASSERT_FALSE(result.image.empty());
+  EXPECT_EQ(result.image.back(), 0) << "PTX must be NUL-terminated";
+  EXPECT_EQ(result.arch, "compute_75");
+}
+
+TEST_F(CompilerTest, UserArchOptionOverridesTarget) {
+  CompileRequest request = Request(kKernel, "sm_90");
+  request.options = {"-arch=compute_80"};
+  ASSERT_OK_AND_ASSIGN(CompileResult ptx, compiler_->Compile(request));
+  ASSERT_TRUE(ptx.success) << ptx.log;
+  EXPECT_EQ(ptx.arch, "compute_80");
+  EXPECT_THAT(ImageText(ptx), HasSubstr(".entry"));
+  EXPECT_THAT(ptx.effective_options, Not(Contains("--gpu-architecture=sm_90")));
+
+  request.options = {"-arch", "sm_80"};
+  ASSERT_OK_AND_ASSIGN(CompileResult cubin, compiler_->Compile(request));
+  ASSERT_TRUE(cubin.success) << cubin.log;
+  EXPECT_EQ(cubin.arch, "sm_80");
+  EXPECT_EQ(ImageText(cubin).substr(0, 4),
+            "\x7f"
+            "ELF");
+}
+
+TEST_F(CompilerTest, SyntaxErrorIsAFailedResultWithTheLog) {
+  CompileRequest request = Request("__global__ void broken() { int x = ; }");
+  request.program_name = "broken.cu";
+  ASSERT_OK_AND_ASSIGN(CompileResult result, compiler_->Compile(request));
+  EXPECT_FALSE(result.success);
+  EXPECT_THAT(result.log, HasSubstr("error"));
+  EXPECT_THAT(result.log, HasSubstr("broken.cu"));
+  EXPECT_TRUE(result.image.empty());
+}
+
+TEST_F(CompilerTest, WarningShowsInTheLogOnSuccess) {
+  ASSERT_OK_AND_ASSIGN(CompileResult result,
+                       compiler_->Compile(Request("__global__ void k() { int unused; }")));
+  EXPECT_TRUE(result.success);
+  EXPECT_THAT(result.log, HasSubstr("warning"));
+  EXPECT_FALSE(result.image.empty());
+}
+
+TEST_F(CompilerTest, UnknownOptionIsInvalidArgumentNamingIt) {
+  CompileRequest request = Request(kKernel);
+  request.options = {"-DX=1", "--no-such-option"};
+  EXPECT_THAT(compiler_->Compile(request),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       AllOf(HasSubstr("'--no-such-option'"), HasSubstr("unrecognized"))));
+}
+
+TEST_F(CompilerTest, UnsupportedTargetIsInvalidArgument) {
+  EXPECT_THAT(compiler_->Compile(Request(kKernel, "sm_1")),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("--gpu-architecture=sm_1")));
+}
+
+TEST_F(CompilerTest, MissingOrMalformedTargetIsInvalidArgument) {
+  EXPECT_THAT(compiler_->Compile(Request(kKernel, "")),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("target")));
+  EXPECT_THAT(compiler_->Compile(Request(kKernel, "sm_90 -G")),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("target")));
+}
+
+TEST_F(CompilerTest, OptionsWithoutLoadableImageAreInvalidArgument) {
+  CompileRequest request = Request(kKernel);
+  request.options = {"-dlto"};
+  EXPECT_THAT(compiler_->Compile(request),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("no loadable")));
+}
+
+class ForbiddenOptionTest : public CompilerTest,
+                            public ::testing::WithParamInterface<std::vector<std::string>> {};
+
+TEST_P(ForbiddenOptionTest, IsInvalidArgumentNamingTheOption) {
+  CompileRequest request = Request(kKernel);
+  request.options = GetParam();
+  EXPECT_THAT(compiler_->Compile(request),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       AllOf(HasSubstr("'" + GetParam().back() + "'"), HasSubstr("not allowed"))));
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    ServerFiles, ForbiddenOptionTest,
+    ::testing::Values(
+        std::vector<std::string>{"-I/x"}, std::vector<std::string>{"-Ifoo"},
+        std::vector<std::string>{"--include-path=/etc"}, std::vector<std::string>{"-include foo.h"},
+        std::vector<std::string>{"-include"}, std::vector<std::string>{"--pre-include=x"},
+        std::vector<std::string>{"--options-file=f"}, std::vector<std::string>{"-optf=f"},
+        std::vector<std::string>{"-pch"}, std::vector<std::string>{"--create-pch=x.pch"},
+        std::vector<std::string>{"--use-pch=x.pch"}, std::vector<std::string>{"--pch-dir=cache"},
+        std::vector<std::string>{"-time=report.csv"},
+        std::vector<std::string>{"--fdevice-time-trace=trace.json"},
+        std::vector<std::string>{"-arch=../x"},
+        std::vector<std::string>{"-DX=1", "--some-option=/abs/path"},
+        std::vector<std::string>{"-arch", "/abs"},
+        std::vector<std::string>{"-Xptxas=--options-file=opts.txt"},
+        std::vector<std::string>{"-Xptxas=-v,/abs/file"}));
+
+TEST_F(CompilerTest, PtxasOptionsPassThrough) {
+  CompileRequest request = Request(kKernel);
+  request.options = {"-Xptxas=-v"};
+  ASSERT_OK_AND_ASSIGN(CompileResult result, compiler_->Compile(request));
+  EXPECT_TRUE(result.success) << result.log;
+  EXPECT_THAT(result.log, HasSubstr("ptxas info"));
+}
+
+TEST_F(CompilerTest, EmptyOrNulOptionIsInvalidArgument) {
+  CompileRequest request = Request(kKernel);
+  request.options = {""};
+  EXPECT_THAT(compiler_->Compile(request), StatusIs(absl::StatusCode::kInvalidArgument));
+  request.options = {std::string("-DX\0Y", 5)};
+  EXPECT_THAT(compiler_->Compile(request),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("NUL")));
+}
+
+TEST_F(CompilerTest, RequestHeadersAreFoundByQuotesAndAngles) {
+  CompileRequest request = Request(R"(
+#include "config.h"
+#include <detail/math.h>
+static_assert(kFactor == 3, "config.h was not used");
+extern "C" __global__ void k(int* out) { out[0] = Triple(kFactor); }
+)");
+  request.headers = {{"config.h", "constexpr int kFactor = 3;\n"},
+                     {"detail/math.h", "__device__ inline int Triple(int x) { return 3 * x; }\n"}};
+  ASSERT_OK_AND_ASSIGN(CompileResult result, compiler_->Compile(request));
+  EXPECT_TRUE(result.success) << result.log;
+}
+
+TEST_F(CompilerTest, SourceCannotIncludeFilesBesideTheWorker) {
+  // Without --no-source-include NVRTC would search the worker's working directory.
+  std::string dir = ::testing::TempDir() + "compiler_test_cwd_XXXXXX";
+  ASSERT_NE(mkdtemp(dir.data()), nullptr);
+  { std::ofstream(dir + "/beside.h") << "#define BESIDE 1\n"; }
+  char previous[4096];
+  ASSERT_NE(getcwd(previous, sizeof(previous)), nullptr);
+  ASSERT_EQ(chdir(dir.c_str()), 0);
+  auto result = compiler_->Compile(Request("#include \"beside.h\"\n__global__ void k() {}"));
+  ASSERT_EQ(chdir(previous), 0);
+  std::filesystem::remove_all(dir);
+
+  ASSERT_THAT(result, IsOk());
+  EXPECT_FALSE(result->success);
+  EXPECT_THAT(result->log, HasSubstr("beside.h"));
+}
+
+TEST_F(CompilerTest, BadHeaderNamesAreInvalidArgument) {
+  const std::vector<std::string> bad_names = {"",
+                                              "/abs.h",
+                                              "../up.h",
+                                              "a/../b.h",
+                                              "back\\slash.h",
+                                              std::string("nul\0.h", 6),
+                                              std::string(257, 'h')};
+  for (const std::string& name : bad_names) {
+    CompileRequest request = Request(kKernel);
+    request.headers = {{name, "// nothing\n"}};
+    EXPECT_THAT(compiler_->Compile(request),
+                StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("header name")))
+        << "name: " << name;
+  }
+  CompileRequest request = Request(kKernel);
+  request.headers = {{std::string(256, 'h'), "// longest allowed name\n"}};
+  EXPECT_THAT(compiler_->Compile(request), IsOk());
+}
+
+TEST_F(CompilerTest, DuplicateHeaderIsInvalidArgument) {
+  CompileRequest request = Request(kKernel);
+  request.headers = {{"a.h", "// one\n"}, {"b.h", ""}, {"a.h", "// two\n"}};
+  EXPECT_THAT(compiler_->Compile(request),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       AllOf(HasSubstr("a.h"), HasSubstr("more than once"))));
+}
+
+TEST_F(CompilerTest, BadProgramNameIsInvalidArgument) {
+  CompileRequest request = Request(kKernel);
+  request.program_name = "/etc/kernel.cu";
+  EXPECT_THAT(compiler_->Compile(request),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("program name")));
+}
+
+TEST_F(CompilerTest, NulInSourceIsInvalidArgument) {
+  EXPECT_THAT(compiler_->Compile(Request(std::string("__global__ void k() {}\0junk", 27))),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("NUL byte at offset 22")));
+}
+
+TEST(CompilerLimitsTest, SizeLimitsAreInvalidArgumentNamingLimitAndSize) {
+  CompilerOptions options;
+  options.max_source_bytes = 1000;
+  options.max_header_bytes = 100;
+  options.max_total_header_bytes = 150;
+  ASSERT_OK_AND_ASSIGN(std::unique_ptr<Compiler> compiler, Compiler::Create(options));
+
+  EXPECT_THAT(
+      compiler->Compile(Request(std::string(1001, ' '))),
+      StatusIs(absl::StatusCode::kInvalidArgument,
+               AllOf(HasSubstr("1001 bytes"), HasSubstr("1000"), HasSubstr("max_source_bytes"))));
+  CompileRequest at_limit = Request(std::string(1000 - sizeof(kKernel) + 1, ' ') + kKernel);
+  ASSERT_EQ(at_limit.source.size(), 1000u);
+  EXPECT_THAT(compiler->Compile(at_limit), IsOk());
+
+  CompileRequest request = Request(kKernel);
+  request.headers = {{"big.h", std::string(101, ' ')}};
+  EXPECT_THAT(compiler->Compile(request), StatusIs(absl::StatusCode::kInvalidArgument,
+                                                   AllOf(HasSubstr("big.h"), HasSubstr("101 bytes"),
+                                                         HasSubstr("max_header_bytes"))));
+
+  request.headers = {{"a.h", std::string(80, ' ')}, {"b.h", std::string(80, ' ')}};
+  EXPECT_THAT(compiler->Compile(request),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       AllOf(HasSubstr("160 bytes"), HasSubstr("max_total_header_bytes"))));
+}
+
+TEST_F(CompilerTest, NameExpressionsGiveLoweredNames) {
+  CompileRequest request = Request(R"(
+template <typename T>
+__global__ void fill(T* out, T value) { out[threadIdx.x] = value; }
+)");
+  request.name_expressions = {"fill<float>", "fill<int>"};
+  ASSERT_OK_AND_ASSIGN(CompileResult result, compiler_->Compile(request));
+  ASSERT_TRUE(result.success) << result.log;
+  ASSERT_EQ(result.lowered_names.size(), 2u);
+  EXPECT_EQ(result.lowered_names[0].first, "fill<float>");
+  EXPECT_THAT(result.lowered_names[0].second, StartsWith("_Z"));
+  EXPECT_EQ(result.lowered_names[1].first, "fill<int>");
+  EXPECT_THAT(result.lowered_names[1].second, StartsWith("_Z"));
+  EXPECT_NE(result.lowered_names[0].second, result.lowered_names[1].second);
+  // The mangled names are the kernels' symbols in the cubin.
+  EXPECT_THAT(ImageText(result), HasSubstr(result.lowered_names[0].second));
+}
+
+TEST_F(CompilerTest, InvalidNameExpressionFailsTheCompile) {
+  CompileRequest request = Request("template <typename T> __global__ void f(T*) {}");
+  request.name_expressions = {"f<no_such_type>"};
+  ASSERT_OK_AND_ASSIGN(CompileResult result, compiler_->Compile(request));
+  EXPECT_FALSE(result.success);
+  EXPECT_THAT(result.log, HasSubstr("no_such_type"));
+}
+
+TEST_F(CompilerTest, ToolkitHeadersCompile) {
+  ASSERT_OK_AND_ASSIGN(CompileResult half, compiler_->Compile(Request(R"(
+#include <cuda_fp16.h>
+extern "C" __global__ void add(__half* a, const __half* b) {
+  a[threadIdx.x] = __hadd(a[threadIdx.x], b[threadIdx.x]);
+}
+)")));
+  EXPECT_TRUE(half.success) << half.log;
+
+  ASSERT_OK_AND_ASSIGN(CompileResult random, compiler_->Compile(Request(R"(
+#include <curand_kernel.h>
+extern "C" __global__ void uniform(float* out, unsigned long long seed) {
+  curandState state;
+  curand_init(seed, threadIdx.x, 0, &state);
+  out[threadIdx.x] = curand_uniform(&state);
+}
+)")));
+  EXPECT_TRUE(random.success) << random.log;
+}
+
+std::string HexOf(Sha256::Engine engine, absl::string_view data) {
+  Sha256 hasher(engine);
+  hasher.Update(data);
+  return DigestToHex(hasher.Finish());
+}
+
+class Sha256Test : public ::testing::TestWithParam<Sha256::Engine> {};
+
+// FIPS 180-4 / NIST CAVP test vectors, on the portable code and on the CPU's SHA
+// extensions where this machine has them.
+TEST_P(Sha256Test, KnownVectors) {
+  const Sha256::Engine engine = GetParam();
+  EXPECT_EQ(HexOf(engine, ""), "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855");
+  EXPECT_EQ(HexOf(engine, "abc"),
+            "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad");
+  EXPECT_EQ(HexOf(engine, "abcdbcdecdefdefgefghfghighijhijkijkljklmklmnlmnomnopnopq"),
+            "248d6a61d20638b8e5c026930c3e6039a33ce45964ff2167f6ecedd419db06c1");
+  EXPECT_EQ(HexOf(engine,
+                  "abcdefghbcdefghicdefghijdefghijkefghijklfghijklmghijklmn"
+                  "hijklmnoijklmnopjklmnopqklmnopqrlmnopqrsmnopqrstnopqrstu"),
+            "cf5b16a778af8380036ce59e7b0492370b249b11e8f07a51afac45037afee9d1");
+  EXPECT_EQ(HexOf(engine, std::string(1000000, 'a')),
+            "cdc76e5c9914fb9281a1c7e284d73e67f1809a48a497200e046d39ccc7112cd0");
+}
+
+TEST_P(Sha256Test, IncrementalUpdatesMatchOneShot) {
+  std::string data;
+  for (int i = 0; i < 1000; ++i) data.push_back(static_cast<char>(i * 31 + 7));
+  for (size_t length : {0u, 1u, 55u, 56u, 63u, 64u, 65u, 119u, 120u, 1000u}) {
+    const absl::string_view message(data.data(), length);
+    const std::string expected = HexOf(GetParam(), message);
+    for (size_t chunk : {1u, 3u, 63u, 64u, 100u}) {
+      Sha256 hasher(GetParam());
+      for (size_t offset = 0; offset < length; offset += chunk) {
+        hasher.Update(message.substr(offset, chunk));
+      }
+      EXPECT_EQ(DigestToHex(hasher.Finish()), expected)
+          << "length " << length << " chunk " << chunk;
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Engines, Sha256Test,
+                         ::testing::Values(Sha256::Engine::kPortable, Sha256::Engine::kFastest),
+                         [](const auto& info) {
+                           return info.param == Sha256::Engine::kPortable ? "Portable" : "Fastest";
+                         });
+
+TEST(Sha256EnginesTest, AgreeOnManyLengths) {
+  if (!Sha256::HardwareAccelerated()) {
+    GTEST_SKIP() << "this CPU has no SHA extensions; only the portable code runs here";
+  }
+  std::string data;
+  for (int i = 0; i < 4096; ++i) data.push_back(static_cast<char>((i * 7919) >> 3));
+  for (size_t length = 0; length <= data.size(); length += 37) {
+    const absl::string_view message(data.data(), length);
+    EXPECT_EQ(HexOf(Sha256::Engine::kFastest, message), HexOf(Sha256::Engine::kPortable, message))
+        << "length " << length;
+  }
+}
+
+}  // namespace
+}  // namespace gpurpc::compiler
