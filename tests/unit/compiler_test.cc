@@ -410,3 +410,34 @@ TEST(Sha256EnginesTest, AgreeOnManyLengths) {
 
 }  // namespace
 }  // namespace gpurpc::compiler
+
+namespace gpurpc::compiler {
+namespace {
+
+class IncludeCheckTest : public ::testing::TestWithParam<const char*> {};
+
+TEST_P(IncludeCheckTest, IncludesOutsideTheRequestAreRefused) {
+  auto compiler = Compiler::Create(CompilerOptions());
+  ASSERT_TRUE(compiler.ok()) << compiler.status();
+  CompileRequest request;
+  request.source = std::string("// line 1\n") + GetParam() + "\n__global__ void k() {}\n";
+  request.target = "sm_90";
+  auto result = (*compiler)->Compile(request);
+  EXPECT_EQ(result.status().code(), absl::StatusCode::kInvalidArgument) << GetParam();
+  EXPECT_THAT(std::string(result.status().message()), ::testing::HasSubstr("source line "));
+  // The same inside a header sent with the request.
+  request.source = "#include \"h.h\"\n__global__ void k() {}\n";
+  request.headers = {{"h.h", GetParam()}};
+  result = (*compiler)->Compile(request);
+  EXPECT_EQ(result.status().code(), absl::StatusCode::kInvalidArgument) << GetParam();
+}
+
+INSTANTIATE_TEST_SUITE_P(Directives, IncludeCheckTest,
+                         ::testing::Values("#include \"/etc/passwd\"", "  #  include </etc/hosts>",
+                                           "#include \"../../etc/passwd\"",
+                                           "#include <../secret.h>", "#include_next </x.h>",
+                                           "#define F \"/etc/passwd\"\n#include F",
+                                           "#if __has_include(\"/etc/shadow\")\n#endif"));
+
+}  // namespace
+}  // namespace gpurpc::compiler

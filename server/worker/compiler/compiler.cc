@@ -11,6 +11,8 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
+#include "absl/strings/strip.h"
+#include "absl/strings/ascii.h"
 #include "absl/strings/string_view.h"
 #include "common/status_macros.h"
 #include "server/worker/compiler/compile_cache.h"
@@ -156,6 +158,47 @@ std::string RejectedOption(const std::vector<std::string>& options, absl::string
   return absl::StrJoin(options, " ");
 }
 
+// NVRTC resolves an absolute or "../" include name against the server's file system, and
+// no option turns that off: refuse such directives (and computed ones, whose name cannot be
+// checked) in everything the client sends. Toolkit headers are not scanned.
+absl::Status CheckIncludes(absl::string_view what, absl::string_view text) {
+  int line_number = 0;
+  for (absl::string_view line : absl::StrSplit(text, '\n')) {
+    ++line_number;
+    absl::string_view rest = absl::StripLeadingAsciiWhitespace(line);
+    absl::string_view operand;
+    if (size_t at = line.find("__has_include"); at != absl::string_view::npos) {
+      operand = absl::StripLeadingAsciiWhitespace(line.substr(at + 13));
+      if (!absl::ConsumePrefix(&operand, "(")) continue;
+      operand = absl::StripLeadingAsciiWhitespace(operand);
+    } else if (absl::ConsumePrefix(&rest, "#")) {
+      rest = absl::StripLeadingAsciiWhitespace(rest);
+      if (!absl::ConsumePrefix(&rest, "include_next") && !absl::ConsumePrefix(&rest, "include")) {
+        continue;
+      }
+      operand = absl::StripLeadingAsciiWhitespace(rest);
+    } else {
+      continue;
+    }
+    const auto refuse = [&](absl::string_view why) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          what, " line ", line_number, ": '", absl::StripAsciiWhitespace(line), "' ", why,
+          "; include headers sent with the request or toolkit headers by relative name"));
+    };
+    if (operand.empty() || (operand.front() != '"' && operand.front() != '<')) {
+      return refuse("is a computed #include, which the server does not allow");
+    }
+    const char close = operand.front() == '"' ? '"' : '>';
+    const size_t end = operand.find(close, 1);
+    const absl::string_view name =
+        operand.substr(1, end == absl::string_view::npos ? absl::string_view::npos : end - 1);
+    if (absl::StartsWith(name, "/") || absl::StrContains(name, "..")) {
+      return refuse("names a file outside the request and the toolkit");
+    }
+  }
+  return absl::OkStatus();
+}
+
 absl::Status NvrtcError(const NvrtcLibrary& nvrtc, absl::string_view call, nvrtcResult result) {
   const std::string message = absl::StrCat(call, " failed: ", nvrtc.ErrorName(result));
   switch (result) {
@@ -244,6 +287,7 @@ absl::StatusOr<CompileResult> Compiler::Compile(const CompileRequest& request) {
   GPURPC_RETURN_IF_ERROR(
       CheckSize("source", request.source.size(), options_.max_source_bytes, "max_source_bytes"));
   GPURPC_RETURN_IF_ERROR(CheckNoNul("source", request.source));
+  GPURPC_RETURN_IF_ERROR(CheckIncludes("source", request.source));
   PreparedRequest prepared;
   prepared.program_name = request.program_name.empty() ? kDefaultProgramName : request.program_name;
   GPURPC_RETURN_IF_ERROR(CheckRelativeName("program name", prepared.program_name));
@@ -260,6 +304,7 @@ absl::StatusOr<CompileResult> Compiler::Compile(const CompileRequest& request) {
     GPURPC_RETURN_IF_ERROR(
         CheckSize(what, header.content.size(), options_.max_header_bytes, "max_header_bytes"));
     GPURPC_RETURN_IF_ERROR(CheckNoNul(what, header.content));
+    GPURPC_RETURN_IF_ERROR(CheckIncludes(what, header.content));
     total_header_bytes += header.content.size();
   }
   GPURPC_RETURN_IF_ERROR(CheckSize("all headers together", total_header_bytes,

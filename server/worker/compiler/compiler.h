@@ -12,9 +12,9 @@
 // Security: the server adds `--no-source-include` and the toolkit include folder itself,
 // and refuses options that would make NVRTC read or write files of the server (include
 // paths, pre-includes, precompiled headers, options files, timing reports, and any option
-// value that is an absolute path or contains "..", also inside -Xptxas=...). A source can
-// still name an absolute path in its own `#include`; confining that is the worker
-// sandbox's job.
+// value that is an absolute path or contains "..", also inside -Xptxas=...). Sources and
+// headers may not #include (or __has_include) an absolute or "../" name, nor use a computed
+// #include; running workers as an unprivileged user remains the second line of defence.
 #ifndef GPURPC_SERVER_WORKER_COMPILER_COMPILER_H_
 #define GPURPC_SERVER_WORKER_COMPILER_COMPILER_H_
 
