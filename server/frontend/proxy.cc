@@ -40,18 +40,22 @@ class RejectReactor final : public grpc::ServerGenericBidiReactor {
 // Two pumps run at once, each with at most one operation outstanding:
 //   client -> worker: server Read, then worker Write, then server Read ...
 //   worker -> client: worker Read, then server Write, then worker Read ...
-// The object deletes itself when both halves are done.
+// Each pump holds the worker call open (a hold) while it may still start a worker
+// operation from a server-side callback; without that the worker call could complete
+// in between and the operation would start on a finished call. The object deletes itself
+// when both halves are done.
 class RelayReactor final : public grpc::ServerGenericBidiReactor {
  public:
   RelayReactor(grpc::GenericCallbackServerContext* context,
                std::shared_ptr<SessionRecord> session)
       : context_(context), session_(std::move(session)), worker_half_(this) {
+    // Callbacks may fire on other threads before the constructor is done.
+    std::lock_guard<std::mutex> lock(mu_);
     session_->BeginCall();
     worker_context_.set_deadline(context_->deadline());
     session_->stub().PrepareBidiStreamingCall(&worker_context_, context_->method(),
                                               grpc::StubOptions(), &worker_half_);
-    // Held until no more worker operations will be started from the server side.
-    worker_half_.AddHold();
+    worker_half_.AddMultipleHolds(2);  // one per pump
     worker_half_.StartRead(&from_worker_);
     worker_half_.StartCall();
     StartRead(&from_client_);
@@ -60,23 +64,25 @@ class RelayReactor final : public grpc::ServerGenericBidiReactor {
   // Server half.
   void OnReadDone(bool ok) override {
     std::lock_guard<std::mutex> lock(mu_);
-    if (!worker_ops_open_) return;
+    if (!to_worker_open_) return;
     if (ok) {
       worker_half_.StartWrite(&from_client_);
     } else {
       // The client half-closed (or went away): pass that on.
       worker_half_.StartWritesDone();
-      CloseWorkerOpsLocked();
+      CloseToWorkerLocked();
     }
   }
 
   void OnWriteDone(bool ok) override {
     std::lock_guard<std::mutex> lock(mu_);
     server_write_pending_ = false;
-    if (!ok) {
+    if (ok) {
+      worker_half_.StartRead(&from_worker_);  // the read pump's hold is still held here
+    } else {
+      // The client is gone: stop the worker call and read nothing more from it.
       worker_context_.TryCancel();
-    } else if (!worker_done_) {
-      worker_half_.StartRead(&from_worker_);
+      CloseFromWorkerLocked();
     }
     MaybeFinishLocked();
   }
@@ -111,8 +117,10 @@ class RelayReactor final : public grpc::ServerGenericBidiReactor {
       server_write_pending_ = true;
       StartWrite(&from_worker_);
     } else {
-      // The worker is finishing; start nothing more on its side.
-      CloseWorkerOpsLocked();
+      // The worker has ended the call (perhaps before the client half-closed): start no
+      // more worker operations from either pump, so that its status can come through.
+      CloseFromWorkerLocked();
+      CloseToWorkerLocked();
     }
   }
 
@@ -121,7 +129,7 @@ class RelayReactor final : public grpc::ServerGenericBidiReactor {
     if (ok) {
       StartRead(&from_client_);
     } else {
-      CloseWorkerOpsLocked();
+      CloseToWorkerLocked();
     }
   }
 
@@ -148,13 +156,23 @@ class RelayReactor final : public grpc::ServerGenericBidiReactor {
       case grpc::StatusCode::INTERNAL:
       case grpc::StatusCode::UNKNOWN:
       case grpc::StatusCode::CANCELLED: {
-        // A worker's own UNAVAILABLE comes over a healthy channel; a dead worker breaks
-        // the channel, and its reaper reports the exit within milliseconds.
+        // A dead worker breaks the channel, and its reaper sees the exit within
+        // milliseconds; a live worker's own UNAVAILABLE only costs this short wait.
         WorkerProcess& worker = session_->worker();
-        const bool broken =
-            worker.exited() || worker.channel()->GetState(false) != GRPC_CHANNEL_READY;
-        if (broken && worker.WaitExited(absl::Seconds(2))) {
-          session_->MarkFaulted(absl::StrCat("its worker process ", worker.exit_description()));
+        const absl::Duration wait = status.error_code() == grpc::StatusCode::CANCELLED
+                                        ? absl::ZeroDuration()
+                                        : absl::Milliseconds(250);
+        if (worker.WaitExited(wait)) {
+          if (session_->closing()) {
+            return grpc::Status(grpc::StatusCode::CANCELLED,
+                                absl::StrFormat("session %d was closed during %s",
+                                                session_->id(), context_->method()));
+          }
+          if (!session_->MarkFaulted(
+                  absl::StrCat("its worker process ", worker.exit_description()))) {
+            // Another call observed the fault first; this one only finds it.
+            return ToGrpcStatus(session_->CheckUsable());
+          }
           return grpc::Status(grpc::StatusCode::ABORTED,
                               absl::StrFormat("session %d FAULTED during %s: %s",
                                               session_->id(), context_->method(),
@@ -167,9 +185,15 @@ class RelayReactor final : public grpc::ServerGenericBidiReactor {
     }
   }
 
-  void CloseWorkerOpsLocked() {
-    if (!worker_ops_open_) return;
-    worker_ops_open_ = false;
+  // Each pump ends once; ending it releases its hold on the worker call.
+  void CloseToWorkerLocked() {
+    if (!to_worker_open_) return;
+    to_worker_open_ = false;
+    worker_half_.RemoveHold();
+  }
+  void CloseFromWorkerLocked() {
+    if (!from_worker_open_) return;
+    from_worker_open_ = false;
     worker_half_.RemoveHold();
   }
 
@@ -188,7 +212,8 @@ class RelayReactor final : public grpc::ServerGenericBidiReactor {
   grpc::ByteBuffer from_worker_;
 
   std::mutex mu_;
-  bool worker_ops_open_ = true;
+  bool to_worker_open_ = true;
+  bool from_worker_open_ = true;
   bool server_write_pending_ = false;
   bool worker_done_ = false;
   bool server_done_ = false;

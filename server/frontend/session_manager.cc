@@ -48,14 +48,25 @@ std::string SessionRecord::fault_cause() const {
   return fault_cause_;
 }
 
-void SessionRecord::MarkFaulted(const std::string& cause) {
+bool SessionRecord::MarkFaulted(const std::string& cause) {
   {
     std::lock_guard<std::mutex> lock(mu_);
-    if (!fault_cause_.empty()) return;
+    if (!fault_cause_.empty() || closing_) return false;
     fault_cause_ = cause;
   }
   spdlog::warn("session {} FAULTED: {}", id_, cause);
   worker_->Kill();
+  return true;
+}
+
+void SessionRecord::MarkClosing() {
+  std::lock_guard<std::mutex> lock(mu_);
+  closing_ = true;
+}
+
+bool SessionRecord::closing() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return closing_;
 }
 
 SessionManager::SessionManager(DaemonOptions options, std::string exe)
@@ -180,6 +191,7 @@ absl::Status SessionManager::Close(uint64_t session_id) {
     record = std::move(it->second);
     sessions_.erase(it);
   }
+  record->MarkClosing();
   record->worker().Kill();
   record->worker().WaitExited(absl::Seconds(10));
   spdlog::info("session {} closed", session_id);

@@ -44,8 +44,12 @@ class SessionRecord {
   absl::Status CheckUsable() const;
   v1::SessionState state() const;
   std::string fault_cause() const;
-  // Records the first cause and ends the worker (its context is unusable anyway).
-  void MarkFaulted(const std::string& cause);
+  // Records the first cause and ends the worker (its context is unusable anyway). Does
+  // nothing once the session is closing. True when this call recorded the cause.
+  bool MarkFaulted(const std::string& cause);
+  // Called by Close before it ends the worker, so that the worker's death is no fault.
+  void MarkClosing();
+  bool closing() const;
 
   // Activity tracking for the idle reclaim.
   void Touch() { last_activity_ns_ = absl::GetCurrentTimeNanos(); }
@@ -69,6 +73,7 @@ class SessionRecord {
   std::unique_ptr<grpc::GenericStub> stub_;
   mutable std::mutex mu_;
   std::string fault_cause_;  // empty while ACTIVE
+  bool closing_ = false;
   std::atomic<int64_t> last_activity_ns_;
   std::atomic<int> calls_in_flight_{0};
 };

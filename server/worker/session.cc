@@ -108,18 +108,25 @@ Session::~Session() {
 }
 
 absl::Status Session::Check(absl::Status status) {
-  if (!status.ok() && IsSticky(status)) {
+  if (status.ok() || !IsSticky(status)) return status;
+  {
     std::lock_guard<std::mutex> lock(mu_);
-    if (fault_.ok()) fault_ = status;
-    faulted_.store(true, std::memory_order_release);
+    if (fault_.ok()) {
+      // The call that observes the fault reports it as it is (ABORTED or DATA_LOSS).
+      fault_ = status;
+      faulted_.store(true, std::memory_order_release);
+      return status;
+    }
   }
-  return status;
+  return fault();
 }
 
 absl::Status Session::fault() const {
   if (!faulted_.load(std::memory_order_acquire)) return absl::OkStatus();
   std::lock_guard<std::mutex> lock(mu_);
-  return fault_;
+  // Every call after the observing one: the session is unusable, retrying cannot help.
+  return absl::FailedPreconditionError(
+      absl::StrCat("the session FAULTED earlier: ", fault_.message()));
 }
 
 // ---------------------------------------------------------------------------- memory

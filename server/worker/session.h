@@ -3,8 +3,9 @@
 // gRPC (server/worker/service.cc is the gRPC edge).
 //
 // Fault contract: when the backend reports a sticky execution fault (ABORTED or
-// DATA_LOSS), the session remembers it and answers every later call with that same
-// status; the front end marks the session FAULTED and ends the worker process.
+// DATA_LOSS), the call that observed it returns that status, and every later call
+// FAILED_PRECONDITION naming it; the front end marks the session FAULTED on the first and
+// ends the worker process.
 //
 // Thread safety: all methods may be called concurrently. Handle tables are guarded by one
 // mutex that is never held across a blocking backend call.
@@ -101,7 +102,7 @@ class Session {
   absl::Status RunBatch(const v1::CommandBatch& batch, uint64_t* last_sequence,
                         v1::CommandReply* reply);
 
-  // The sticky fault, if one happened (OK otherwise).
+  // OK, or FAILED_PRECONDITION naming the sticky fault once one happened.
   absl::Status fault() const;
 
  private:

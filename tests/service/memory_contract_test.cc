@@ -185,8 +185,9 @@ TEST_F(MemoryContractTest, EveryOutOfBoundsAccessIsRejectedAndWritesNothing) {
   // Address arithmetic: inside the buffer but running past its end.
   EXPECT_THAT(session.Upload(DeviceRef::Address(buffer->device_address() + 4090), small),
               StatusIs(kInvalid));
-  // Past the end entirely: no buffer there.
-  EXPECT_THAT(session.Upload(DeviceRef::Address(buffer->device_address() + 4096), small),
+  // An address in no buffer at all. (Past the end of one buffer may be the start of the
+  // next: the driver packs allocations.)
+  EXPECT_THAT(session.Upload(DeviceRef::Address(64), small),
               StatusIs(absl::StatusCode::kNotFound));
 
   auto back = buffer->Download(0, 4096);

@@ -164,8 +164,10 @@ TEST_F(SessionTest, FaultIsStickyAndReturnedByEveryLaterCall) {
   ASSERT_THAT(session_->Launch(launch), IsOk());  // asynchronous, like CUDA
   EXPECT_THAT(session_->Synchronize(),
               StatusIs(absl::StatusCode::kAborted, HasSubstr("CUDA_ERROR_ILLEGAL_ADDRESS")));
-  EXPECT_THAT(session_->Allocate(16), StatusIs(absl::StatusCode::kAborted));
-  EXPECT_THAT(session_->fault(), StatusIs(absl::StatusCode::kAborted));
+  EXPECT_THAT(session_->Allocate(16),
+              StatusIs(absl::StatusCode::kFailedPrecondition,
+                       HasSubstr("CUDA_ERROR_ILLEGAL_ADDRESS")));
+  EXPECT_THAT(session_->Synchronize(), StatusIs(absl::StatusCode::kFailedPrecondition));
 }
 
 TEST_F(SessionTest, GlobalsAreAddressableLikeBuffers) {

@@ -50,8 +50,25 @@ void SessionCore::KeepAliveLoop(std::chrono::milliseconds interval) {
 }
 
 absl::Status SessionCore::EnsureStreamLocked() {
-  if (stream_ != nullptr) return absl::OkStatus();
+  if (stream_ != nullptr) {
+    std::unique_lock<std::mutex> lock(state_mu_);
+    if (!stream_error_reported_) return absl::OkStatus();
+    // A reported fault ends the stream: wait for that end before starting over.
+    state_cv_.wait(lock, [&] { return stream_ended_; });
+  }
   if (closed_) return absl::FailedPreconditionError("the session is closed");
+  if (stream_ != nullptr) {
+    // The old stream ended and its error was reported: start over, so that what the
+    // daemon says now (e.g. FAILED_PRECONDITION for a FAULTED session) is what callers see.
+    if (reader_.joinable()) reader_.join();
+    stream_.reset();
+    std::lock_guard<std::mutex> lock(state_mu_);
+    stream_ended_ = false;
+    stream_error_reported_ = false;
+    stream_error_ = absl::OkStatus();
+    unanswered_batches_.clear();
+    processed_through_ = sent_through_ = next_sequence_;
+  }
   stream_context_ = std::make_unique<grpc::ClientContext>();
   Prepare(stream_context_.get());
   stream_ = execution_->CommandStream(stream_context_.get());
@@ -68,7 +85,10 @@ void SessionCore::ReadReplies() {
           static_cast<absl::StatusCode>(reply.error().code()),
           absl::StrFormat("%s (command #%d)", reply.error().message(), reply.error().sequence()));
     }
-    processed_through_ = std::max(processed_through_, reply.processed_through_sequence());
+    if (!unanswered_batches_.empty()) {
+      processed_through_ = std::max(processed_through_, unanswered_batches_.front());
+      unanswered_batches_.pop_front();
+    }
     state_cv_.notify_all();
   }
   grpc::Status status = stream_->Finish();
@@ -94,12 +114,17 @@ absl::Status SessionCore::Enqueue(v1::Command command) {
 absl::Status SessionCore::FlushLocked() {
   if (batch_.commands_size() == 0) return absl::OkStatus();
   const uint64_t last = batch_.commands(batch_.commands_size() - 1).sequence();
+  {
+    std::lock_guard<std::mutex> lock(state_mu_);
+    unanswered_batches_.push_back(last);
+  }
   const bool written = stream_->Write(batch_);
   batch_.Clear();
   batch_bytes_ = 0;
   if (!written) {
     std::unique_lock<std::mutex> lock(state_mu_);
     state_cv_.wait(lock, [&] { return stream_ended_; });
+    stream_error_reported_ = true;
     return stream_error_;
   }
   sent_through_ = last;
@@ -115,8 +140,9 @@ absl::Status SessionCore::Flush() {
 absl::Status SessionCore::WaitProcessed(uint64_t sequence) {
   std::unique_lock<std::mutex> lock(state_mu_);
   state_cv_.wait(lock, [&] { return processed_through_ >= sequence || stream_ended_; });
-  if (processed_through_ < sequence) return stream_error_;
-  return absl::OkStatus();
+  if (processed_through_ >= sequence) return absl::OkStatus();
+  stream_error_reported_ = true;
+  return stream_error_;
 }
 
 absl::Status SessionCore::Barrier() {
@@ -124,6 +150,14 @@ absl::Status SessionCore::Barrier() {
   {
     std::lock_guard<std::mutex> lock(send_mu_);
     if (stream_ == nullptr) return absl::OkStatus();
+    {
+      // A stream whose end was already reported orders nothing any more; the unary call
+      // that follows gets the daemon's own answer.
+      std::lock_guard<std::mutex> state_lock(state_mu_);
+      if (stream_ended_ && stream_error_reported_ && batch_.commands_size() == 0) {
+        return absl::OkStatus();
+      }
+    }
     if (absl::Status status = FlushLocked(); !status.ok()) return status;
     target = sent_through_;
   }
@@ -145,13 +179,19 @@ absl::Status SessionCore::Sync(uint64_t stream_id, bool whole_session) {
   }
   absl::Status waited = WaitProcessed(target);
   std::lock_guard<std::mutex> lock(state_mu_);
+  // A fault ends the stream: once said here, the next command starts a new one.
+  if (stream_ended_ || first_error_.code() == absl::StatusCode::kAborted ||
+      first_error_.code() == absl::StatusCode::kDataLoss) {
+    stream_error_reported_ = true;
+  }
   if (!first_error_.ok()) {
+    // The command's own error (e.g. the fault, with its sequence number) says more than
+    // the stream's end.
     absl::Status error = std::move(first_error_);
     first_error_ = absl::OkStatus();
     return error;
   }
-  if (!waited.ok()) return waited;
-  return absl::OkStatus();
+  return waited;
 }
 
 absl::Status SessionCore::Close() {

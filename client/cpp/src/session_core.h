@@ -6,6 +6,7 @@
 #include <atomic>
 #include <condition_variable>
 #include <cstdint>
+#include <deque>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -88,10 +89,14 @@ class SessionCore {
 
   std::mutex state_mu_;
   std::condition_variable state_cv_;
+  // The last sequence of each batch sent and not yet answered: the worker answers every
+  // batch with exactly one reply, in order, also when an error skipped its tail.
+  std::deque<uint64_t> unanswered_batches_;
   uint64_t processed_through_ = 0;
   absl::Status first_error_;   // first failed command since the last sync
   absl::Status stream_error_;  // the stream ended with this
   bool stream_ended_ = false;
+  bool stream_error_reported_ = false;  // then the next command opens a new stream
 };
 
 }  // namespace gpurpc::internal
