@@ -1,0 +1,1648 @@
+"""PyCUDA's ``pycuda.driver`` API, served by a remote gpurpcd.
+
+Replace ``import pycuda.driver as cuda`` with ``import gpurpc.driver as cuda`` and the usual
+calls work against the daemon named by ``$GPURPC_ADDRESS`` (default ``localhost:50051``; a
+path or ``unix:PATH`` for a Unix socket), or the one given to :func:`init`::
+
+    import numpy as np
+    import gpurpc.autoinit                      # opens a session on device 0
+    import gpurpc.driver as cuda
+    from gpurpc.compiler import SourceModule
+
+    mod = SourceModule('''
+    __global__ void multiply_them(float *dest, float *a, float *b)
+    { const int i = threadIdx.x; dest[i] = a[i] * b[i]; }''')
+    multiply_them = mod.get_function("multiply_them")
+    a = np.random.randn(400).astype(np.float32)
+    b = np.random.randn(400).astype(np.float32)
+    dest = np.zeros_like(a)
+    multiply_them(cuda.Out(dest), cuda.In(a), cuda.In(b), block=(400, 1, 1), grid=(1, 1))
+
+What differs from PyCUDA, and why:
+
+* A *context* is a daemon session (one worker process, one CUDA context). ``make_context``
+  opens it; ``push``/``pop`` only move it on a per-thread stack (a thread with an empty stack
+  uses the most recently created context, so worker threads need no push); ``detach`` closes
+  it. A context that is no longer referenced (nor any of its buffers, modules, streams or
+  events) is closed when garbage collected, and every session is closed at interpreter exit.
+* Launches, memsets, copies and event records are queued and sent in batches over one ordered
+  command stream, so a launch costs microseconds, not a round trip. As in CUDA, an error of
+  asynchronous work (a kernel fault, a bad address in ``memset_d32_async``) is raised by the
+  next synchronising call (``synchronize``, a device-to-host copy, ``Event.query`` ...).
+* Kernel arguments are packed PyCUDA's way, then placed at the offsets the kernel's parameter
+  layout reports, so by-value ``float4``/struct arguments arrive intact; an argument whose
+  size disagrees with its parameter raises :class:`LogicError` naming the parameter.
+* ``In``/``Out``/``InOut`` arguments upload, launch and download in one batch: one round trip.
+* ``time_kernel=True`` and ``prepared_timed_call`` time with events on the server.
+* Host memory is ordinary: ``pagelocked_empty`` returns a plain ndarray, and the ``_async``
+  copies accept any contiguous buffer. ``memcpy_dtoh_async`` fills its destination when the
+  stream (or context) is synchronised.
+* After a kernel fault the session is dead (the daemon killed its worker): the faulting call
+  raises :class:`LaunchError`, and so does every later call, with a message naming the cause.
+  Open a new context to continue.
+* Not available: texture/surface references, arrays, managed and mapped memory, IPC handles,
+  ``Linker``/``DynamicModule``, ``Context.set_limit``. They raise :class:`LogicError`.
+"""
+from __future__ import annotations
+
+import functools
+import gc
+import os
+import re
+import socket
+import struct
+import threading
+import weakref
+from typing import Any, Callable, Dict, Iterator, List, Literal, Optional, Sequence, Tuple, Union
+
+import grpc
+import numpy as np
+
+from . import _core, _progress
+from ._core import Client, SessionCore, device_pointer, resolve_address
+from ._enums import (
+    ctx_flags,
+    device_attribute,
+    event_flags,
+    func_cache,
+    function_attribute,
+    host_alloc_flags,
+    limit,
+    shared_config,
+    stream_flags,
+)
+from ._errors import (
+    CompileError,
+    Error,
+    LaunchError,
+    LogicError,
+    MemoryError,
+    RuntimeError,
+    error_from_rpc,
+)
+from .v1 import (
+    execution_service_pb2 as _ex,
+    memory_service_pb2 as _mem,
+    module_service_pb2 as _mod,
+    session_service_pb2 as _sess,
+)
+
+__all__ = [
+    # errors
+    "Error", "LogicError", "LaunchError", "MemoryError", "RuntimeError", "CompileError",
+    # enums
+    "device_attribute", "function_attribute", "ctx_flags", "event_flags", "stream_flags",
+    "host_alloc_flags", "func_cache", "shared_config", "limit",
+    # init / devices / contexts
+    "init", "get_version", "get_driver_version", "Device", "Context",
+    # memory
+    "mem_alloc", "mem_alloc_like", "mem_get_info", "DeviceAllocation", "PointerHolderBase",
+    "to_device", "from_device", "from_device_like",
+    "memcpy_htod", "memcpy_dtoh", "memcpy_dtod", "memcpy_htod_async", "memcpy_dtoh_async",
+    "memcpy_dtod_async", "memset_d8", "memset_d16", "memset_d32", "memset_d8_async",
+    "memset_d16_async", "memset_d32_async",
+    "pagelocked_empty", "pagelocked_zeros", "pagelocked_empty_like", "pagelocked_zeros_like",
+    "aligned_empty", "aligned_zeros", "aligned_empty_like", "aligned_zeros_like",
+    # execution
+    "Stream", "Event", "Module", "Function", "module_from_buffer", "module_from_file",
+    "ArgumentHandler", "In", "Out", "InOut",
+    # gpurpc extras
+    "set_transfer_progress",
+]
+
+# =============================================================================================
+# Connection and devices
+
+_client_lock = threading.Lock()
+_default_client: Optional[Client] = None
+
+
+def init(flags: int = 0, address: Optional[str] = None, *, token: Optional[str] = None,
+         root_certificates: Optional[bytes] = None) -> None:
+    """Connects to the daemon (``cuInit``). Called implicitly by the first call that needs it.
+
+    :param flags: accepted for PyCUDA compatibility (must be 0 in CUDA; ignored).
+    :param address: gRPC target; default ``$GPURPC_ADDRESS`` or ``localhost:50051``. A path
+        or ``unix:PATH`` selects a Unix socket.
+    :param token: bearer token (default ``$GPURPC_TOKEN``).
+    :param root_certificates: PEM roots for TLS (default: the file named by ``$GPURPC_TLS_CA``).
+    :raises RuntimeError: the daemon cannot be reached or has no usable backend.
+    """
+    global _default_client
+    with _client_lock:
+        if _default_client is not None and (
+                address is None or resolve_address(address) == _default_client.target):
+            _default_client.list_devices()
+            return
+        client = Client(address, token=token, root_certificates=root_certificates)
+        client.list_devices()
+        _default_client = client
+
+
+def _client() -> Client:
+    if _default_client is None:
+        init()
+    assert _default_client is not None
+    return _default_client
+
+
+def get_driver_version() -> int:
+    """The daemon's CUDA driver version (``cuDriverGetVersion``, e.g. 13000; 0 for the fake)."""
+    return int(_client().list_devices().driver_version)
+
+
+def get_version() -> Tuple[int, int, int]:
+    """The CUDA version as a tuple, e.g. ``(13, 0, 0)`` (derived from the daemon's driver)."""
+    v = get_driver_version()
+    return (v // 1000, (v % 1000) // 10, 0)
+
+
+_ATTRIBUTE_FIELDS: Dict[int, Callable[[Any], int]] = {
+    device_attribute.MAX_THREADS_PER_BLOCK: lambda d: d.max_threads_per_block,
+    device_attribute.MAX_BLOCK_DIM_X: lambda d: d.max_block_dim.x,
+    device_attribute.MAX_BLOCK_DIM_Y: lambda d: d.max_block_dim.y,
+    device_attribute.MAX_BLOCK_DIM_Z: lambda d: d.max_block_dim.z,
+    device_attribute.MAX_GRID_DIM_X: lambda d: d.max_grid_dim.x,
+    device_attribute.MAX_GRID_DIM_Y: lambda d: d.max_grid_dim.y,
+    device_attribute.MAX_GRID_DIM_Z: lambda d: d.max_grid_dim.z,
+    device_attribute.MAX_SHARED_MEMORY_PER_BLOCK: lambda d: d.max_shared_memory_per_block_bytes,
+    device_attribute.WARP_SIZE: lambda d: d.warp_size,
+    device_attribute.MULTIPROCESSOR_COUNT: lambda d: d.multiprocessor_count,
+    device_attribute.COMPUTE_CAPABILITY_MAJOR: lambda d: d.compute_capability_major,
+    device_attribute.COMPUTE_CAPABILITY_MINOR: lambda d: d.compute_capability_minor,
+    device_attribute.MAX_SHARED_MEMORY_PER_BLOCK_OPTIN:
+        lambda d: d.max_shared_memory_per_block_optin_bytes,
+}
+
+
+class Device:
+    """A device of the daemon (``pycuda.driver.Device``).
+
+    ``Device(n)`` takes an ordinal, or a PCI bus id string. Attributes are read once from
+    the daemon's inventory; ``dev.multiprocessor_count`` and friends work like in PyCUDA.
+    """
+
+    def __init__(self, number: Union[int, str]) -> None:
+        client = _client()
+        devices = client.list_devices().devices
+        if isinstance(number, str):
+            matches = [d for d in devices if d.pci_bus_id.lower() == number.lower()]
+            if not matches:
+                raise LogicError(f"cuDeviceGetByPCIBusId failed: no device with PCI bus id "
+                                 f"{number!r} at {client.target}")
+            number = matches[0].ordinal
+        ordinal = int(number)
+        if not 0 <= ordinal < len(devices):
+            raise LogicError(f"cuDeviceGet failed: invalid device ordinal {ordinal} "
+                             f"(the daemon at {client.target} serves {len(devices)})")
+        self._client = client
+        self._ordinal = ordinal
+        self._info = devices[ordinal]
+
+    @staticmethod
+    def count() -> int:
+        """Number of devices the daemon serves."""
+        return len(_client().list_devices().devices)
+
+    def name(self) -> str:
+        """The device's name, e.g. ``NVIDIA H200``."""
+        return self._info.name
+
+    def compute_capability(self) -> Tuple[int, int]:
+        """``(major, minor)``."""
+        return (self._info.compute_capability_major, self._info.compute_capability_minor)
+
+    def total_memory(self) -> int:
+        """Device memory in bytes."""
+        return int(self._info.total_memory_bytes)
+
+    def pci_bus_id(self) -> str:
+        """PCI bus id (empty for the fake backend)."""
+        return self._info.pci_bus_id
+
+    @property
+    def ordinal(self) -> int:
+        """The device ordinal on the daemon."""
+        return self._ordinal
+
+    @property
+    def is_fake(self) -> bool:
+        """True for the daemon's fake backend (host memory, runs no device code)."""
+        return bool(self._info.is_fake)
+
+    @property
+    def backend(self) -> str:
+        """The daemon's backend: ``"cuda"`` or ``"fake"``."""
+        return self._client.list_devices().backend
+
+    def get_attribute(self, attr: Union[device_attribute, int]) -> int:
+        """``cuDeviceGetAttribute``.
+
+        :raises LogicError: the daemon does not report that attribute.
+        """
+        key = int(attr)
+        if key in self._info.attributes:
+            return int(self._info.attributes[key])
+        field = _ATTRIBUTE_FIELDS.get(key)
+        if field is not None:
+            return int(field(self._info))
+        name = device_attribute(key).name if key in device_attribute._value2member_map_ else key
+        raise LogicError(f"cuDeviceGetAttribute failed: the daemon does not report {name}",
+                         code=grpc.StatusCode.INVALID_ARGUMENT)
+
+    def get_attributes(self) -> Dict[Any, int]:
+        """Every attribute the daemon reports, keyed by :class:`device_attribute`."""
+        result: Dict[Any, int] = {}
+        for key, field in _ATTRIBUTE_FIELDS.items():
+            result[device_attribute(key)] = int(field(self._info))
+        for key, value in self._info.attributes.items():
+            try:
+                result[device_attribute(key)] = int(value)
+            except ValueError:
+                result[key] = int(value)
+        return result
+
+    def __getattr__(self, name: str) -> int:
+        if name.startswith("_"):
+            raise AttributeError(name)
+        try:
+            attr = device_attribute[name.upper()]
+        except KeyError:
+            raise AttributeError(name) from None
+        return self.get_attribute(attr)
+
+    def make_context(self, flags: int = 0) -> "Context":
+        """Opens a session on this device and makes it current (pushes it)."""
+        ctx = self.retain_primary_context()
+        ctx.push()
+        return ctx
+
+    def retain_primary_context(self) -> "Context":
+        """Opens a session on this device without pushing it."""
+        label = f"python gpurpc on {socket.gethostname()} pid {os.getpid()}"
+        core = SessionCore(self._client, self._ordinal, label)
+        return Context(core, self)
+
+    def __eq__(self, other: object) -> bool:
+        return (isinstance(other, Device) and other._ordinal == self._ordinal
+                and other._client is self._client)
+
+    def __ne__(self, other: object) -> bool:
+        return not self == other
+
+    def __hash__(self) -> int:
+        return hash((self._client.target, self._ordinal))
+
+    def __repr__(self) -> str:
+        return f"<gpurpc.driver.Device {self._ordinal} {self.name()!r} at {self._client.target}>"
+
+
+# =============================================================================================
+# Contexts (sessions)
+
+_tls = threading.local()
+_last_context: Optional["weakref.ref[Context]"] = None
+
+
+def _stack() -> List["Context"]:
+    stack = getattr(_tls, "stack", None)
+    if stack is None:
+        stack = _tls.stack = []
+    return stack
+
+
+class _hybridmethod:
+    """A method that works on an instance or, called on the class, on the current context."""
+
+    def __init__(self, func: Callable) -> None:
+        self.func = func
+        functools.update_wrapper(self, func)  # type: ignore[arg-type]
+
+    def __get__(self, obj: Any, cls: Any) -> Callable:
+        return functools.partial(self.func, obj)
+
+
+def _current_context(what: str) -> "Context":
+    stack = _stack()
+    while stack and stack[-1]._core.closed:
+        stack.pop()
+    ctx = stack[-1] if stack else (_last_context() if _last_context is not None else None)
+    if ctx is None or ctx._core.closed:
+        raise LogicError(f"{what} failed: no current context; create one with "
+                         "gpurpc.driver.Device(0).make_context() or `import gpurpc.autoinit`")
+    return ctx
+
+
+def _current_core(what: str) -> SessionCore:
+    return _current_context(what)._core
+
+
+class Context:
+    """A session on the daemon (``pycuda.driver.Context``).
+
+    ``push``/``pop`` manage a per-thread stack like PyCUDA's and never close anything;
+    ``detach`` closes the session. ``synchronize`` works on an instance or, as
+    ``Context.synchronize()``, on the current context.
+    """
+
+    def __init__(self, core: SessionCore, device: Device) -> None:
+        global _last_context
+        self._core = core
+        self._device = device
+        self._use_count = 0
+        _last_context = weakref.ref(self)
+
+    @property
+    def session_id(self) -> int:
+        """The daemon's session id."""
+        return self._core.session_id
+
+    @property
+    def handle(self) -> int:
+        return self._core.session_id
+
+    def push(self) -> None:
+        """Makes this context current in the calling thread."""
+        global _last_context
+        self._core.check_open("Context.push")
+        _stack().append(self)
+        self._use_count += 1
+        _last_context = weakref.ref(self)
+
+    @staticmethod
+    def pop() -> None:
+        """Removes the current context from the calling thread's stack (it stays open)."""
+        stack = _stack()
+        if not stack:
+            raise LogicError("context::pop failed: cannot pop non-current context")
+        ctx = stack.pop()
+        ctx._use_count -= 1
+
+    def detach(self) -> None:
+        """Closes the session: its memory, modules, streams and events are freed."""
+        stack = _stack()
+        stack[:] = [c for c in stack if c is not self]
+        self._core.close()
+
+    def attach(self, flags: int = 0) -> "Context":
+        """Increments the use count (PyCUDA compatibility) and returns self."""
+        self._use_count += 1
+        return self
+
+    @staticmethod
+    def get_current() -> Optional["Context"]:
+        """The calling thread's current context, or the process's most recent one, or None."""
+        try:
+            return _current_context("Context.get_current")
+        except LogicError:
+            return None
+
+    @staticmethod
+    def get_device() -> Device:
+        """The device of the current context."""
+        return _current_context("Context.get_device")._device
+
+    @_hybridmethod
+    def synchronize(self: Optional["Context"]) -> None:
+        """Waits for all work of the context; raises any pending asynchronous error."""
+        core = (self or _current_context("Context.synchronize"))._core
+        with core.lock:
+            core.check_open("Context.synchronize")
+            core.commands.sync(whole_session=True, label="Context.synchronize")
+            core.process_releases()
+
+    def get_api_version(self) -> int:
+        """The daemon's CUDA driver version."""
+        return get_driver_version()
+
+    @staticmethod
+    def set_limit(lim: int, value: int) -> None:
+        raise LogicError("Context.set_limit is not available through gpurpc")
+
+    @staticmethod
+    def get_limit(lim: int) -> int:
+        raise LogicError("Context.get_limit is not available through gpurpc")
+
+    @staticmethod
+    def set_cache_config(cc: int) -> None:
+        """Accepted and ignored (a hint)."""
+
+    @staticmethod
+    def get_cache_config() -> func_cache:
+        return func_cache.PREFER_NONE
+
+    @staticmethod
+    def set_shared_config(sc: int) -> None:
+        """Accepted and ignored (a hint)."""
+
+    @staticmethod
+    def get_shared_config() -> shared_config:
+        return shared_config.DEFAULT_BANK_SIZE
+
+    def __repr__(self) -> str:
+        state = "closed" if self._core.closed else "open"
+        return (f"<gpurpc.driver.Context session {self._core.session_id} ({state}) "
+                f"on {self._device!r}>")
+
+
+# =============================================================================================
+# Pointers and host buffers
+
+class PointerHolderBase:
+    """Subclass and implement ``get_pointer()`` to pass your own objects as device pointers."""
+
+    def get_pointer(self) -> int:
+        """The device address this object stands for."""
+        raise NotImplementedError
+
+    def __int__(self) -> int:
+        return int(self.get_pointer())
+
+    __index__ = __int__
+
+
+class DeviceAllocation:
+    """Device memory from :func:`mem_alloc` (``pycuda.driver.DeviceAllocation``).
+
+    ``int(alloc)`` is the device address, valid for pointer arithmetic (``int(a) + 16``),
+    in structs uploaded to the device, and anywhere this module takes a device pointer.
+    The memory is freed by :meth:`free` or when the object is garbage collected.
+    """
+
+    __slots__ = ("_core", "_id", "_ptr", "_size", "_finalizer", "__weakref__")
+
+    def __init__(self, core: SessionCore, buffer_id: int, address: int, size: int) -> None:
+        self._core = core
+        self._id = buffer_id
+        self._ptr = address
+        self._size = size
+        self._finalizer = weakref.finalize(self, core.defer_release, "buffer", buffer_id)
+        self._finalizer.atexit = False
+
+    def __int__(self) -> int:
+        return self._ptr
+
+    __index__ = __int__
+
+    @property
+    def size(self) -> int:
+        """Size in bytes."""
+        return self._size
+
+    @property
+    def buffer_id(self) -> int:
+        """The daemon's handle for this buffer."""
+        return self._id
+
+    def free(self) -> None:
+        """Frees the memory now (after the work queued before it). Freeing twice is a no-op."""
+        if self._finalizer.detach() is None:
+            return
+        core = self._core
+        if core.closed:
+            return
+        with core.lock:
+            core.drain()
+            core.call("MemoryService.Free", _mem.FreeRequest(buffer_id=self._id),
+                      op="DeviceAllocation.free")
+
+    def as_buffer(self, size: int, offset: int = 0) -> Any:
+        """Not available: raises LogicError."""
+        raise LogicError("DeviceAllocation.as_buffer is not available: device memory of a remote "
+                         "daemon cannot be mapped into this process")
+
+    def __repr__(self) -> str:
+        return f"<gpurpc.driver.DeviceAllocation 0x{self._ptr:x} ({self._size} bytes)>"
+
+
+def _address(obj: Any, what: str = "device pointer") -> int:
+    """The device address of a DeviceAllocation, int, GPUArray or PointerHolderBase."""
+    if isinstance(obj, DeviceAllocation):
+        return obj._ptr
+    if isinstance(obj, (int, np.integer)) and not isinstance(obj, bool):
+        return int(obj)
+    gpudata = getattr(obj, "gpudata", None)
+    if gpudata is not None:
+        return _address(gpudata, what)
+    get_pointer = getattr(obj, "get_pointer", None)
+    if callable(get_pointer):
+        return int(get_pointer())
+    try:
+        return int(obj.__index__())
+    except (AttributeError, TypeError):
+        pass
+    raise TypeError(f"expected a {what} (DeviceAllocation, int address or GPUArray), "
+                    f"got {type(obj).__name__}")
+
+
+def _core_for(obj: Any, what: str) -> SessionCore:
+    """The session an operation on obj runs in: obj's own, else the current context's."""
+    for candidate in (obj, getattr(obj, "gpudata", None)):
+        candidate = getattr(candidate, "_alloc", candidate)  # a memory-pool block
+        if isinstance(candidate, DeviceAllocation):
+            return candidate._core
+    return _current_core(what)
+
+
+def _readable(src: Any) -> memoryview:
+    """A flat byte view of a host buffer to send (a copy if it is not contiguous)."""
+    if isinstance(src, np.ndarray):
+        arr = src
+        if not (arr.flags.c_contiguous or arr.flags.f_contiguous):
+            arr = np.ascontiguousarray(arr)
+        if not arr.flags.c_contiguous:
+            arr = arr.T
+        return arr.reshape(-1).view(np.uint8).data
+    view = memoryview(src)
+    if not view.c_contiguous:
+        view = memoryview(view.tobytes())
+    return view.cast("B") if view.format != "B" or view.ndim != 1 else view
+
+
+def _writable(dest: Any, what: str) -> memoryview:
+    """A flat writable byte view of a contiguous host buffer."""
+    if isinstance(dest, np.ndarray):
+        if not (dest.flags.c_contiguous or dest.flags.f_contiguous):
+            raise ValueError(f"{what}: the host array must be contiguous")
+        if not dest.flags.writeable:
+            raise ValueError(f"{what}: the host array is read-only")
+        arr = dest if dest.flags.c_contiguous else dest.T
+        return arr.reshape(-1).view(np.uint8).data
+    view = memoryview(dest)
+    if view.readonly:
+        raise ValueError(f"{what}: the host buffer is read-only")
+    if not view.c_contiguous:
+        raise ValueError(f"{what}: the host buffer must be contiguous")
+    return view.cast("B") if view.format != "B" or view.ndim != 1 else view
+
+
+def _stream_id(stream: Any) -> int:
+    if stream is None:
+        return 0
+    if isinstance(stream, Stream):
+        return stream.handle
+    if isinstance(stream, (int, np.integer)):
+        return int(stream)
+    raise TypeError(f"stream must be a gpurpc.driver.Stream or None, got {type(stream).__name__}")
+
+
+# =============================================================================================
+# Memory
+
+def mem_alloc(bytes: int) -> DeviceAllocation:  # noqa: A002 - PyCUDA's parameter name
+    """Allocates device memory (``cuMemAlloc``), retrying once after ``gc.collect()`` on OOM.
+
+    :raises MemoryError: the device (or the session's quota) has not enough free memory.
+    :raises LogicError: ``bytes`` is 0.
+    """
+    return _alloc(_current_core("mem_alloc"), bytes)
+
+
+def _alloc(core: SessionCore, nbytes: int) -> DeviceAllocation:
+    nbytes = int(nbytes)
+    with core.lock:
+        core.check_open("mem_alloc")
+        if core.has_releases:
+            core.drain()
+            core.process_releases()
+        request = _mem.AllocateRequest(size_bytes=nbytes)
+        try:
+            reply = core.call("MemoryService.Allocate", request, op="mem_alloc")
+        except MemoryError:
+            gc.collect()
+            for release in list(core.caches.get("oom_handlers", ())):
+                release()
+            core.drain()
+            core.process_releases()
+            reply = core.call("MemoryService.Allocate", request, op="mem_alloc")
+    info = reply.buffer
+    return DeviceAllocation(core, info.buffer_id, info.device_address, info.size_bytes)
+
+
+def mem_alloc_like(ary: Any) -> DeviceAllocation:
+    """Device memory as large as ``ary.nbytes``."""
+    return mem_alloc(ary.nbytes)
+
+
+def mem_get_info() -> Tuple[int, int]:
+    """``(free, total)`` device memory in bytes (``cuMemGetInfo``)."""
+    core = _current_core("mem_get_info")
+    with core.lock:
+        if core.has_releases:
+            core.drain()
+            core.process_releases()
+        reply = core.call("MemoryService.GetMemInfo", _mem.GetMemInfoRequest(), op="mem_get_info")
+    return int(reply.free_bytes), int(reply.total_bytes)
+
+
+def _upload(core: SessionCore, address: int, data: memoryview, stream_id: int, sync: bool,
+            label: str) -> None:
+    n = data.nbytes
+    with core.lock:
+        core.check_open(label)
+        commands = core.commands
+        if n == 0:
+            return
+        if sync and n > _core.STREAMED_TRANSFER_BYTES:
+            commands.drain()
+            _upload_stream(core, address, data, stream_id, label)
+            return
+        chunk = _core.UPLOAD_CHUNK_BYTES
+        progress = _progress.bar(n, label) if n >= chunk * 4 else None
+        for offset in range(0, n, chunk):
+            piece = data[offset:offset + chunk].tobytes()
+            commands.add(label, auto=not sync, payload_bytes=len(piece),
+                         upload=_ex.UploadCommand(destination=device_pointer(address + offset),
+                                                  data=piece, stream_id=stream_id))
+            if progress is not None:
+                progress.update(len(piece))
+        if progress is not None:
+            progress.close()
+        if sync:
+            commands.drain()
+
+
+def _upload_stream(core: SessionCore, address: int, data: memoryview, stream_id: int,
+                   label: str) -> None:
+    n = data.nbytes
+    chunk = _core.UPLOAD_CHUNK_BYTES
+    progress = _progress.bar(n, label)
+
+    def requests() -> Iterator[_mem.UploadStreamRequest]:
+        yield _mem.UploadStreamRequest(destination=device_pointer(address), total_size_bytes=n,
+                                       stream_id=stream_id, data=data[:chunk].tobytes())
+        progress.update(min(chunk, n))
+        for offset in range(chunk, n, chunk):
+            piece = data[offset:offset + chunk].tobytes()
+            yield _mem.UploadStreamRequest(data=piece)
+            progress.update(len(piece))
+
+    try:
+        core.call("MemoryService.UploadStream", requests(), op=label)
+    finally:
+        progress.close()
+
+
+def _write_into(view: memoryview, offset: int, size: int, data: bytes) -> None:
+    if len(data) != size:
+        raise ValueError(f"expected {size} bytes, the daemon sent {len(data)}")
+    view[offset:offset + size] = data
+
+
+_DOWNLOAD_COMMAND_BYTES = 16 << 20
+
+
+def _download(core: SessionCore, address: int, dest: memoryview, stream_id: int, sync: bool,
+              label: str) -> None:
+    n = dest.nbytes
+    with core.lock:
+        core.check_open(label)
+        commands = core.commands
+        if n == 0:
+            return
+        if sync and n > _core.STREAMED_TRANSFER_BYTES:
+            commands.drain()
+            _download_stream(core, address, dest, stream_id, label)
+            return
+        for offset in range(0, n, _DOWNLOAD_COMMAND_BYTES):
+            size = min(_DOWNLOAD_COMMAND_BYTES, n - offset)
+            commands.add(label, auto=not sync,
+                         sink=functools.partial(_write_into, dest, offset, size),
+                         download_bytes=size,
+                         download=_ex.DownloadCommand(source=device_pointer(address + offset),
+                                                      size_bytes=size, stream_id=stream_id))
+        if sync:
+            commands.drain()
+
+
+def _download_stream(core: SessionCore, address: int, dest: memoryview, stream_id: int,
+                     label: str) -> None:
+    n = dest.nbytes
+    core.check_open(label)
+    request = _mem.DownloadRequest(source=device_pointer(address), size_bytes=n,
+                                   stream_id=stream_id,
+                                   chunk_size_bytes=_core.DOWNLOAD_CHUNK_BYTES)
+    _core.debug.count("MemoryService.DownloadStream")
+    progress = _progress.bar(n, label)
+    offset = 0
+    try:
+        replies = core.client.method("MemoryService.DownloadStream")(
+            request, metadata=core.metadata + core.client.auth_metadata)
+        for reply in replies:
+            piece = reply.data
+            if offset + len(piece) > n:
+                raise Error(f"{label}: the daemon sent more than the {n} bytes asked for")
+            dest[offset:offset + len(piece)] = piece
+            offset += len(piece)
+            progress.update(len(piece))
+    except grpc.RpcError as e:
+        err = error_from_rpc(e, label, target=core.client.target)
+        if err.code is not None:
+            core.note_status(err.code, err.details)
+        raise err from None
+    finally:
+        progress.close()
+    if offset != n:
+        raise Error(f"{label}: the daemon sent {offset} of {n} bytes")
+
+
+def memcpy_htod(dest: Any, src: Any) -> None:
+    """Copies the host buffer ``src`` (all of it) to device address ``dest``."""
+    core = _core_for(dest, "memcpy_htod")
+    _upload(core, _address(dest), _readable(src), 0, True, "memcpy_htod")
+
+
+def memcpy_htod_async(dest: Any, src: Any, stream: Optional["Stream"] = None) -> None:
+    """Queues a copy of ``src`` to ``dest`` on ``stream``. The bytes are taken at once, so
+    ``src`` may be reused immediately (it need not be page-locked)."""
+    core = _core_for(dest, "memcpy_htod_async")
+    _upload(core, _address(dest), _readable(src), _stream_id(stream), False, "memcpy_htod_async")
+
+
+def memcpy_dtoh(dest: Any, src: Any) -> None:
+    """Copies ``dest.nbytes`` bytes from device address ``src`` into the host buffer ``dest``."""
+    core = _core_for(src, "memcpy_dtoh")
+    _download(core, _address(src), _writable(dest, "memcpy_dtoh"), 0, True, "memcpy_dtoh")
+
+
+def memcpy_dtoh_async(dest: Any, src: Any, stream: Optional["Stream"] = None) -> None:
+    """Queues a copy into ``dest``; its bytes arrive when ``stream`` (or the context, or an
+    event recorded after it) is synchronised. Keep ``dest`` alive until then."""
+    core = _core_for(src, "memcpy_dtoh_async")
+    _download(core, _address(src), _writable(dest, "memcpy_dtoh_async"), _stream_id(stream),
+              False, "memcpy_dtoh_async")
+
+
+def _copy(dest: Any, src: Any, size: int, stream_id: int, sync: bool, label: str) -> None:
+    core = _core_for(dest, label)
+    size = int(size)
+    with core.lock:
+        core.check_open(label)
+        if size:
+            core.commands.add(label, auto=not sync, copy=_ex.CopyCommand(
+                destination=device_pointer(_address(dest)), source=device_pointer(_address(src)),
+                size_bytes=size, stream_id=stream_id))
+        if sync:
+            core.commands.drain()
+
+
+def memcpy_dtod(dest: Any, src: Any, size: int) -> None:
+    """Copies ``size`` bytes between two device addresses of the session."""
+    _copy(dest, src, size, 0, True, "memcpy_dtod")
+
+
+def memcpy_dtod_async(dest: Any, src: Any, size: int, stream: Optional["Stream"] = None) -> None:
+    """Queues a device-to-device copy on ``stream``."""
+    _copy(dest, src, size, _stream_id(stream), False, "memcpy_dtod_async")
+
+
+def _memset(dest: Any, value: int, count: int, element_size: int, stream_id: int, sync: bool,
+            label: str) -> None:
+    core = _core_for(dest, label)
+    mask = (1 << (8 * element_size)) - 1
+    with core.lock:
+        core.check_open(label)
+        if int(count):
+            core.commands.add(label, auto=not sync, memset=_ex.MemsetCommand(
+                destination=device_pointer(_address(dest)), value=int(value) & mask,
+                element_size_bytes=element_size, count=int(count), stream_id=stream_id))
+        if sync:
+            core.commands.drain()
+
+
+def memset_d8(dest: Any, data: int, count: int) -> None:
+    """Sets ``count`` bytes at ``dest`` to ``data``."""
+    _memset(dest, data, count, 1, 0, True, "memset_d8")
+
+
+def memset_d16(dest: Any, data: int, count: int) -> None:
+    """Sets ``count`` 16-bit words at ``dest`` (2-byte aligned) to ``data``."""
+    _memset(dest, data, count, 2, 0, True, "memset_d16")
+
+
+def memset_d32(dest: Any, data: int, count: int) -> None:
+    """Sets ``count`` 32-bit words at ``dest`` (4-byte aligned) to ``data``."""
+    _memset(dest, data, count, 4, 0, True, "memset_d32")
+
+
+def memset_d8_async(dest: Any, data: int, count: int, stream: Optional["Stream"] = None) -> None:
+    """Queues ``memset_d8`` on ``stream``."""
+    _memset(dest, data, count, 1, _stream_id(stream), False, "memset_d8_async")
+
+
+def memset_d16_async(dest: Any, data: int, count: int, stream: Optional["Stream"] = None) -> None:
+    """Queues ``memset_d16`` on ``stream``."""
+    _memset(dest, data, count, 2, _stream_id(stream), False, "memset_d16_async")
+
+
+def memset_d32_async(dest: Any, data: int, count: int, stream: Optional["Stream"] = None) -> None:
+    """Queues ``memset_d32`` on ``stream``."""
+    _memset(dest, data, count, 4, _stream_id(stream), False, "memset_d32_async")
+
+
+def to_device(bf_obj: Any) -> DeviceAllocation:
+    """Allocates device memory and copies the host buffer into it."""
+    data = _readable(bf_obj)
+    alloc = mem_alloc(max(data.nbytes, 1))
+    _upload(alloc._core, alloc._ptr, data, 0, True, "to_device")
+    return alloc
+
+
+def from_device(devptr: Any, shape: Any, dtype: Any, order: Literal["C", "F"] = "C") -> np.ndarray:
+    """A new host array filled from device memory."""
+    result = np.empty(shape, dtype, order=order)
+    memcpy_dtoh(result, devptr)
+    return result
+
+
+def from_device_like(devptr: Any, other_ary: np.ndarray) -> np.ndarray:
+    """A new host array like ``other_ary`` filled from device memory."""
+    result = np.empty_like(other_ary)
+    memcpy_dtoh(result, devptr)
+    return result
+
+
+def pagelocked_empty(shape: Any, dtype: Any, order: Literal["C", "F"] = "C",
+                     mem_flags: int = 0) -> np.ndarray:
+    """An ordinary host array (page-locking is the daemon's business; it stages copies)."""
+    return np.empty(shape, dtype, order=order)
+
+
+def pagelocked_zeros(shape: Any, dtype: Any, order: Literal["C", "F"] = "C",
+                     mem_flags: int = 0) -> np.ndarray:
+    """A zeroed ordinary host array."""
+    return np.zeros(shape, dtype, order=order)
+
+
+def pagelocked_empty_like(array: np.ndarray, mem_flags: int = 0) -> np.ndarray:
+    """An ordinary host array like ``array``."""
+    return np.empty_like(array)
+
+
+def pagelocked_zeros_like(array: np.ndarray, mem_flags: int = 0) -> np.ndarray:
+    """A zeroed ordinary host array like ``array``."""
+    return np.zeros_like(array)
+
+
+aligned_empty = pagelocked_empty
+aligned_zeros = pagelocked_zeros
+aligned_empty_like = pagelocked_empty_like
+aligned_zeros_like = pagelocked_zeros_like
+
+
+def set_transfer_progress(enabled: bool = True, min_bytes: Optional[int] = None) -> None:
+    """Shows a tqdm progress bar for transfers of at least ``min_bytes`` (default 64 MiB).
+
+    tqdm is optional; without it a warning says so once. Same as ``GPURPC_PROGRESS=1``.
+    """
+    _progress.configure(enabled, min_bytes)
+
+
+# =============================================================================================
+# Streams and events
+
+class Stream:
+    """A stream of the session (``pycuda.driver.Stream``); ``handle`` is its id."""
+
+    def __init__(self, flags: int = 0, *, _core: Optional[SessionCore] = None) -> None:
+        core = _core or _current_core("Stream")
+        reply = core.call("ExecutionService.CreateStream",
+                          _ex.CreateStreamRequest(non_blocking=bool(int(flags) & 1)),
+                          op="Stream")
+        self._core = core
+        self.handle: int = reply.stream_id
+        finalizer = weakref.finalize(self, core.defer_release, "stream", self.handle)
+        finalizer.atexit = False
+
+    def synchronize(self) -> None:
+        """Waits for the stream's work; raises any pending asynchronous error."""
+        core = self._core
+        with core.lock:
+            core.check_open("Stream.synchronize")
+            core.commands.sync(self.handle, label="Stream.synchronize")
+            if core.has_releases:
+                core.process_releases()
+
+    def is_done(self) -> bool:
+        """True when all work queued on the stream has completed."""
+        core = self._core
+        with core.lock:
+            core.drain()
+            return bool(core.call("ExecutionService.QueryStream",
+                                  _ex.QueryStreamRequest(stream_id=self.handle),
+                                  op="Stream.is_done").done)
+
+    def wait_for_event(self, evt: "Event") -> None:
+        """Makes later work on this stream wait for ``evt``."""
+        core = self._core
+        with core.lock:
+            core.check_open("Stream.wait_for_event")
+            core.commands.add("Stream.wait_for_event", wait_event=_ex.WaitEventCommand(
+                event_id=evt.handle, stream_id=self.handle))
+
+    def __repr__(self) -> str:
+        return f"<gpurpc.driver.Stream {self.handle}>"
+
+
+class Event:
+    """An event (``pycuda.driver.Event``); times are measured by the server's GPU."""
+
+    def __init__(self, flags: int = 0, *, _core: Optional[SessionCore] = None) -> None:
+        core = _core or _current_core("Event")
+        flags = int(flags)
+        reply = core.call("ExecutionService.CreateEvent", _ex.CreateEventRequest(
+            disable_timing=bool(flags & event_flags.DISABLE_TIMING),
+            blocking_sync=bool(flags & event_flags.BLOCKING_SYNC)), op="Event")
+        self._core = core
+        self.handle: int = reply.event_id
+        finalizer = weakref.finalize(self, core.defer_release, "event", self.handle)
+        finalizer.atexit = False
+
+    def record(self, stream: Optional[Stream] = None) -> "Event":
+        """Records the event on ``stream`` (default stream if None); returns self."""
+        core = self._core
+        with core.lock:
+            core.check_open("Event.record")
+            core.commands.add("Event.record", record_event=_ex.RecordEventCommand(
+                event_id=self.handle, stream_id=_stream_id(stream)))
+        return self
+
+    def synchronize(self) -> "Event":
+        """Waits for the event; returns self."""
+        core = self._core
+        with core.lock:
+            core.drain()
+            core.call("ExecutionService.SynchronizeEvent",
+                      _ex.SynchronizeEventRequest(event_id=self.handle), op="Event.synchronize")
+            if core.has_releases:
+                core.process_releases()
+        return self
+
+    def query(self) -> bool:
+        """True when the event has completed (or was never recorded)."""
+        core = self._core
+        with core.lock:
+            core.drain()
+            return bool(core.call("ExecutionService.QueryEvent",
+                                  _ex.QueryEventRequest(event_id=self.handle),
+                                  op="Event.query").done)
+
+    def _elapsed_ms(self, start: "Event", end: "Event", label: str) -> float:
+        core = self._core
+        with core.lock:
+            core.drain()
+            request = _ex.EventElapsedTimeRequest(start_event_id=start.handle,
+                                                  end_event_id=end.handle)
+            try:
+                return float(core.call("ExecutionService.EventElapsedTime", request,
+                                       op=label).elapsed_ms)
+            except LaunchError as e:
+                # FAILED_PRECONDITION here usually means "not recorded / timing disabled"
+                # (CUDA_ERROR_INVALID_HANDLE: a LogicError), unless the session faulted.
+                if e.code == grpc.StatusCode.FAILED_PRECONDITION and not _session_faulted(core):
+                    raise LogicError(str(e), code=e.code, details=e.details,
+                                     operation=e.operation) from None
+                raise
+
+    def time_since(self, event: "Event") -> float:
+        """Milliseconds from ``event`` to this event (both must have completed)."""
+        return self._elapsed_ms(event, self, "Event.time_since")
+
+    def time_till(self, event: "Event") -> float:
+        """Milliseconds from this event to ``event``."""
+        return self._elapsed_ms(self, event, "Event.time_till")
+
+    def __repr__(self) -> str:
+        return f"<gpurpc.driver.Event {self.handle}>"
+
+
+def _session_faulted(core: SessionCore) -> bool:
+    try:
+        reply = core.client.call("SessionService.KeepAlive", _sess.KeepAliveRequest(),
+                                 core.metadata, timeout=10)
+    except Error:
+        return True
+    if reply.state == _sess.SESSION_STATE_FAULTED:
+        core.fault.setdefault("cause", reply.fault_cause)
+        return True
+    return False
+
+
+# =============================================================================================
+# Modules and functions
+
+class Module:
+    """A loaded module (``pycuda.driver.Module``)."""
+
+    def __init__(self, core: SessionCore, module_id: int) -> None:
+        self._core = core
+        self.handle = module_id
+        self._functions: Dict[str, "Function"] = {}
+        finalizer = weakref.finalize(self, core.defer_release, "module", module_id)
+        finalizer.atexit = False
+
+    def get_function(self, name: str) -> "Function":
+        """The kernel called ``name`` (``cuModuleGetFunction``).
+
+        :raises LogicError: no such kernel (message names it).
+        """
+        fn = self._functions.get(name)
+        if fn is None:
+            reply = self._core.call("ModuleService.GetFunction",
+                                    _mod.GetFunctionRequest(module_id=self.handle, name=name),
+                                    op=f"get_function({name!r})")
+            fn = self._functions[name] = Function(self, name, reply)
+        return fn
+
+    def get_global(self, name: str) -> Tuple[int, int]:
+        """``(device_address, size_bytes)`` of a ``__device__``/``__constant__`` variable."""
+        reply = self._core.call("ModuleService.GetGlobal",
+                                _mod.GetGlobalRequest(module_id=self.handle, name=name),
+                                op=f"get_global({name!r})")
+        return int(reply.device_address), int(reply.size_bytes)
+
+    def get_texref(self, name: str) -> Any:
+        """Not available: raises LogicError."""
+        raise LogicError("texture references are not available (removed in CUDA 12)")
+
+    def get_surfref(self, name: str) -> Any:
+        """Not available: raises LogicError."""
+        raise LogicError("surface references are not available (removed in CUDA 12)")
+
+
+def module_from_buffer(buffer: Any, options: Optional[Sequence] = None,
+                       message_handler: Optional[Callable[[bool, str, str], None]] = None,
+                       ) -> Module:
+    """Loads PTX, cubin or fatbin bytes (``cuModuleLoadDataEx``).
+
+    JIT ``options`` are accepted and ignored. ``message_handler(success, info_log, error_log)``
+    is called like PyCUDA's.
+    """
+    core = _current_core("module_from_buffer")
+    image = buffer.encode() if isinstance(buffer, str) else bytes(buffer)
+    try:
+        reply = core.call("ModuleService.LoadModule", _mod.LoadModuleRequest(image=image),
+                          op="cuModuleLoadDataEx")
+    except Error as e:
+        if message_handler is not None:
+            message_handler(False, "", e.details)
+        raise
+    if message_handler is not None:
+        message_handler(True, "", "")
+    return Module(core, reply.module_id)
+
+
+def module_from_file(filename: str) -> Module:
+    """Reads a PTX/cubin/fatbin file here and loads it on the daemon."""
+    with open(filename, "rb") as f:
+        return module_from_buffer(f.read())
+
+
+class ArgumentHandler:
+    """Base of :class:`In`, :class:`Out`, :class:`InOut`: a host array that a launch copies
+    to a temporary device buffer and/or back, all in the launch's one round trip."""
+
+    copies_in = False
+    copies_out = False
+
+    def __init__(self, array: Any) -> None:
+        self.array = array
+        if self.copies_out:
+            self._view = _writable(array, type(self).__name__)
+        else:
+            self._view = _readable(array)
+        self._device_address: Optional[int] = None
+
+    @property
+    def nbytes(self) -> int:
+        return self._view.nbytes
+
+    def get_device_alloc(self) -> int:
+        """The temporary device address (valid only during the launch)."""
+        if self._device_address is None:
+            raise LogicError("the temporary device buffer exists only during the launch")
+        return self._device_address
+
+
+class In(ArgumentHandler):
+    """Copy this host array to the device before the launch."""
+
+    copies_in = True
+
+
+class Out(ArgumentHandler):
+    """Copy the device buffer back into this host array after the launch."""
+
+    copies_out = True
+
+
+class InOut(In, Out):
+    """Copy in before and back out after the launch."""
+
+    copies_in = True
+    copies_out = True
+
+
+_PTR = struct.Struct("<Q")
+_SCRATCH_KEEP_BYTES = 64 << 20
+
+
+def _describe(arg: Any) -> str:
+    if isinstance(arg, np.void):
+        return f"a struct of {arg.dtype.itemsize} bytes"
+    if isinstance(arg, np.generic):
+        return f"numpy.{arg.dtype.name}"
+    if isinstance(arg, np.ndarray):
+        return f"an ndarray passed by value ({arg.nbytes} bytes)"
+    if isinstance(arg, ArgumentHandler):
+        return f"{type(arg).__name__} (a device pointer)"
+    return f"{type(arg).__name__} (a device pointer)"
+
+
+def _pack_arg(index: int, arg: Any) -> Optional[bytes]:
+    """PyCUDA's argument rules; None for In/Out/InOut (filled in later)."""
+    if isinstance(arg, DeviceAllocation):
+        return _PTR.pack(arg._ptr)
+    if isinstance(arg, np.generic):
+        return arg.tobytes()
+    if isinstance(arg, ArgumentHandler):
+        return None
+    if isinstance(arg, np.ndarray):
+        return arg.tobytes()
+    if isinstance(arg, (bool, int, float, complex)):
+        raise TypeError(f"invalid type on parameter #{index} (0-based): a plain Python "
+                        f"{type(arg).__name__} has no definite size; pass a numpy scalar such "
+                        "as numpy.int32(x), numpy.uint64(x) or numpy.float32(x)")
+    if hasattr(arg, "gpudata"):
+        gpudata = arg.gpudata
+        return _PTR.pack(0 if gpudata is None else _address(gpudata))
+    get_pointer = getattr(arg, "get_pointer", None)
+    if callable(get_pointer):
+        return _PTR.pack(int(get_pointer()))
+    if hasattr(arg, "__index__"):  # pool blocks and other pointer-like objects
+        return _PTR.pack(arg.__index__())
+    raise TypeError(f"invalid type on parameter #{index} (0-based): {type(arg).__name__}")
+
+
+# struct format character -> (code in '<' mode, size, kind)
+_FORMAT_ITEMS = {
+    "c": ("c", 1, "num"), "b": ("b", 1, "num"), "B": ("B", 1, "num"), "?": ("?", 1, "num"),
+    "h": ("h", 2, "num"), "H": ("H", 2, "num"), "i": ("i", 4, "num"), "I": ("I", 4, "num"),
+    "l": ("q", 8, "num"), "L": ("Q", 8, "num"), "q": ("q", 8, "num"), "Q": ("Q", 8, "num"),
+    "n": ("q", 8, "num"), "N": ("Q", 8, "num"), "e": ("e", 2, "num"), "f": ("f", 4, "num"),
+    "d": ("d", 8, "num"), "P": ("Q", 8, "ptr"), "F": ("8s", 8, "complex64"),
+    "D": ("16s", 16, "complex128"),
+}
+_FORMAT_RE = re.compile(r"\s*(\d*)([a-zA-Z?])")
+
+
+def _type_char(arg_type: Any) -> str:
+    if isinstance(arg_type, str):
+        return arg_type
+    try:
+        dtype = np.dtype(arg_type)
+    except TypeError:
+        return "P"
+    if dtype.kind == "V":
+        return f"{dtype.itemsize}s"
+    if dtype.kind == "O":
+        return "P"
+    return dtype.char
+
+
+def _parse_format(fmt: str) -> List[Tuple[str, int, str]]:
+    items: List[Tuple[str, int, str]] = []
+    fmt = fmt.lstrip("@=")
+    pos = 0
+    while pos < len(fmt):
+        if fmt[pos].isspace():
+            pos += 1
+            continue
+        m = _FORMAT_RE.match(fmt, pos)
+        if m is None:
+            raise ValueError(f"bad argument format {fmt!r} at {fmt[pos:]!r}")
+        pos = m.end()
+        count = int(m.group(1)) if m.group(1) else 1
+        char = m.group(2)
+        if char == "s":
+            items.append((f"{count}s", count, "bytes"))
+        elif char == "x":
+            continue
+        elif char in _FORMAT_ITEMS:
+            items.extend([_FORMAT_ITEMS[char]] * count)
+        else:
+            raise ValueError(f"bad argument format character {char!r} in {fmt!r}")
+    return items
+
+
+class Function:
+    """A kernel (``pycuda.driver.Function``).
+
+    Call it PyCUDA's way: ``func(*args, block=(x, y, z), grid=(x, y), stream=None, shared=0,
+    time_kernel=False)``, or ``prepare`` it and use the ``prepared_*`` calls.
+    """
+
+    def __init__(self, module: Module, name: str, reply: _mod.GetFunctionResponse) -> None:
+        self.module = module
+        self._core = module._core
+        self.name = name
+        self.handle = reply.function_id
+        self._params = [(p.offset_bytes, p.size_bytes) for p in reply.params]
+        end = 0
+        dense = True
+        for offset, size in self._params:
+            dense = dense and offset == end
+            end = max(end, offset + size)
+        self._args_size = end
+        self._dense = dense
+        self._sizes = [size for _, size in self._params]
+        self._attributes = reply.attributes
+        self._label = f"launch of {name}"
+        self._prefixes: Dict[Any, bytes] = {}
+        self._prepared: Optional[struct.Struct] = None
+        self._prepared_items: List[Tuple[str, int, str]] = []
+        self._args_tag = b""
+
+    # -- attributes ---------------------------------------------------------------------
+
+    def get_attribute(self, attr: Union[function_attribute, int]) -> int:
+        """``cuFuncGetAttribute`` (from the values reported when the function was looked up)."""
+        a = self._attributes
+        table: Dict[int, int] = {
+            function_attribute.MAX_THREADS_PER_BLOCK: a.max_threads_per_block,
+            function_attribute.SHARED_SIZE_BYTES: a.shared_size_bytes,
+            function_attribute.CONST_SIZE_BYTES: a.const_size_bytes,
+            function_attribute.LOCAL_SIZE_BYTES: a.local_size_bytes,
+            function_attribute.NUM_REGS: a.num_regs,
+            function_attribute.PTX_VERSION: a.ptx_version,
+            function_attribute.BINARY_VERSION: a.binary_version,
+            function_attribute.MAX_DYNAMIC_SHARED_SIZE_BYTES: a.max_dynamic_shared_size_bytes,
+        }
+        key = int(attr)
+        if key not in table:
+            raise LogicError(f"cuFuncGetAttribute failed: {attr!r} is not reported by the daemon")
+        return int(table[key])
+
+    num_regs = property(lambda self: self.get_attribute(function_attribute.NUM_REGS))
+    shared_size_bytes = property(
+        lambda self: self.get_attribute(function_attribute.SHARED_SIZE_BYTES))
+    const_size_bytes = property(
+        lambda self: self.get_attribute(function_attribute.CONST_SIZE_BYTES))
+    local_size_bytes = property(
+        lambda self: self.get_attribute(function_attribute.LOCAL_SIZE_BYTES))
+    max_threads_per_block = property(
+        lambda self: self.get_attribute(function_attribute.MAX_THREADS_PER_BLOCK))
+    ptx_version = property(lambda self: self.get_attribute(function_attribute.PTX_VERSION))
+    binary_version = property(lambda self: self.get_attribute(function_attribute.BINARY_VERSION))
+    max_dynamic_shared_size_bytes = property(
+        lambda self: self.get_attribute(function_attribute.MAX_DYNAMIC_SHARED_SIZE_BYTES))
+
+    @property
+    def param_layout(self) -> List[Tuple[int, int]]:
+        """``[(offset_bytes, size_bytes), ...]`` of the kernel's parameters."""
+        return list(self._params)
+
+    def set_attribute(self, attr: int, value: int) -> None:
+        """Not available: raises LogicError."""
+        raise LogicError("Function.set_attribute is not available through gpurpc")
+
+    def set_cache_config(self, fc: int) -> None:
+        """Accepted and ignored (a hint)."""
+
+    def set_shared_config(self, sc: int) -> None:
+        """Accepted and ignored (a hint)."""
+
+    # -- argument layout ----------------------------------------------------------------
+
+    def _size_error(self, index: int, expected: int, got: int, desc: str) -> LogicError:
+        return LogicError(
+            f"{self.name}: parameter #{index} (0-based) takes {expected} bytes in the kernel, "
+            f"but the argument is {desc} of {got} bytes", code=grpc.StatusCode.INVALID_ARGUMENT,
+            operation=self._label)
+
+    def _count_error(self, given: int) -> LogicError:
+        return LogicError(
+            f"{self.name}: the kernel takes {len(self._params)} parameters, {given} given",
+            code=grpc.StatusCode.INVALID_ARGUMENT, operation=self._label)
+
+    def _layout(self, parts: List[bytes], args: Sequence[Any]) -> bytes:
+        params = self._params
+        if len(parts) != len(params):
+            raise self._count_error(len(parts))
+        if [len(p) for p in parts] != self._sizes:
+            for i, (part, (_, size)) in enumerate(zip(parts, params)):
+                if len(part) != size:
+                    raise self._size_error(i, size, len(part), _describe(args[i]))
+        if self._dense:
+            return b"".join(parts)
+        blob = bytearray(self._args_size)
+        for part, (offset, size) in zip(parts, params):
+            blob[offset:offset + size] = part
+        return bytes(blob)
+
+    def _prefix(self, grid: Any, block: Any, shared: int, stream_id: int) -> bytes:
+        try:
+            key = (grid, block, shared, stream_id)
+            prefix = self._prefixes.get(key)
+        except TypeError:  # lists
+            key = (tuple(grid), tuple(block), shared, stream_id)
+            prefix = self._prefixes.get(key)
+        if prefix is None:
+            self._check_dims(grid, block)
+            prefix = _core.launch_prefix(self.handle, grid, block, shared, stream_id)
+            if len(self._prefixes) > 256:
+                self._prefixes.clear()
+            self._prefixes[key] = prefix
+        return prefix
+
+    def _check_dims(self, grid: Any, block: Any) -> None:
+        g = _core.dim3(grid, "grid")
+        b = _core.dim3(block, "block")
+        info = self._core.device_info
+        limits = [("block", b.x, info.max_block_dim.x, "x"),
+                  ("block", b.y, info.max_block_dim.y, "y"),
+                  ("block", b.z, info.max_block_dim.z, "z"),
+                  ("grid", g.x, info.max_grid_dim.x, "x"),
+                  ("grid", g.y, info.max_grid_dim.y, "y"),
+                  ("grid", g.z, info.max_grid_dim.z, "z")]
+        for what, value, maximum, axis in limits:
+            if maximum and value > maximum:
+                raise LogicError(f"{self.name}: {what} {axis} = {value} exceeds the device limit "
+                                 f"{maximum}", code=grpc.StatusCode.INVALID_ARGUMENT)
+        threads = b.x * b.y * b.z
+        maximum = self._attributes.max_threads_per_block or info.max_threads_per_block
+        if maximum and threads > maximum:
+            raise LogicError(f"{self.name}: a block of {threads} threads exceeds the limit "
+                             f"{maximum} of this kernel on this device",
+                             code=grpc.StatusCode.INVALID_ARGUMENT)
+
+    def _body(self, grid: Any, block: Any, shared: int, stream_id: int, blob: bytes) -> bytes:
+        prefix = self._prefix(grid, block, shared, stream_id)
+        if not blob:
+            return prefix
+        return prefix + _core.TAG_PACKED_ARGS + _core.varint(len(blob)) + blob
+
+    # -- launching ----------------------------------------------------------------------
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Optional[float]:
+        """Launches the kernel. Returns the kernel's time in seconds if ``time_kernel``."""
+        grid = kwargs.pop("grid", (1, 1))
+        stream = kwargs.pop("stream", None)
+        block = kwargs.pop("block", None)
+        shared = kwargs.pop("shared", 0)
+        texrefs = kwargs.pop("texrefs", None)
+        time_kernel = kwargs.pop("time_kernel", False)
+        if kwargs:
+            raise ValueError("extra keyword arguments: %s" % ",".join(kwargs))
+        if block is None:
+            raise ValueError("must specify block size")
+        if texrefs:
+            raise LogicError("texture references are not available (removed in CUDA 12)")
+        parts: List[Any] = []
+        handlers: List[Tuple[int, ArgumentHandler]] = []
+        for i, arg in enumerate(args):
+            # Inline fast paths for the common argument kinds.
+            if isinstance(arg, np.generic):
+                parts.append(arg.tobytes())
+                continue
+            if isinstance(arg, DeviceAllocation):
+                parts.append(_PTR.pack(arg._ptr))
+                continue
+            packed = _pack_arg(i, arg)
+            if packed is None:
+                handlers.append((i, arg))
+                packed = b"\0" * 8
+            parts.append(packed)
+        stream_id = 0 if stream is None else _stream_id(stream)
+        if handlers:
+            return self._launch_with_handlers(grid, block, int(shared), stream_id, parts, args,
+                                              handlers, time_kernel)
+        blob = self._layout(parts, args)
+        return self._launch(grid, block, int(shared), stream_id, blob, time_kernel)
+
+    def _launch(self, grid: Any, block: Any, shared: int, stream_id: int, blob: bytes,
+                time_kernel: bool) -> Optional[float]:
+        core = self._core
+        with core.lock:
+            core.check_open(self._label)
+            body = self._body(grid, block, shared, stream_id, blob)
+            if not time_kernel:
+                core.commands.add_launch(body, self._label)
+                return None
+            start, end = _timing_events(core)
+            commands = core.commands
+            commands.add("time_kernel", auto=False, record_event=_ex.RecordEventCommand(
+                event_id=start.handle, stream_id=stream_id))
+            commands.add_launch(body, self._label, auto=False)
+            commands.add("time_kernel", auto=False, record_event=_ex.RecordEventCommand(
+                event_id=end.handle, stream_id=stream_id))
+            commands.sync(stream_id, label=self._label)
+            return end.time_since(start) / 1000.0
+
+    def _launch_with_handlers(self, grid: Any, block: Any, shared: int, stream_id: int,
+                              parts: List[bytes], args: Sequence[Any],
+                              handlers: List[Tuple[int, ArgumentHandler]],
+                              time_kernel: bool) -> Optional[float]:
+        core = self._core
+        with core.lock:
+            core.check_open(self._label)
+            offsets = []
+            total = 0
+            for _, h in handlers:
+                offsets.append(total)
+                total += (h.nbytes + 255) & ~255
+            base, release = _scratch(core, total)
+            try:
+                for (i, h), offset in zip(handlers, offsets):
+                    h._device_address = base + offset
+                    parts[i] = _PTR.pack(base + offset)
+                blob = self._layout(parts, args)
+                body = self._body(grid, block, shared, stream_id, blob)
+                commands = core.commands
+                chunk = _core.UPLOAD_CHUNK_BYTES
+                for (_, h), offset in zip(handlers, offsets):
+                    if not h.copies_in:
+                        continue
+                    view = h._view
+                    for o in range(0, view.nbytes, chunk):
+                        piece = view[o:o + chunk].tobytes()
+                        commands.add(self._label, auto=False, payload_bytes=len(piece),
+                                     upload=_ex.UploadCommand(
+                                         destination=device_pointer(base + offset + o),
+                                         data=piece, stream_id=stream_id))
+                if time_kernel:
+                    start, end = _timing_events(core)
+                    commands.add("time_kernel", auto=False, record_event=_ex.RecordEventCommand(
+                        event_id=start.handle, stream_id=stream_id))
+                commands.add_launch(body, self._label, auto=False)
+                if time_kernel:
+                    commands.add("time_kernel", auto=False, record_event=_ex.RecordEventCommand(
+                        event_id=end.handle, stream_id=stream_id))
+                for (_, h), offset in zip(handlers, offsets):
+                    if not h.copies_out:
+                        continue
+                    view = h._view
+                    n = view.nbytes
+                    for o in range(0, n, _DOWNLOAD_COMMAND_BYTES):
+                        size = min(_DOWNLOAD_COMMAND_BYTES, n - o)
+                        commands.add(self._label, auto=False,
+                                     sink=functools.partial(_write_into, view, o, size),
+                                     download_bytes=size,
+                                     download=_ex.DownloadCommand(
+                                         source=device_pointer(base + offset + o),
+                                         size_bytes=size, stream_id=stream_id))
+                commands.sync(stream_id, label=self._label)
+            finally:
+                for _, h in handlers:
+                    h._device_address = None
+                release()
+            if time_kernel:
+                return end.time_since(start) / 1000.0
+            return None
+
+    # -- prepared calls -----------------------------------------------------------------
+
+    def prepare(self, arg_types: Any, block: Any = None, shared: Any = None,
+                texrefs: Any = None) -> "Function":
+        """Fixes the argument types: a struct format (``"PPfi"``) or a list of numpy types
+        (a void dtype is a by-value struct; anything numpy cannot type is a pointer).
+
+        :raises LogicError: the types disagree with the kernel's parameters (count or sizes).
+        """
+        if texrefs:
+            raise LogicError("texture references are not available (removed in CUDA 12)")
+        fmt = arg_types if isinstance(arg_types, str) else "".join(
+            _type_char(t) for t in arg_types)
+        items = _parse_format(fmt)
+        params = self._params
+        if len(items) != len(params):
+            raise LogicError(f"{self.name}: prepared with {len(items)} argument types "
+                             f"({fmt!r}), but the kernel takes {len(params)} parameters",
+                             code=grpc.StatusCode.INVALID_ARGUMENT)
+        codes = ["<"]
+        cursor = 0
+        for i, ((code, size, kind), (offset, psize)) in enumerate(zip(items, params)):
+            if size != psize:
+                raise self._size_error(i, psize, size, f"format {code!r}")
+            if offset > cursor:
+                codes.append(f"{offset - cursor}x")
+            codes.append(code)
+            cursor = offset + size
+        self._prepared = struct.Struct("".join(codes))
+        self._prepared_items = items
+        self.arg_format = fmt
+        args_len = self._prepared.size
+        self._args_tag = (_core.TAG_PACKED_ARGS + _core.varint(args_len)) if args_len else b""
+        return self
+
+    def _pack_prepared(self, args: Sequence[Any]) -> bytes:
+        packer = self._prepared
+        if packer is None:
+            raise LogicError(f"{self.name}: call prepare() before prepared_call()")
+        try:
+            return packer.pack(*args)
+        except (struct.error, TypeError):
+            pass
+        items = self._prepared_items
+        if len(args) != len(items):
+            raise TypeError(f"{self.name}: prepared for {len(items)} arguments, "
+                            f"{len(args)} given")
+        converted = []
+        for i, (arg, (code, size, kind)) in enumerate(zip(args, items)):
+            try:
+                if kind == "ptr":
+                    value: Any = _address(arg)
+                elif kind == "bytes":
+                    value = arg.tobytes() if hasattr(arg, "tobytes") else bytes(arg)
+                    if len(value) != size:
+                        raise self._size_error(i, size, len(value), _describe(arg))
+                elif kind == "complex64":
+                    value = np.complex64(arg).tobytes()
+                elif kind == "complex128":
+                    value = np.complex128(arg).tobytes()
+                else:
+                    value = arg.item() if isinstance(arg, (np.generic, np.ndarray)) else arg
+                struct.pack("<" + code, value)
+            except (struct.error, TypeError, ValueError) as e:
+                if isinstance(e, LogicError):
+                    raise
+                raise TypeError(f"{self.name}: invalid value for parameter #{i} (0-based, "
+                                f"format {code!r}): {arg!r} ({e})") from None
+            converted.append(value)
+        return packer.pack(*converted)
+
+    def prepared_call(self, grid: Any, block: Any, *args: Any, shared_size: int = 0) -> None:
+        """Launches on the default stream with prepared argument types (asynchronous)."""
+        self._prepared_launch(grid, block, 0, args, shared_size)
+
+    def prepared_async_call(self, grid: Any, block: Any, stream: Optional[Stream], *args: Any,
+                            shared_size: int = 0) -> None:
+        """Launches on ``stream`` with prepared argument types."""
+        self._prepared_launch(grid, block, _stream_id(stream), args, shared_size)
+
+    def _prepared_launch(self, grid: Any, block: Any, stream_id: int, args: Sequence[Any],
+                         shared_size: int) -> None:
+        blob = self._pack_prepared(args)
+        core = self._core
+        with core.lock:
+            core.check_open(self._label)
+            prefix = self._prefix(grid, block, shared_size, stream_id)
+            core.commands.add_launch(prefix + self._args_tag + blob if blob else prefix,
+                                     self._label)
+
+    def prepared_timed_call(self, grid: Any, block: Any, *args: Any,
+                            shared_size: int = 0) -> Callable[[], float]:
+        """Launches and returns a callable that waits for the kernel and returns its time in
+        seconds, measured by events on the server."""
+        start, end = Event(_core=self._core), Event(_core=self._core)
+        blob = self._pack_prepared(args)
+        core = self._core
+        with core.lock:
+            core.check_open(self._label)
+            prefix = self._prefix(grid, block, shared_size, 0)
+            start.record()
+            core.commands.add_launch(prefix + self._args_tag + blob if blob else prefix,
+                                     self._label)
+            end.record()
+
+        def get_call_time() -> float:
+            end.synchronize()
+            return end.time_since(start) / 1000.0
+
+        return get_call_time
+
+    def __repr__(self) -> str:
+        return f"<gpurpc.driver.Function {self.name}>"
+
+
+def _timing_events(core: SessionCore) -> Tuple[Event, Event]:
+    pair = core.caches.get("timing_events")
+    if pair is None:
+        pair = core.caches["timing_events"] = (Event(_core=core), Event(_core=core))
+    return pair
+
+
+def _scratch(core: SessionCore, nbytes: int) -> Tuple[int, Callable[[], None]]:
+    """A device buffer of at least nbytes for In/Out arguments, and its release function.
+
+    Up to 64 MiB one buffer is kept per session and reused, so a warm In/Out launch makes no
+    allocation round trip; larger requests get a buffer of their own, freed afterwards.
+    """
+    nbytes = max(int(nbytes), 256)
+    if nbytes > _SCRATCH_KEEP_BYTES:
+        alloc = _alloc(core, nbytes)
+        return alloc._ptr, alloc.free
+    scratch = core.caches.get("scratch")
+    if scratch is None or scratch.size < nbytes:
+        if scratch is not None:
+            core.caches.pop("scratch", None)
+            scratch.free()
+        size = 1 << 20
+        while size < nbytes:
+            size <<= 1
+        scratch = core.caches["scratch"] = _alloc(core, size)
+    return scratch._ptr, _noop
+
+
+def _noop() -> None:
+    pass

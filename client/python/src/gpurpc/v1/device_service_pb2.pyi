@@ -1,0 +1,76 @@
+from gpurpc.v1 import common_pb2 as _common_pb2
+from google.protobuf.internal import containers as _containers
+from google.protobuf import descriptor as _descriptor
+from google.protobuf import message as _message
+from typing import ClassVar as _ClassVar, Iterable as _Iterable, Mapping as _Mapping, Optional as _Optional, Union as _Union
+
+DESCRIPTOR: _descriptor.FileDescriptor
+
+class ListDevicesRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class ListDevicesResponse(_message.Message):
+    __slots__ = ("devices", "backend", "driver_version", "nvrtc_version")
+    DEVICES_FIELD_NUMBER: _ClassVar[int]
+    BACKEND_FIELD_NUMBER: _ClassVar[int]
+    DRIVER_VERSION_FIELD_NUMBER: _ClassVar[int]
+    NVRTC_VERSION_FIELD_NUMBER: _ClassVar[int]
+    devices: _containers.RepeatedCompositeFieldContainer[DeviceInfo]
+    backend: str
+    driver_version: int
+    nvrtc_version: int
+    def __init__(self, devices: _Optional[_Iterable[_Union[DeviceInfo, _Mapping]]] = ..., backend: _Optional[str] = ..., driver_version: _Optional[int] = ..., nvrtc_version: _Optional[int] = ...) -> None: ...
+
+class GetDeviceRequest(_message.Message):
+    __slots__ = ("ordinal",)
+    ORDINAL_FIELD_NUMBER: _ClassVar[int]
+    ordinal: int
+    def __init__(self, ordinal: _Optional[int] = ...) -> None: ...
+
+class GetDeviceResponse(_message.Message):
+    __slots__ = ("device",)
+    DEVICE_FIELD_NUMBER: _ClassVar[int]
+    device: DeviceInfo
+    def __init__(self, device: _Optional[_Union[DeviceInfo, _Mapping]] = ...) -> None: ...
+
+class DeviceInfo(_message.Message):
+    __slots__ = ("ordinal", "name", "compute_capability_major", "compute_capability_minor", "total_memory_bytes", "multiprocessor_count", "max_threads_per_block", "max_block_dim", "max_grid_dim", "max_shared_memory_per_block_bytes", "max_shared_memory_per_block_optin_bytes", "warp_size", "pci_bus_id", "attributes", "is_fake")
+    class AttributesEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: int
+        value: int
+        def __init__(self, key: _Optional[int] = ..., value: _Optional[int] = ...) -> None: ...
+    ORDINAL_FIELD_NUMBER: _ClassVar[int]
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    COMPUTE_CAPABILITY_MAJOR_FIELD_NUMBER: _ClassVar[int]
+    COMPUTE_CAPABILITY_MINOR_FIELD_NUMBER: _ClassVar[int]
+    TOTAL_MEMORY_BYTES_FIELD_NUMBER: _ClassVar[int]
+    MULTIPROCESSOR_COUNT_FIELD_NUMBER: _ClassVar[int]
+    MAX_THREADS_PER_BLOCK_FIELD_NUMBER: _ClassVar[int]
+    MAX_BLOCK_DIM_FIELD_NUMBER: _ClassVar[int]
+    MAX_GRID_DIM_FIELD_NUMBER: _ClassVar[int]
+    MAX_SHARED_MEMORY_PER_BLOCK_BYTES_FIELD_NUMBER: _ClassVar[int]
+    MAX_SHARED_MEMORY_PER_BLOCK_OPTIN_BYTES_FIELD_NUMBER: _ClassVar[int]
+    WARP_SIZE_FIELD_NUMBER: _ClassVar[int]
+    PCI_BUS_ID_FIELD_NUMBER: _ClassVar[int]
+    ATTRIBUTES_FIELD_NUMBER: _ClassVar[int]
+    IS_FAKE_FIELD_NUMBER: _ClassVar[int]
+    ordinal: int
+    name: str
+    compute_capability_major: int
+    compute_capability_minor: int
+    total_memory_bytes: int
+    multiprocessor_count: int
+    max_threads_per_block: int
+    max_block_dim: _common_pb2.Dim3
+    max_grid_dim: _common_pb2.Dim3
+    max_shared_memory_per_block_bytes: int
+    max_shared_memory_per_block_optin_bytes: int
+    warp_size: int
+    pci_bus_id: str
+    attributes: _containers.ScalarMap[int, int]
+    is_fake: bool
+    def __init__(self, ordinal: _Optional[int] = ..., name: _Optional[str] = ..., compute_capability_major: _Optional[int] = ..., compute_capability_minor: _Optional[int] = ..., total_memory_bytes: _Optional[int] = ..., multiprocessor_count: _Optional[int] = ..., max_threads_per_block: _Optional[int] = ..., max_block_dim: _Optional[_Union[_common_pb2.Dim3, _Mapping]] = ..., max_grid_dim: _Optional[_Union[_common_pb2.Dim3, _Mapping]] = ..., max_shared_memory_per_block_bytes: _Optional[int] = ..., max_shared_memory_per_block_optin_bytes: _Optional[int] = ..., warp_size: _Optional[int] = ..., pci_bus_id: _Optional[str] = ..., attributes: _Optional[_Mapping[int, int]] = ..., is_fake: bool = ...) -> None: ...

@@ -1,0 +1,321 @@
+from gpurpc.v1 import common_pb2 as _common_pb2
+from google.protobuf.internal import containers as _containers
+from google.protobuf import descriptor as _descriptor
+from google.protobuf import message as _message
+from typing import ClassVar as _ClassVar, Iterable as _Iterable, Mapping as _Mapping, Optional as _Optional, Union as _Union
+
+DESCRIPTOR: _descriptor.FileDescriptor
+
+class CreateStreamRequest(_message.Message):
+    __slots__ = ("non_blocking",)
+    NON_BLOCKING_FIELD_NUMBER: _ClassVar[int]
+    non_blocking: bool
+    def __init__(self, non_blocking: bool = ...) -> None: ...
+
+class CreateStreamResponse(_message.Message):
+    __slots__ = ("stream_id",)
+    STREAM_ID_FIELD_NUMBER: _ClassVar[int]
+    stream_id: int
+    def __init__(self, stream_id: _Optional[int] = ...) -> None: ...
+
+class DestroyStreamRequest(_message.Message):
+    __slots__ = ("stream_id",)
+    STREAM_ID_FIELD_NUMBER: _ClassVar[int]
+    stream_id: int
+    def __init__(self, stream_id: _Optional[int] = ...) -> None: ...
+
+class DestroyStreamResponse(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class SynchronizeStreamRequest(_message.Message):
+    __slots__ = ("stream_id",)
+    STREAM_ID_FIELD_NUMBER: _ClassVar[int]
+    stream_id: int
+    def __init__(self, stream_id: _Optional[int] = ...) -> None: ...
+
+class SynchronizeStreamResponse(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class QueryStreamRequest(_message.Message):
+    __slots__ = ("stream_id",)
+    STREAM_ID_FIELD_NUMBER: _ClassVar[int]
+    stream_id: int
+    def __init__(self, stream_id: _Optional[int] = ...) -> None: ...
+
+class QueryStreamResponse(_message.Message):
+    __slots__ = ("done",)
+    DONE_FIELD_NUMBER: _ClassVar[int]
+    done: bool
+    def __init__(self, done: bool = ...) -> None: ...
+
+class SynchronizeSessionRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class SynchronizeSessionResponse(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class CreateEventRequest(_message.Message):
+    __slots__ = ("disable_timing", "blocking_sync")
+    DISABLE_TIMING_FIELD_NUMBER: _ClassVar[int]
+    BLOCKING_SYNC_FIELD_NUMBER: _ClassVar[int]
+    disable_timing: bool
+    blocking_sync: bool
+    def __init__(self, disable_timing: bool = ..., blocking_sync: bool = ...) -> None: ...
+
+class CreateEventResponse(_message.Message):
+    __slots__ = ("event_id",)
+    EVENT_ID_FIELD_NUMBER: _ClassVar[int]
+    event_id: int
+    def __init__(self, event_id: _Optional[int] = ...) -> None: ...
+
+class DestroyEventRequest(_message.Message):
+    __slots__ = ("event_id",)
+    EVENT_ID_FIELD_NUMBER: _ClassVar[int]
+    event_id: int
+    def __init__(self, event_id: _Optional[int] = ...) -> None: ...
+
+class DestroyEventResponse(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class RecordEventRequest(_message.Message):
+    __slots__ = ("event_id", "stream_id")
+    EVENT_ID_FIELD_NUMBER: _ClassVar[int]
+    STREAM_ID_FIELD_NUMBER: _ClassVar[int]
+    event_id: int
+    stream_id: int
+    def __init__(self, event_id: _Optional[int] = ..., stream_id: _Optional[int] = ...) -> None: ...
+
+class RecordEventResponse(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class QueryEventRequest(_message.Message):
+    __slots__ = ("event_id",)
+    EVENT_ID_FIELD_NUMBER: _ClassVar[int]
+    event_id: int
+    def __init__(self, event_id: _Optional[int] = ...) -> None: ...
+
+class QueryEventResponse(_message.Message):
+    __slots__ = ("done",)
+    DONE_FIELD_NUMBER: _ClassVar[int]
+    done: bool
+    def __init__(self, done: bool = ...) -> None: ...
+
+class SynchronizeEventRequest(_message.Message):
+    __slots__ = ("event_id",)
+    EVENT_ID_FIELD_NUMBER: _ClassVar[int]
+    event_id: int
+    def __init__(self, event_id: _Optional[int] = ...) -> None: ...
+
+class SynchronizeEventResponse(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class EventElapsedTimeRequest(_message.Message):
+    __slots__ = ("start_event_id", "end_event_id")
+    START_EVENT_ID_FIELD_NUMBER: _ClassVar[int]
+    END_EVENT_ID_FIELD_NUMBER: _ClassVar[int]
+    start_event_id: int
+    end_event_id: int
+    def __init__(self, start_event_id: _Optional[int] = ..., end_event_id: _Optional[int] = ...) -> None: ...
+
+class EventElapsedTimeResponse(_message.Message):
+    __slots__ = ("elapsed_ms",)
+    ELAPSED_MS_FIELD_NUMBER: _ClassVar[int]
+    elapsed_ms: float
+    def __init__(self, elapsed_ms: _Optional[float] = ...) -> None: ...
+
+class StreamWaitEventRequest(_message.Message):
+    __slots__ = ("stream_id", "event_id")
+    STREAM_ID_FIELD_NUMBER: _ClassVar[int]
+    EVENT_ID_FIELD_NUMBER: _ClassVar[int]
+    stream_id: int
+    event_id: int
+    def __init__(self, stream_id: _Optional[int] = ..., event_id: _Optional[int] = ...) -> None: ...
+
+class StreamWaitEventResponse(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class KernelArg(_message.Message):
+    __slots__ = ("u8", "u16", "u32", "u64", "f32", "f64", "buffer", "raw", "device_address")
+    U8_FIELD_NUMBER: _ClassVar[int]
+    U16_FIELD_NUMBER: _ClassVar[int]
+    U32_FIELD_NUMBER: _ClassVar[int]
+    U64_FIELD_NUMBER: _ClassVar[int]
+    F32_FIELD_NUMBER: _ClassVar[int]
+    F64_FIELD_NUMBER: _ClassVar[int]
+    BUFFER_FIELD_NUMBER: _ClassVar[int]
+    RAW_FIELD_NUMBER: _ClassVar[int]
+    DEVICE_ADDRESS_FIELD_NUMBER: _ClassVar[int]
+    u8: int
+    u16: int
+    u32: int
+    u64: int
+    f32: float
+    f64: float
+    buffer: _common_pb2.BufferRef
+    raw: bytes
+    device_address: int
+    def __init__(self, u8: _Optional[int] = ..., u16: _Optional[int] = ..., u32: _Optional[int] = ..., u64: _Optional[int] = ..., f32: _Optional[float] = ..., f64: _Optional[float] = ..., buffer: _Optional[_Union[_common_pb2.BufferRef, _Mapping]] = ..., raw: _Optional[bytes] = ..., device_address: _Optional[int] = ...) -> None: ...
+
+class LaunchCommand(_message.Message):
+    __slots__ = ("function_id", "grid", "block", "shared_memory_bytes", "stream_id", "packed_args", "args")
+    FUNCTION_ID_FIELD_NUMBER: _ClassVar[int]
+    GRID_FIELD_NUMBER: _ClassVar[int]
+    BLOCK_FIELD_NUMBER: _ClassVar[int]
+    SHARED_MEMORY_BYTES_FIELD_NUMBER: _ClassVar[int]
+    STREAM_ID_FIELD_NUMBER: _ClassVar[int]
+    PACKED_ARGS_FIELD_NUMBER: _ClassVar[int]
+    ARGS_FIELD_NUMBER: _ClassVar[int]
+    function_id: int
+    grid: _common_pb2.Dim3
+    block: _common_pb2.Dim3
+    shared_memory_bytes: int
+    stream_id: int
+    packed_args: bytes
+    args: _containers.RepeatedCompositeFieldContainer[KernelArg]
+    def __init__(self, function_id: _Optional[int] = ..., grid: _Optional[_Union[_common_pb2.Dim3, _Mapping]] = ..., block: _Optional[_Union[_common_pb2.Dim3, _Mapping]] = ..., shared_memory_bytes: _Optional[int] = ..., stream_id: _Optional[int] = ..., packed_args: _Optional[bytes] = ..., args: _Optional[_Iterable[_Union[KernelArg, _Mapping]]] = ...) -> None: ...
+
+class LaunchRequest(_message.Message):
+    __slots__ = ("launch",)
+    LAUNCH_FIELD_NUMBER: _ClassVar[int]
+    launch: LaunchCommand
+    def __init__(self, launch: _Optional[_Union[LaunchCommand, _Mapping]] = ...) -> None: ...
+
+class LaunchResponse(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class MemsetCommand(_message.Message):
+    __slots__ = ("destination", "value", "element_size_bytes", "count", "stream_id")
+    DESTINATION_FIELD_NUMBER: _ClassVar[int]
+    VALUE_FIELD_NUMBER: _ClassVar[int]
+    ELEMENT_SIZE_BYTES_FIELD_NUMBER: _ClassVar[int]
+    COUNT_FIELD_NUMBER: _ClassVar[int]
+    STREAM_ID_FIELD_NUMBER: _ClassVar[int]
+    destination: _common_pb2.DevicePointer
+    value: int
+    element_size_bytes: int
+    count: int
+    stream_id: int
+    def __init__(self, destination: _Optional[_Union[_common_pb2.DevicePointer, _Mapping]] = ..., value: _Optional[int] = ..., element_size_bytes: _Optional[int] = ..., count: _Optional[int] = ..., stream_id: _Optional[int] = ...) -> None: ...
+
+class CopyCommand(_message.Message):
+    __slots__ = ("destination", "source", "size_bytes", "stream_id")
+    DESTINATION_FIELD_NUMBER: _ClassVar[int]
+    SOURCE_FIELD_NUMBER: _ClassVar[int]
+    SIZE_BYTES_FIELD_NUMBER: _ClassVar[int]
+    STREAM_ID_FIELD_NUMBER: _ClassVar[int]
+    destination: _common_pb2.DevicePointer
+    source: _common_pb2.DevicePointer
+    size_bytes: int
+    stream_id: int
+    def __init__(self, destination: _Optional[_Union[_common_pb2.DevicePointer, _Mapping]] = ..., source: _Optional[_Union[_common_pb2.DevicePointer, _Mapping]] = ..., size_bytes: _Optional[int] = ..., stream_id: _Optional[int] = ...) -> None: ...
+
+class UploadCommand(_message.Message):
+    __slots__ = ("destination", "data", "stream_id")
+    DESTINATION_FIELD_NUMBER: _ClassVar[int]
+    DATA_FIELD_NUMBER: _ClassVar[int]
+    STREAM_ID_FIELD_NUMBER: _ClassVar[int]
+    destination: _common_pb2.DevicePointer
+    data: bytes
+    stream_id: int
+    def __init__(self, destination: _Optional[_Union[_common_pb2.DevicePointer, _Mapping]] = ..., data: _Optional[bytes] = ..., stream_id: _Optional[int] = ...) -> None: ...
+
+class DownloadCommand(_message.Message):
+    __slots__ = ("source", "size_bytes", "stream_id")
+    SOURCE_FIELD_NUMBER: _ClassVar[int]
+    SIZE_BYTES_FIELD_NUMBER: _ClassVar[int]
+    STREAM_ID_FIELD_NUMBER: _ClassVar[int]
+    source: _common_pb2.DevicePointer
+    size_bytes: int
+    stream_id: int
+    def __init__(self, source: _Optional[_Union[_common_pb2.DevicePointer, _Mapping]] = ..., size_bytes: _Optional[int] = ..., stream_id: _Optional[int] = ...) -> None: ...
+
+class RecordEventCommand(_message.Message):
+    __slots__ = ("event_id", "stream_id")
+    EVENT_ID_FIELD_NUMBER: _ClassVar[int]
+    STREAM_ID_FIELD_NUMBER: _ClassVar[int]
+    event_id: int
+    stream_id: int
+    def __init__(self, event_id: _Optional[int] = ..., stream_id: _Optional[int] = ...) -> None: ...
+
+class WaitEventCommand(_message.Message):
+    __slots__ = ("event_id", "stream_id")
+    EVENT_ID_FIELD_NUMBER: _ClassVar[int]
+    STREAM_ID_FIELD_NUMBER: _ClassVar[int]
+    event_id: int
+    stream_id: int
+    def __init__(self, event_id: _Optional[int] = ..., stream_id: _Optional[int] = ...) -> None: ...
+
+class SyncCommand(_message.Message):
+    __slots__ = ("stream_id", "whole_session")
+    STREAM_ID_FIELD_NUMBER: _ClassVar[int]
+    WHOLE_SESSION_FIELD_NUMBER: _ClassVar[int]
+    stream_id: int
+    whole_session: bool
+    def __init__(self, stream_id: _Optional[int] = ..., whole_session: bool = ...) -> None: ...
+
+class Command(_message.Message):
+    __slots__ = ("sequence", "launch", "memset", "copy", "upload", "download", "record_event", "wait_event", "sync")
+    SEQUENCE_FIELD_NUMBER: _ClassVar[int]
+    LAUNCH_FIELD_NUMBER: _ClassVar[int]
+    MEMSET_FIELD_NUMBER: _ClassVar[int]
+    COPY_FIELD_NUMBER: _ClassVar[int]
+    UPLOAD_FIELD_NUMBER: _ClassVar[int]
+    DOWNLOAD_FIELD_NUMBER: _ClassVar[int]
+    RECORD_EVENT_FIELD_NUMBER: _ClassVar[int]
+    WAIT_EVENT_FIELD_NUMBER: _ClassVar[int]
+    SYNC_FIELD_NUMBER: _ClassVar[int]
+    sequence: int
+    launch: LaunchCommand
+    memset: MemsetCommand
+    copy: CopyCommand
+    upload: UploadCommand
+    download: DownloadCommand
+    record_event: RecordEventCommand
+    wait_event: WaitEventCommand
+    sync: SyncCommand
+    def __init__(self, sequence: _Optional[int] = ..., launch: _Optional[_Union[LaunchCommand, _Mapping]] = ..., memset: _Optional[_Union[MemsetCommand, _Mapping]] = ..., copy: _Optional[_Union[CopyCommand, _Mapping]] = ..., upload: _Optional[_Union[UploadCommand, _Mapping]] = ..., download: _Optional[_Union[DownloadCommand, _Mapping]] = ..., record_event: _Optional[_Union[RecordEventCommand, _Mapping]] = ..., wait_event: _Optional[_Union[WaitEventCommand, _Mapping]] = ..., sync: _Optional[_Union[SyncCommand, _Mapping]] = ...) -> None: ...
+
+class CommandBatch(_message.Message):
+    __slots__ = ("commands",)
+    COMMANDS_FIELD_NUMBER: _ClassVar[int]
+    commands: _containers.RepeatedCompositeFieldContainer[Command]
+    def __init__(self, commands: _Optional[_Iterable[_Union[Command, _Mapping]]] = ...) -> None: ...
+
+class CommandError(_message.Message):
+    __slots__ = ("sequence", "code", "message")
+    SEQUENCE_FIELD_NUMBER: _ClassVar[int]
+    CODE_FIELD_NUMBER: _ClassVar[int]
+    MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    sequence: int
+    code: int
+    message: str
+    def __init__(self, sequence: _Optional[int] = ..., code: _Optional[int] = ..., message: _Optional[str] = ...) -> None: ...
+
+class DownloadResult(_message.Message):
+    __slots__ = ("sequence", "data")
+    SEQUENCE_FIELD_NUMBER: _ClassVar[int]
+    DATA_FIELD_NUMBER: _ClassVar[int]
+    sequence: int
+    data: bytes
+    def __init__(self, sequence: _Optional[int] = ..., data: _Optional[bytes] = ...) -> None: ...
+
+class CommandReply(_message.Message):
+    __slots__ = ("processed_through_sequence", "error", "skipped_from_sequence", "downloads")
+    PROCESSED_THROUGH_SEQUENCE_FIELD_NUMBER: _ClassVar[int]
+    ERROR_FIELD_NUMBER: _ClassVar[int]
+    SKIPPED_FROM_SEQUENCE_FIELD_NUMBER: _ClassVar[int]
+    DOWNLOADS_FIELD_NUMBER: _ClassVar[int]
+    processed_through_sequence: int
+    error: CommandError
+    skipped_from_sequence: int
+    downloads: _containers.RepeatedCompositeFieldContainer[DownloadResult]
+    def __init__(self, processed_through_sequence: _Optional[int] = ..., error: _Optional[_Union[CommandError, _Mapping]] = ..., skipped_from_sequence: _Optional[int] = ..., downloads: _Optional[_Iterable[_Union[DownloadResult, _Mapping]]] = ...) -> None: ...

@@ -1,0 +1,135 @@
+"""GPUArray's memory side (transfers, views, fill by memset, copies), which the fake backend
+runs; arithmetic and reductions need real kernels and live in test_gpu.py."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import gpurpc.driver as cuda
+from gpurpc import debug, gpuarray
+
+rng = np.random.default_rng(7)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64, np.int32, np.uint8, np.int64])
+def test_to_gpu_get_round_trip(ctx: cuda.Context, dtype) -> None:
+    host = (rng.standard_normal((37, 11)) * 100).astype(dtype)
+    a = gpuarray.to_gpu(host)
+    assert a.shape == (37, 11) and a.dtype == np.dtype(dtype)
+    assert a.size == host.size and a.nbytes == host.nbytes and len(a) == 37
+    assert a.strides == host.strides
+    assert np.array_equal(a.get(), host)
+
+
+def test_fortran_order_round_trip(ctx: cuda.Context) -> None:
+    host = np.asfortranarray(rng.standard_normal((5, 7)))
+    a = gpuarray.to_gpu(host)
+    assert a.flags.f_contiguous and a.strides == host.strides
+    assert np.array_equal(a.get(), host)
+
+
+def test_set_and_get_into(ctx: cuda.Context) -> None:
+    a = gpuarray.empty((4, 4), np.float32)
+    host = rng.standard_normal((4, 4)).astype(np.float32)
+    a.set(host)
+    out = np.empty((4, 4), np.float32)
+    assert a.get(out) is out and np.array_equal(out, host)
+    with pytest.raises(ValueError):
+        a.set(np.zeros(5, np.float32))
+    with pytest.raises(ValueError):
+        a.set(np.zeros((4, 4), np.float64))
+
+
+def test_gpudata_is_a_device_address(ctx: cuda.Context) -> None:
+    a = gpuarray.to_gpu(np.arange(10, dtype=np.int32))
+    out = np.empty(10, np.int32)
+    cuda.memcpy_dtoh(out, a.gpudata)
+    assert (out == np.arange(10)).all()
+    assert a.ptr == int(a.gpudata) != 0
+
+
+@pytest.mark.parametrize("dtype,value", [(np.float32, 0), (np.float32, -2.5), (np.int16, 7),
+                                         (np.uint8, 200), (np.float64, 0), (np.int64, -1)])
+def test_zeros_and_fill_use_memset(ctx: cuda.Context, dtype, value) -> None:
+    z = gpuarray.zeros(1000, dtype)
+    assert (z.get() == 0).all()
+    assert z.fill(value) is z
+    assert (z.get() == np.array(value, dtype)).all()
+
+
+def test_empty_arrays(ctx: cuda.Context) -> None:
+    e = gpuarray.empty((0, 3), np.float32)
+    assert e.size == 0 and e.gpudata is None and len(e) == 0
+    assert e.get().shape == (0, 3)
+    assert gpuarray.to_gpu(np.zeros(0)).get().shape == (0,)
+
+
+def test_slicing_views_share_memory(ctx: cuda.Context) -> None:
+    host = np.arange(60, dtype=np.float32).reshape(6, 10)
+    a = gpuarray.to_gpu(host)
+    assert np.array_equal(a[2:4].get(), host[2:4])
+    assert np.array_equal(a[-1].get(), host[-1])
+    assert np.array_equal(a[3].get(), host[3])
+    assert a[1:].shape == (5, 10)
+    flat = gpuarray.to_gpu(np.arange(100, dtype=np.int32))
+    view = flat[10:20]
+    assert int(view.gpudata) == int(flat.gpudata) + 40
+    view.fill(-1)
+    expected = np.arange(100, dtype=np.int32)
+    expected[10:20] = -1
+    assert np.array_equal(flat.get(), expected)
+    with pytest.raises(NotImplementedError):
+        flat[::2]
+    with pytest.raises(IndexError):
+        a[6]
+
+
+def test_setitem(ctx: cuda.Context) -> None:
+    a = gpuarray.zeros(10, np.float32)
+    a[2:5] = 3.0
+    a[5:8] = gpuarray.to_gpu(np.array([7, 8, 9], np.float32))
+    a[8:] = np.array([1, 2], np.float32)
+    assert a.get().tolist() == [0, 0, 3, 3, 3, 7, 8, 9, 1, 2]
+
+
+def test_copy_reshape_ravel_view(ctx: cuda.Context) -> None:
+    host = rng.standard_normal(24).astype(np.float32)
+    a = gpuarray.to_gpu(host)
+    b = a.copy()
+    a.fill(0)
+    assert np.array_equal(b.get(), host)
+    r = b.reshape(2, 3, 4)
+    assert r.shape == (2, 3, 4) and np.array_equal(r.get(), host.reshape(2, 3, 4))
+    assert b.reshape((4, -1)).shape == (4, 6)
+    assert r.ravel().shape == (24,)
+    assert np.array_equal(b.view(np.uint32).get(), host.view(np.uint32))
+    with pytest.raises(ValueError):
+        b.reshape(5, 5)
+
+
+def test_like_constructors(ctx: cuda.Context) -> None:
+    a = gpuarray.to_gpu(np.ones((3, 2), np.float64))
+    assert gpuarray.empty_like(a).shape == (3, 2)
+    z = gpuarray.zeros_like(a)
+    assert z.dtype == np.float64 and (z.get() == 0).all()
+    o = gpuarray.ones_like(a, dtype=np.int32)
+    assert o.dtype == np.int32 and (o.get() == 1).all()
+
+
+def test_temporaries_come_from_the_pool(ctx: cuda.Context) -> None:
+    for _ in range(3):
+        gpuarray.empty(1000, np.float32)
+    cuda.Context.synchronize()
+    debug.reset_rpc_counts()
+    for _ in range(20):
+        gpuarray.empty(1000, np.float32)  # freed at once, the block goes back to the pool
+    assert "MemoryService.Allocate" not in debug.rpc_counts()
+
+
+def test_async_get_and_set_on_a_stream(ctx: cuda.Context) -> None:
+    stream = cuda.Stream()
+    host = rng.standard_normal(5000)
+    a = gpuarray.to_gpu_async(host, stream=stream)
+    out = a.get_async(stream)
+    stream.synchronize()
+    assert np.array_equal(out, host)
