@@ -1,0 +1,102 @@
+#!/usr/bin/env bash
+# tests/run.sh — sets this machine up, builds gpurpc with warnings as errors and runs every test
+# that needs no GPU: ctest (labels `unit` and `service`; `gpu` is left out), the Python stub
+# check and the Python tests against a daemon on the fake backend, then checks that the
+# relocatable install is self-contained. Exits non-zero when any step failed; every step runs
+# even after an earlier one failed, so one run shows everything.
+#
+#   bash tests/run.sh
+#
+# Environment: GPURPC_BUILD_DIR (default build), GPURPC_JOBS (default: all cores),
+# GPURPC_SKIP_SETUP=1 to skip deploy/dev/setup.sh, PYTHON (default python3).
+# The GPU tests run elsewhere: `ctest --test-dir build -L gpu`, or gpurpc-run-tests from a
+# relocatable install on a GPU box (README.md).
+set -uo pipefail
+
+repo_root=$(cd -- "$(dirname -- "${BASH_SOURCE[0]}")/.." && pwd -P)
+cd "$repo_root" || exit 1
+build_dir=${GPURPC_BUILD_DIR:-build}
+jobs=${GPURPC_JOBS:-$(nproc)}
+python=${PYTHON:-python3}
+
+results=()
+failed=0
+step() { echo; echo "=== tests/run.sh: $*"; }
+record() {  # record NAME STATUS
+  results+=("$(printf '%-14s %s' "$1" "$2")")
+  [[ "$2" == ok* || "$2" == "not present"* || "$2" == "no tests"* ]] || failed=1
+}
+finish() {
+  echo
+  echo "=== tests/run.sh: summary"
+  printf '  %s\n' "${results[@]}"
+  if ((failed)); then
+    echo "tests/run.sh: FAILED"
+    exit 1
+  fi
+  echo "tests/run.sh: all steps passed"
+  exit 0
+}
+
+if [[ "${GPURPC_SKIP_SETUP:-0}" != 1 ]]; then
+  step "setup"
+  if ! bash deploy/dev/setup.sh; then
+    record setup FAILED
+    finish
+  fi
+fi
+
+# Same configuration as deploy/dev/run-daemon.sh and the Dockerfile, plus -Werror.
+step "configure ($build_dir)"
+if ! cmake -S . -B "$build_dir" -DCMAKE_BUILD_TYPE=Release -DGPURPC_WERROR=ON; then
+  record configure FAILED
+  finish
+fi
+step "build ($jobs jobs)"
+if ! cmake --build "$build_dir" --parallel "$jobs"; then
+  record build FAILED
+  finish
+fi
+record build ok
+
+step "ctest -LE gpu"
+ctest --test-dir "$build_dir" -LE gpu --output-on-failure --timeout 300 --parallel 1
+rc=$?
+if ((rc == 0)); then record ctest ok; else record ctest "FAILED (exit $rc)"; fi
+
+if [[ -f client/python/tools/check_stubs.py ]]; then
+  step "check_stubs.py"
+  "$python" client/python/tools/check_stubs.py
+  rc=$?
+  if ((rc == 0)); then record check_stubs ok; else record check_stubs "FAILED (exit $rc)"; fi
+else
+  record check_stubs "not present"
+fi
+
+if [[ -d tests/python ]]; then
+  step "pytest tests/python (fake backend)"
+  GPURPCD_BIN="$repo_root/$build_dir/server/gpurpcd" \
+    "$python" -m pytest tests/python -q -p no:cacheprovider
+  rc=$?
+  case $rc in
+    0) record pytest ok ;;
+    5) record pytest "no tests collected" ;;
+    *) record pytest "FAILED (exit $rc)" ;;
+  esac
+else
+  record pytest "not present"
+fi
+
+# The relocatable install (cmake/GpurpcInstall.cmake) must stay self-contained.
+step "relocatable install"
+install_dir="$build_dir/install-check"
+rm -rf -- "$install_dir"
+if cmake --install "$build_dir" --prefix "$install_dir" >"$build_dir/install-check.log" 2>&1 &&
+  bash deploy/dev/check-install.sh "$install_dir"; then
+  record install ok
+else
+  tail -n 20 "$build_dir/install-check.log"
+  record install FAILED
+fi
+
+finish
