@@ -164,8 +164,10 @@ def bench_cupy(results: Dict[str, Result], args: argparse.Namespace) -> Optional
         cp.cuda.runtime.getDeviceCount()
     except Exception as e:  # noqa: BLE001 - no driver / no GPU here
         return f"CuPy cannot use a GPU here ({e}); its columns are skipped"
-    add_one = cp.RawKernel(KERNELS, "add_one_f32")
-    multiply = cp.RawKernel(KERNELS, "multiply_them")
+    # SourceModule wraps sources in extern "C" (PyCUDA's default); RawKernel does not.
+    cupy_source = 'extern "C" {\n' + KERNELS + '\n}\n'
+    add_one = cp.RawKernel(cupy_source, "add_one_f32")
+    multiply = cp.RawKernel(cupy_source, "multiply_them")
     buf = cp.zeros(1024, cp.float32)
     stream = cp.cuda.Stream(non_blocking=True)
     zero = np.uint64(0)
