@@ -67,10 +67,18 @@ inline DaemonUnderTest StartDaemon(int argc, char** argv) {
   return out;
 }
 
-inline const backend::cuda::DriverApi* Driver() {
-  auto api = backend::cuda::LoadDriverApi();
-  Check(api.status(), "load the CUDA driver");
-  return *api;
+// The driver, with device 0's primary context current on this thread: the baseline that
+// the daemon is measured against, in the same process.
+inline const backend::cuda::DriverApi* DriverWithContext() {
+  auto loaded = backend::cuda::LoadDriverApi();
+  Check(loaded.status(), "load the CUDA driver");
+  const backend::cuda::DriverApi* api = *loaded;
+  CUdevice device;
+  CUcontext context;
+  BENCH_CHECK_CU(api, api->cuDeviceGet(&device, 0));
+  BENCH_CHECK_CU(api, api->cuDevicePrimaryCtxRetain(&context, device));
+  BENCH_CHECK_CU(api, api->cuCtxSetCurrent(context));
+  return api;
 }
 
 }  // namespace gpurpc::bench

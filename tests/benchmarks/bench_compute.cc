@@ -94,12 +94,7 @@ int Main(int argc, char** argv) {
   const double daemon_launch_rate = kLaunches / Seconds(start);
 
   // Direct driver calls on the same GPU, same cubin.
-  const backend::cuda::DriverApi* api = Driver();
-  CUdevice device;
-  CUcontext context;
-  BENCH_CHECK_CU(api, api->cuDeviceGet(&device, 0));
-  BENCH_CHECK_CU(api, api->cuDevicePrimaryCtxRetain(&context, device));
-  BENCH_CHECK_CU(api, api->cuCtxSetCurrent(context));
+  const backend::cuda::DriverApi* api = DriverWithContext();
   CUmodule module;
   BENCH_CHECK_CU(api, api->cuModuleLoadDataEx(&module, cold->response.image().data(), 0,
                                               nullptr, nullptr));

@@ -57,12 +57,7 @@ Row MeasureDirect(const backend::cuda::DriverApi* api, void* host, const char* l
 
 int Main(int argc, char** argv) {
   DaemonUnderTest daemon = StartDaemon(argc, argv);
-  const backend::cuda::DriverApi* api = Driver();
-  CUdevice device;
-  CUcontext context;
-  BENCH_CHECK_CU(api, api->cuDeviceGet(&device, 0));
-  BENCH_CHECK_CU(api, api->cuDevicePrimaryCtxRetain(&context, device));
-  BENCH_CHECK_CU(api, api->cuCtxSetCurrent(context));
+  const backend::cuda::DriverApi* api = DriverWithContext();
 
   std::vector<uint8_t> pageable(kBytes);
   for (uint64_t i = 0; i < kBytes; i += 4096) pageable[i] = static_cast<uint8_t>(i >> 12);
