@@ -61,6 +61,12 @@ int FrontendMain(const DaemonOptions& options) {
   grpc::ServerBuilder builder;
   builder.SetMaxReceiveMessageSize(kMaxMessageBytes);
   builder.SetMaxSendMessageSize(kMaxMessageBytes);
+  // Find clients that vanished without closing their connection (a command stream would
+  // otherwise stay open on a dead TCP connection for hours), and accept clients' pings.
+  builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_TIME_MS, 60 * 1000);
+  builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, 20 * 1000);
+  builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);
+  builder.AddChannelArgument(GRPC_ARG_HTTP2_MIN_RECV_PING_INTERVAL_WITHOUT_DATA_MS, 10 * 1000);
   int tcp_port = 0;
   if (!options.listen.empty()) {
     builder.AddListeningPort(options.listen, grpc::InsecureServerCredentials(), &tcp_port);

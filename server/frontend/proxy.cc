@@ -22,6 +22,8 @@ constexpr const char* kSessionServices[] = {
     "/gpurpc.v1.HostRegionService/",
 };
 
+constexpr char kCommandStreamMethod[] = "/gpurpc.v1.ExecutionService/CommandStream";
+
 bool IsSessionMethod(const std::string& method) {
   for (const char* prefix : kSessionServices) {
     if (absl::StartsWith(method, prefix)) return true;
@@ -51,7 +53,14 @@ class RelayReactor final : public grpc::ServerGenericBidiReactor {
       : context_(context), session_(std::move(session)), worker_half_(this) {
     // Callbacks may fire on other threads before the constructor is done.
     std::lock_guard<std::mutex> lock(mu_);
-    session_->BeginCall();
+    // A command stream stays open for the life of a client: it keeps the session alive by
+    // its traffic, not by being open, so that a vanished client is still reclaimed.
+    counts_as_in_flight_ = context_->method() != kCommandStreamMethod;
+    if (counts_as_in_flight_) {
+      session_->BeginCall();
+    } else {
+      session_->Touch();
+    }
     worker_context_.set_deadline(context_->deadline());
     session_->stub().PrepareBidiStreamingCall(&worker_context_, context_->method(),
                                               grpc::StubOptions(), &worker_half_);
@@ -64,6 +73,7 @@ class RelayReactor final : public grpc::ServerGenericBidiReactor {
   // Server half.
   void OnReadDone(bool ok) override {
     std::lock_guard<std::mutex> lock(mu_);
+    session_->Touch();
     if (!to_worker_open_) return;
     if (ok) {
       worker_half_.StartWrite(&from_client_);
@@ -136,7 +146,11 @@ class RelayReactor final : public grpc::ServerGenericBidiReactor {
   void OnWorkerDone(const grpc::Status& status) {
     grpc::Status final_status = Translate(status);
     std::lock_guard<std::mutex> lock(mu_);
-    session_->EndCall();
+    if (counts_as_in_flight_) {
+      session_->EndCall();
+    } else {
+      session_->Touch();
+    }
     worker_done_ = true;
     final_status_ = std::move(final_status);
     MaybeFinishLocked();
@@ -212,6 +226,7 @@ class RelayReactor final : public grpc::ServerGenericBidiReactor {
   grpc::ByteBuffer from_worker_;
 
   std::mutex mu_;
+  bool counts_as_in_flight_ = true;
   bool to_worker_open_ = true;
   bool from_worker_open_ = true;
   bool server_write_pending_ = false;

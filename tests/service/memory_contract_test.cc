@@ -15,6 +15,7 @@
 #include "common/limits.h"
 #include "gmock/gmock.h"
 #include "gpurpc/client.h"
+#include "gpurpc/v1/execution_service.grpc.pb.h"
 #include "gpurpc/v1/memory_service.grpc.pb.h"
 #include "gpurpc/v1/session_service.grpc.pb.h"
 #include "grpcpp/grpcpp.h"
@@ -432,6 +433,35 @@ TEST_F(IsolationTest, VanishedClientIsReclaimedAfterTheIdleTimeout) {
             grpc::StatusCode::NOT_FOUND);
   EXPECT_EQ(daemon_->WorkerPids().size(), 1u) << "the reclaimed session's worker still runs";
   ExpectRoundTrip(kept, 100, 1, 77);
+}
+
+TEST_F(IsolationTest, AnOpenCommandStreamDoesNotKeepAVanishedClientsSession) {
+  auto sessions = v1::SessionService::NewStub(client_->channel());
+  grpc::ClientContext open_context;
+  v1::OpenSessionResponse opened;
+  ASSERT_TRUE(sessions->OpenSession(&open_context, v1::OpenSessionRequest(), &opened).ok());
+  // The client opens its command stream, uses it once, and then goes quiet with the stream
+  // still open (as a hung or partitioned client would).
+  auto execution = v1::ExecutionService::NewStub(client_->channel());
+  grpc::ClientContext stream_context;
+  stream_context.AddMetadata(kSessionMetadataKey, std::to_string(opened.session_id()));
+  auto stream = execution->CommandStream(&stream_context);
+  v1::CommandBatch batch;
+  v1::Command* sync = batch.add_commands();
+  sync->set_sequence(1);
+  sync->mutable_sync()->set_whole_session(true);
+  ASSERT_TRUE(stream->Write(batch));
+  v1::CommandReply reply;
+  ASSERT_TRUE(stream->Read(&reply));
+
+  std::this_thread::sleep_for(std::chrono::milliseconds(3500));
+  grpc::ClientContext context;
+  context.AddMetadata(kSessionMetadataKey, std::to_string(opened.session_id()));
+  v1::KeepAliveResponse state;
+  EXPECT_EQ(sessions->KeepAlive(&context, v1::KeepAliveRequest(), &state).error_code(),
+            grpc::StatusCode::NOT_FOUND);
+  stream_context.TryCancel();
+  stream->Finish().ok();
 }
 
 #if GPURPC_TEST_LARGE
