@@ -40,7 +40,7 @@ inline constexpr uint64_t kMaxBatchDownloadBytes = 64ull << 20;
 class Session {
  public:
   // `compiler` may be null (NVRTC missing): Compile then answers UNAVAILABLE with
-  // `compiler_status`'s message. Neither is owned... the compiler outlives the session.
+  // `compiler_status`'s message. The compiler is not owned and must outlive the session.
   Session(std::unique_ptr<backend::Context> context, compiler::Compiler* compiler,
           absl::Status compiler_status);
   // Frees everything in dependency order: functions and modules, events, streams, buffers,
