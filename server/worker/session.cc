@@ -609,8 +609,9 @@ absl::Status Session::CheckLaunchDims(const FunctionEntry& entry, const v1::Laun
   return absl::OkStatus();
 }
 
-absl::Status Session::PackArgs(const FunctionEntry& entry, const v1::LaunchCommand& launch,
-                               std::vector<uint8_t>* packed) {
+absl::StatusOr<absl::Span<const uint8_t>> Session::PackArgs(const FunctionEntry& entry,
+                                                            const v1::LaunchCommand& launch,
+                                                            std::vector<uint8_t>* scratch) {
   const std::vector<backend::ParamInfo>& params = entry.function->params();
   const uint64_t expected =
       params.empty() ? 0 : uint64_t{params.back().offset_bytes} + params.back().size_bytes;
@@ -626,14 +627,16 @@ absl::Status Session::PackArgs(const FunctionEntry& entry, const v1::LaunchComma
           entry.name, params.size(), expected, DescribeParams(params),
           launch.packed_args().size()));
     }
-    packed->assign(launch.packed_args().begin(), launch.packed_args().end());
-    return absl::OkStatus();
+    // The blob is used where it lies: no copy on the launch path.
+    return absl::Span<const uint8_t>(
+        reinterpret_cast<const uint8_t*>(launch.packed_args().data()), expected);
   }
   if (static_cast<size_t>(launch.args_size()) != params.size()) {
     return absl::InvalidArgumentError(
         absl::StrFormat("kernel '%s' takes %d parameters (%s); %d arguments were given",
                         entry.name, params.size(), DescribeParams(params), launch.args_size()));
   }
+  std::vector<uint8_t>* packed = scratch;
   packed->assign(expected, 0);
   std::lock_guard<std::mutex> lock(mu_);
   for (int i = 0; i < launch.args_size(); ++i) {
@@ -685,7 +688,7 @@ absl::Status Session::PackArgs(const FunctionEntry& entry, const v1::LaunchComma
     // Little-endian integer of `size` bytes (x86-64 and aarch64 hosts and the GPU agree).
     std::memcpy(out, &u64, size);
   }
-  return absl::OkStatus();
+  return absl::Span<const uint8_t>(packed->data(), packed->size());
 }
 
 absl::Status Session::Launch(const v1::LaunchCommand& launch) {
@@ -694,12 +697,10 @@ absl::Status Session::Launch(const v1::LaunchCommand& launch) {
                           FindFunction(launch.function_id()));
   backend::LaunchConfig config;
   GPURPC_RETURN_IF_ERROR(CheckLaunchDims(*entry, launch, &config));
-  thread_local std::vector<uint8_t> packed;
-  GPURPC_RETURN_IF_ERROR(PackArgs(*entry, launch, &packed));
+  thread_local std::vector<uint8_t> scratch;
+  GPURPC_ASSIGN_OR_RETURN(absl::Span<const uint8_t> packed, PackArgs(*entry, launch, &scratch));
   GPURPC_ASSIGN_OR_RETURN(auto stream, FindStream(launch.stream_id()));
-  return Check(context_->Launch(entry->function, config,
-                                absl::Span<const uint8_t>(packed.data(), packed.size()),
-                                stream.get()));
+  return Check(context_->Launch(entry->function, config, packed, stream.get()));
 }
 
 // ---------------------------------------------------------------------------- commands

@@ -139,8 +139,11 @@ class Session {
                                                    uint64_t size_bytes, const char* what);
   absl::Status CheckLaunchDims(const FunctionEntry& entry, const v1::LaunchCommand& launch,
                                backend::LaunchConfig* config) const;
-  absl::Status PackArgs(const FunctionEntry& entry, const v1::LaunchCommand& launch,
-                        std::vector<uint8_t>* packed);
+  // The launch's arguments as the kernel takes them: the packed blob itself, or typed
+  // arguments packed into `scratch`.
+  absl::StatusOr<absl::Span<const uint8_t>> PackArgs(const FunctionEntry& entry,
+                                                     const v1::LaunchCommand& launch,
+                                                     std::vector<uint8_t>* scratch);
   absl::Status RunCommand(const v1::Command& command, v1::CommandReply* reply,
                           uint64_t* download_bytes);
 
