@@ -1,40 +1,55 @@
-// Random, never-reused 64-bit handle ids.
+// Random 64-bit handle and session ids from the kernel's CSPRNG.
 #ifndef GPURPC_COMMON_HANDLE_IDS_H_
 #define GPURPC_COMMON_HANDLE_IDS_H_
 
+#include <sys/random.h>
+
+#include <cerrno>
 #include <cstdint>
+#include <cstdlib>
 #include <mutex>
-#include <random>
-#include <unordered_set>
 
 namespace gpurpc {
 
-// Hands out random non-zero 64-bit ids, never the same one twice in its lifetime.
-// Seeded from std::random_device so ids cannot be guessed from one another.
+// Hands out non-zero 64-bit ids drawn from getrandom(2), so that an id tells nothing about
+// any other id (session ids and handles cannot be guessed from ones a client has seen).
+// Nothing is remembered per id: with 64 random bits a repeat is a 2^-64 event per pair,
+// and the tables that store ids re-draw on the (practically impossible) clash with a live
+// id. Ids are fetched from the kernel in blocks to keep the cost per id at a few ns.
+//
 // Thread-safe.
 class HandleIdGenerator {
  public:
-  HandleIdGenerator() : engine_(Seed()) {}
-
   uint64_t Next() {
     std::lock_guard<std::mutex> lock(mu_);
     for (;;) {
-      uint64_t id = engine_();
-      if (id != 0 && issued_.insert(id).second) return id;
+      if (next_ == kBlock) Refill();
+      const uint64_t id = block_[next_++];
+      if (id != 0) return id;
     }
   }
 
  private:
-  static std::seed_seq::result_type Word(std::random_device& rd) { return rd(); }
-  static std::mt19937_64 Seed() {
-    std::random_device rd;
-    std::seed_seq seq{Word(rd), Word(rd), Word(rd), Word(rd), Word(rd), Word(rd)};
-    return std::mt19937_64(seq);
+  static constexpr int kBlock = 32;
+
+  void Refill() {
+    uint8_t* out = reinterpret_cast<uint8_t*>(block_);
+    size_t left = sizeof(block_);
+    while (left > 0) {
+      const ssize_t n = getrandom(out, left, 0);
+      if (n < 0) {
+        if (errno == EINTR) continue;
+        std::abort();  // no kernel randomness: never fall back to a guessable id
+      }
+      out += n;
+      left -= static_cast<size_t>(n);
+    }
+    next_ = 0;
   }
 
   std::mutex mu_;
-  std::mt19937_64 engine_;
-  std::unordered_set<uint64_t> issued_;
+  uint64_t block_[kBlock] = {};
+  int next_ = kBlock;
 };
 
 }  // namespace gpurpc

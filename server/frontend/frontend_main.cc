@@ -6,15 +6,22 @@
 #include <cerrno>
 #include <climits>
 #include <cstring>
+#include <fstream>
+#include <iostream>
 #include <memory>
+#include <sstream>
 
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "common/limits.h"
 #include "grpcpp/ext/proto_server_reflection_plugin.h"
 #include "grpcpp/grpcpp.h"
 #include "grpcpp/health_check_service_interface.h"
+#include "server/frontend/auth.h"
 #include "server/frontend/proxy.h"
 #include "server/frontend/services.h"
 #include "server/frontend/session_manager.h"
+#include "server/frontend/unix_listener.h"
 #include "spdlog/sinks/stdout_color_sinks.h"
 #include "spdlog/spdlog.h"
 
@@ -29,9 +36,66 @@ std::string SelfExe() {
   return path;
 }
 
+absl::StatusOr<std::string> ReadFile(const std::string& flag, const std::string& path) {
+  std::ifstream in(path);
+  if (!in) {
+    return absl::NotFoundError(absl::StrCat("--", flag, " ", path, ": cannot read it"));
+  }
+  std::stringstream text;
+  text << in.rdbuf();
+  return text.str();
+}
+
+// The main listener's TCP credentials: TLS when a certificate is configured (requesting and
+// verifying client certificates when a client CA is), else plaintext (loopback or
+// --insecure; options.cc refuses the rest).
+absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> TcpCredentials(
+    const DaemonOptions& options) {
+  if (options.tls_cert.empty()) return grpc::InsecureServerCredentials();
+  auto cert = ReadFile("tls-cert", options.tls_cert);
+  if (!cert.ok()) return cert.status();
+  auto key = ReadFile("tls-key", options.tls_key);
+  if (!key.ok()) return key.status();
+  grpc::SslServerCredentialsOptions ssl;
+  ssl.pem_key_cert_pairs.push_back({*std::move(key), *std::move(cert)});
+  if (!options.tls_client_ca.empty()) {
+    auto ca = ReadFile("tls-client-ca", options.tls_client_ca);
+    if (!ca.ok()) return ca.status();
+    ssl.pem_root_certs = *std::move(ca);
+    // A certificate is optional (token clients have none) but verified when presented.
+    ssl.client_certificate_request = GRPC_SSL_REQUEST_CLIENT_CERTIFICATE_AND_VERIFY;
+  } else {
+    ssl.client_certificate_request = GRPC_SSL_DONT_REQUEST_CLIENT_CERTIFICATE;
+  }
+  return grpc::SslServerCredentials(ssl);
+}
+
+std::string Describe(const DaemonOptions& options) {
+  std::string out;
+  if (!options.unix_socket.empty()) {
+    absl::StrAppend(&out, "unix:", options.unix_socket, " (tenant = peer user)");
+  }
+  if (!options.listen.empty()) {
+    std::vector<std::string> how;
+    if (!options.tls_cert.empty()) how.push_back("TLS");
+    if (!options.tls_client_ca.empty()) how.push_back("client certificates");
+    if (!options.tokens_file.empty()) how.push_back("bearer tokens");
+    if (options.insecure) how.push_back("INSECURE: unauthenticated clients allowed");
+    absl::StrAppend(&out, out.empty() ? "" : " and ", options.listen, " (",
+                    absl::StrJoin(how, ", "), ")");
+  }
+  return out;
+}
+
 }  // namespace
 
 int FrontendMain(const DaemonOptions& options) {
+  if (!options.new_token_tenant.empty()) {
+    const NewToken token = MakeToken(options.new_token_tenant);
+    std::cout << token.token << "\n" << token.line << "\n";
+    return 0;
+  }
+
   auto logger = spdlog::stderr_color_mt("gpurpcd");
   logger->set_pattern("[%Y-%m-%d %H:%M:%S.%e] [%^%l%$] %v");
   spdlog::set_default_logger(logger);
@@ -42,22 +106,47 @@ int FrontendMain(const DaemonOptions& options) {
   sigemptyset(&signals);
   sigaddset(&signals, SIGTERM);
   sigaddset(&signals, SIGINT);
+  sigaddset(&signals, SIGHUP);
   pthread_sigmask(SIG_BLOCK, &signals, nullptr);
   // A client that disappears mid-write must not kill the daemon.
   signal(SIGPIPE, SIG_IGN);
+
+  Authenticator auth(options);
+  if (absl::Status status = auth.Start(); !status.ok()) {
+    spdlog::critical("{}", std::string(status.message()));
+    return 1;
+  }
+  auto tcp_credentials = TcpCredentials(options);
+  if (!tcp_credentials.ok()) {
+    spdlog::critical("{}", std::string(tcp_credentials.status().message()));
+    return 1;
+  }
+  if (!options.listen.empty() && options.insecure) {
+    spdlog::warn("!!! --insecure: {} accepts {}{}; anyone who can reach it can use the GPUs",
+                 options.listen,
+                 options.tls_cert.empty() ? "plaintext connections" : "TLS connections",
+                 options.tokens_file.empty() && options.tls_client_ca.empty()
+                     ? " without any credentials (tenant 'anonymous')"
+                     : " and calls without credentials (tenant 'anonymous')");
+  }
 
   SessionManager sessions(options, SelfExe());
   if (absl::Status status = sessions.Start(); !status.ok()) {
     spdlog::critical("{}", std::string(status.message()));
     return 1;
   }
+  spdlog::info("compile sandbox: {}", sessions.inventory().compile_sandbox().empty()
+                                          ? "not reported by the worker"
+                                          : sessions.inventory().compile_sandbox());
 
-  grpc::EnableDefaultHealthCheckService(true);
-  grpc::reflection::InitProtoReflectionServerBuilderPlugin();
-  DeviceServiceImpl device_service(&sessions);
-  SessionServiceImpl session_service(&sessions);
-  SessionProxy proxy(&sessions);
+  DeviceServiceImpl device_service(&sessions, &auth);
+  SessionServiceImpl session_service(&sessions, &auth);
+  AdminServiceImpl admin_service(&sessions, &auth);
+  SessionProxy proxy(&sessions, &auth);
 
+  // The main server: authenticated services only. Its builder is made before the
+  // reflection plugin is registered, and built with the default health service off, so that
+  // neither answers here without credentials.
   grpc::ServerBuilder builder;
   builder.SetMaxReceiveMessageSize(kMaxMessageBytes);
   builder.SetMaxSendMessageSize(kMaxMessageBytes);
@@ -69,32 +158,76 @@ int FrontendMain(const DaemonOptions& options) {
   builder.AddChannelArgument(GRPC_ARG_HTTP2_MIN_RECV_PING_INTERVAL_WITHOUT_DATA_MS, 10 * 1000);
   int tcp_port = 0;
   if (!options.listen.empty()) {
-    builder.AddListeningPort(options.listen, grpc::InsecureServerCredentials(), &tcp_port);
-  }
-  if (!options.unix_socket.empty()) {
-    unlink(options.unix_socket.c_str());  // a stale socket from an earlier run
-    builder.AddListeningPort("unix:" + options.unix_socket, grpc::InsecureServerCredentials());
+    builder.AddListeningPort(options.listen, *tcp_credentials, &tcp_port);
   }
   builder.RegisterService(&device_service);
   builder.RegisterService(&session_service);
+  builder.RegisterService(&admin_service);
   builder.RegisterCallbackGenericService(&proxy);
+
+  // The health listener: grpc.health.v1 and reflection, nothing else, no credentials.
+  grpc::reflection::InitProtoReflectionServerBuilderPlugin();
+  std::unique_ptr<grpc::Server> health_server;
+  if (!options.health_listen.empty()) {
+    grpc::EnableDefaultHealthCheckService(true);
+    grpc::ServerBuilder health_builder;
+    int health_port = 0;
+    health_builder.AddListeningPort(options.health_listen, grpc::InsecureServerCredentials(),
+                                    &health_port);
+    health_server = health_builder.BuildAndStart();
+    if (health_server == nullptr ||
+        (health_port == 0 && options.health_listen.rfind("unix:", 0) != 0)) {
+      spdlog::critical("cannot serve health on {}", options.health_listen);
+      return 1;
+    }
+  }
+  grpc::EnableDefaultHealthCheckService(false);
+
   std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
   if (server == nullptr || (!options.listen.empty() && tcp_port == 0)) {
-    spdlog::critical("cannot serve on {}{}{}", options.listen,
-                     options.unix_socket.empty() ? "" : " / unix:", options.unix_socket);
+    spdlog::critical("cannot serve on {}", options.listen);
     return 1;
   }
-  spdlog::info("gpurpcd serving{}{}{}{} with the {} backend, session idle timeout {}",
-               options.listen.empty() ? "" : " on ", options.listen,
-               options.unix_socket.empty() ? "" : " and unix:", options.unix_socket,
-               sessions.inventory().backend(), absl::FormatDuration(options.session_idle_timeout));
+  std::unique_ptr<UnixListener> unix_listener;
+  if (!options.unix_socket.empty()) {
+    auto listener = UnixListener::Open(options.unix_socket, options.unix_socket_mode, &auth);
+    if (!listener.ok()) {
+      spdlog::critical("cannot serve on unix:{}: {}", options.unix_socket,
+                       std::string(listener.status().message()));
+      return 1;
+    }
+    unix_listener = *std::move(listener);
+    unix_listener->Start(server.get());
+  }
+  if (health_server != nullptr) {
+    health_server->GetHealthCheckService()->SetServingStatus(true);
+  }
+  spdlog::info("gpurpcd {} serving on {} with the {} backend, session idle timeout {}{}{}",
+               GPURPC_VERSION, Describe(options), sessions.inventory().backend(),
+               absl::FormatDuration(options.session_idle_timeout),
+               options.health_listen.empty() ? "" : "; health and reflection on ",
+               options.health_listen);
 
-  int signal_number = 0;
-  sigwait(&signals, &signal_number);
-  spdlog::info("{}: draining", strsignal(signal_number));
-  server->GetHealthCheckService()->SetServingStatus(false);
+  for (;;) {
+    int signal_number = 0;
+    sigwait(&signals, &signal_number);
+    if (signal_number == SIGHUP) {
+      if (absl::Status status = auth.ReloadTokens(); !status.ok()) {
+        spdlog::error("SIGHUP: keeping the tokens in force: {}", std::string(status.message()));
+      }
+      continue;
+    }
+    spdlog::info("{}: draining", strsignal(signal_number));
+    break;
+  }
+  if (health_server != nullptr) health_server->GetHealthCheckService()->SetServingStatus(false);
+  unix_listener.reset();  // accept no more
   server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(5));
   server->Wait();
+  if (health_server != nullptr) {
+    health_server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(1));
+    health_server->Wait();
+  }
   return 0;
 }
 

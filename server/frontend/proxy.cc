@@ -8,7 +8,9 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "common/grpc_status.h"
+#include "gpurpc/v1/memory_service.pb.h"
 #include "grpcpp/support/byte_buffer.h"
+#include "grpcpp/impl/codegen/proto_utils.h"
 #include "spdlog/spdlog.h"
 
 namespace gpurpc::frontend {
@@ -23,6 +25,26 @@ constexpr const char* kSessionServices[] = {
 };
 
 constexpr char kCommandStreamMethod[] = "/gpurpc.v1.ExecutionService/CommandStream";
+constexpr char kAllocateMethod[] = "/gpurpc.v1.MemoryService/Allocate";
+constexpr char kFreeMethod[] = "/gpurpc.v1.MemoryService/Free";
+constexpr char kCompileMethod[] = "/gpurpc.v1.ModuleService/Compile";
+
+// Calls the ledger reads on the way through.
+enum class Ledger { kNone, kAllocate, kFree, kCompile };
+
+Ledger LedgerFor(const std::string& method) {
+  if (method == kAllocateMethod) return Ledger::kAllocate;
+  if (method == kFreeMethod) return Ledger::kFree;
+  if (method == kCompileMethod) return Ledger::kCompile;
+  return Ledger::kNone;
+}
+
+// Parses a relayed message without consuming the buffer.
+template <typename Message>
+bool ParseRelayed(const grpc::ByteBuffer& buffer, Message* message) {
+  grpc::ByteBuffer copy(buffer);  // shares the slices
+  return grpc::SerializationTraits<Message>::Deserialize(&copy, message).ok();
+}
 
 bool IsSessionMethod(const std::string& method) {
   for (const char* prefix : kSessionServices) {
@@ -48,9 +70,15 @@ class RejectReactor final : public grpc::ServerGenericBidiReactor {
 // when both halves are done.
 class RelayReactor final : public grpc::ServerGenericBidiReactor {
  public:
-  RelayReactor(grpc::GenericCallbackServerContext* context,
-               std::shared_ptr<SessionRecord> session)
-      : context_(context), session_(std::move(session)), worker_half_(this) {
+  // For Ledger::kCompile the caller has taken a compile slot of the session's tenant,
+  // which this relay gives back when the call ends.
+  RelayReactor(grpc::GenericCallbackServerContext* context, SessionManager* sessions,
+               std::shared_ptr<SessionRecord> session, Ledger ledger)
+      : context_(context),
+        sessions_(sessions),
+        session_(std::move(session)),
+        ledger_(ledger),
+        worker_half_(this) {
     // Callbacks may fire on other threads before the constructor is done.
     std::lock_guard<std::mutex> lock(mu_);
     // A command stream stays open for the life of a client: it keeps the session alive by
@@ -75,6 +103,12 @@ class RelayReactor final : public grpc::ServerGenericBidiReactor {
     std::lock_guard<std::mutex> lock(mu_);
     session_->Touch();
     if (!to_worker_open_) return;
+    if (ok && !LedgerBeforeWorkerLocked()) {
+      // Refused by the ledger: the worker never sees the request.
+      worker_context_.TryCancel();
+      CloseToWorkerLocked();
+      return;
+    }
     if (ok) {
       worker_half_.StartWrite(&from_client_);
     } else {
@@ -123,6 +157,14 @@ class RelayReactor final : public grpc::ServerGenericBidiReactor {
 
   void OnWorkerReadDone(bool ok) {
     std::lock_guard<std::mutex> lock(mu_);
+    if (ok && ledger_ == Ledger::kAllocate && reserved_bytes_ > 0) {
+      v1::AllocateResponse response;
+      if (ParseRelayed(from_worker_, &response)) {
+        sessions_->CommitBuffer(*session_, reserved_bytes_, response.buffer().buffer_id(),
+                                response.buffer().size_bytes());
+        reserved_bytes_ = 0;
+      }
+    }
     if (ok) {
       server_write_pending_ = true;
       StartWrite(&from_worker_);
@@ -146,6 +188,8 @@ class RelayReactor final : public grpc::ServerGenericBidiReactor {
   void OnWorkerDone(const grpc::Status& status) {
     grpc::Status final_status = Translate(status);
     std::lock_guard<std::mutex> lock(mu_);
+    LedgerAfterWorkerLocked(final_status);
+    if (!refusal_.ok()) final_status = refusal_;
     if (counts_as_in_flight_) {
       session_->EndCall();
     } else {
@@ -199,6 +243,46 @@ class RelayReactor final : public grpc::ServerGenericBidiReactor {
     }
   }
 
+  // Reads the client's request of a ledger call before it goes on to the worker. False when
+  // the call is refused (refusal_ says why).
+  bool LedgerBeforeWorkerLocked() {
+    if (ledger_ == Ledger::kAllocate && !request_seen_) {
+      request_seen_ = true;
+      v1::AllocateRequest request;
+      // An unparsable request goes on: the worker answers it with the right error.
+      if (ParseRelayed(from_client_, &request) && request.size_bytes() > 0) {
+        absl::Status reserved = sessions_->ReserveMemory(*session_, request.size_bytes());
+        if (!reserved.ok()) {
+          refusal_ = ToGrpcStatus(reserved);
+          return false;
+        }
+        reserved_bytes_ = request.size_bytes();
+      }
+    } else if (ledger_ == Ledger::kFree && !request_seen_) {
+      request_seen_ = true;
+      v1::FreeRequest request;
+      if (ParseRelayed(from_client_, &request)) freed_buffer_ = request.buffer_id();
+    }
+    return true;
+  }
+
+  void LedgerAfterWorkerLocked(const grpc::Status& status) {
+    switch (ledger_) {
+      case Ledger::kAllocate:
+        if (reserved_bytes_ > 0) sessions_->CancelReservation(*session_, reserved_bytes_);
+        reserved_bytes_ = 0;
+        break;
+      case Ledger::kFree:
+        if (status.ok() && freed_buffer_ != 0) sessions_->ReleaseBuffer(*session_, freed_buffer_);
+        break;
+      case Ledger::kCompile:
+        sessions_->EndCompile(session_->tenant());
+        break;
+      case Ledger::kNone:
+        break;
+    }
+  }
+
   // Each pump ends once; ending it releases its hold on the worker call.
   void CloseToWorkerLocked() {
     if (!to_worker_open_) return;
@@ -219,7 +303,13 @@ class RelayReactor final : public grpc::ServerGenericBidiReactor {
   }
 
   grpc::GenericCallbackServerContext* context_;
+  SessionManager* sessions_;
   std::shared_ptr<SessionRecord> session_;
+  const Ledger ledger_;
+  bool request_seen_ = false;
+  uint64_t reserved_bytes_ = 0;
+  uint64_t freed_buffer_ = 0;
+  grpc::Status refusal_;
   grpc::ClientContext worker_context_;
   WorkerHalf worker_half_;
   grpc::ByteBuffer from_client_;
@@ -247,12 +337,20 @@ grpc::ServerGenericBidiReactor* SessionProxy::CreateReactor(
         grpc::StatusCode::UNIMPLEMENTED,
         absl::StrFormat("gpurpcd has no method %s", context->method())));
   }
-  auto session = sessions_->FindFromMetadata(context->client_metadata());
+  auto identity = auth_->Authenticate(*context);
+  if (!identity.ok()) return new RejectReactor(ToGrpcStatus(identity.status()));
+  auto session = sessions_->FindFromMetadata(context->client_metadata(), identity->tenant);
   if (!session.ok()) return new RejectReactor(ToGrpcStatus(session.status()));
   if (absl::Status usable = (*session)->CheckUsable(); !usable.ok()) {
     return new RejectReactor(ToGrpcStatus(usable));
   }
-  return new RelayReactor(context, *std::move(session));
+  const Ledger ledger = LedgerFor(context->method());
+  if (ledger == Ledger::kCompile) {
+    if (absl::Status slot = sessions_->BeginCompile(identity->tenant); !slot.ok()) {
+      return new RejectReactor(ToGrpcStatus(slot));
+    }
+  }
+  return new RelayReactor(context, sessions_, *std::move(session), ledger);
 }
 
 }  // namespace gpurpc::frontend

@@ -1,23 +1,31 @@
 // Routes every session-scoped call to its session's worker without re-encoding it: a
 // callback generic service that relays raw messages in both directions (unary and
-// streaming alike), checks the session first, and turns a worker's death or fault into
-// the session's FAULTED state.
+// streaming alike), authenticates the caller and checks that the session is the caller
+// tenant's first, and turns a worker's death or fault into the session's FAULTED state.
+//
+// Three calls are also read on the way through, for the tenant's ledger: Allocate (the
+// size is reserved against max_device_memory_bytes before the worker sees the request,
+// and the answer's buffer id is recorded), Free (the buffer's bytes are released once the
+// worker confirms) and Compile (a slot of max_concurrent_compiles is held while it runs).
 #ifndef GPURPC_SERVER_FRONTEND_PROXY_H_
 #define GPURPC_SERVER_FRONTEND_PROXY_H_
 
 #include "grpcpp/generic/async_generic_service.h"
+#include "server/frontend/auth.h"
 #include "server/frontend/session_manager.h"
 
 namespace gpurpc::frontend {
 
 class SessionProxy final : public grpc::CallbackGenericService {
  public:
-  explicit SessionProxy(SessionManager* sessions) : sessions_(sessions) {}
+  SessionProxy(SessionManager* sessions, const Authenticator* auth)
+      : sessions_(sessions), auth_(auth) {}
 
   grpc::ServerGenericBidiReactor* CreateReactor(grpc::GenericCallbackServerContext* context) override;
 
  private:
   SessionManager* sessions_;
+  const Authenticator* auth_;
 };
 
 }  // namespace gpurpc::frontend

@@ -1,32 +1,42 @@
-// The front end's own services: devices (answered from the inventory taken at start) and
-// sessions (open, close, keepalive). Callback API; blocking work (starting or ending a
-// worker process) runs off the gRPC threads.
+// The front end's own services: devices (answered from the inventory taken at start, plus
+// the caller's view of the server), sessions (open, close, keepalive) and administration.
+// Every call is authenticated first (auth.h); sessions are found only for their own tenant.
+// Callback API; blocking work (starting or ending a worker process) runs off the gRPC
+// threads.
 #ifndef GPURPC_SERVER_FRONTEND_SERVICES_H_
 #define GPURPC_SERVER_FRONTEND_SERVICES_H_
 
+#include "gpurpc/v1/admin_service.grpc.pb.h"
 #include "gpurpc/v1/device_service.grpc.pb.h"
 #include "gpurpc/v1/session_service.grpc.pb.h"
+#include "server/frontend/auth.h"
 #include "server/frontend/session_manager.h"
 
 namespace gpurpc::frontend {
 
 class DeviceServiceImpl final : public v1::DeviceService::CallbackService {
  public:
-  explicit DeviceServiceImpl(SessionManager* sessions) : sessions_(sessions) {}
+  DeviceServiceImpl(SessionManager* sessions, const Authenticator* auth)
+      : sessions_(sessions), auth_(auth) {}
   grpc::ServerUnaryReactor* ListDevices(grpc::CallbackServerContext* context,
                                         const v1::ListDevicesRequest* request,
                                         v1::ListDevicesResponse* response) override;
   grpc::ServerUnaryReactor* GetDevice(grpc::CallbackServerContext* context,
                                       const v1::GetDeviceRequest* request,
                                       v1::GetDeviceResponse* response) override;
+  grpc::ServerUnaryReactor* GetServerInfo(grpc::CallbackServerContext* context,
+                                          const v1::GetServerInfoRequest* request,
+                                          v1::GetServerInfoResponse* response) override;
 
  private:
   SessionManager* sessions_;
+  const Authenticator* auth_;
 };
 
 class SessionServiceImpl final : public v1::SessionService::CallbackService {
  public:
-  explicit SessionServiceImpl(SessionManager* sessions) : sessions_(sessions) {}
+  SessionServiceImpl(SessionManager* sessions, const Authenticator* auth)
+      : sessions_(sessions), auth_(auth) {}
   grpc::ServerUnaryReactor* OpenSession(grpc::CallbackServerContext* context,
                                         const v1::OpenSessionRequest* request,
                                         v1::OpenSessionResponse* response) override;
@@ -39,6 +49,24 @@ class SessionServiceImpl final : public v1::SessionService::CallbackService {
 
  private:
   SessionManager* sessions_;
+  const Authenticator* auth_;
+};
+
+// Admin tenants only (DaemonOptions::admin_tenants); everyone else PERMISSION_DENIED.
+class AdminServiceImpl final : public v1::AdminService::CallbackService {
+ public:
+  AdminServiceImpl(SessionManager* sessions, const Authenticator* auth)
+      : sessions_(sessions), auth_(auth) {}
+  grpc::ServerUnaryReactor* ListSessions(grpc::CallbackServerContext* context,
+                                         const v1::ListSessionsRequest* request,
+                                         v1::ListSessionsResponse* response) override;
+  grpc::ServerUnaryReactor* CloseSession(grpc::CallbackServerContext* context,
+                                         const v1::AdminCloseSessionRequest* request,
+                                         v1::AdminCloseSessionResponse* response) override;
+
+ private:
+  SessionManager* sessions_;
+  const Authenticator* auth_;
 };
 
 }  // namespace gpurpc::frontend

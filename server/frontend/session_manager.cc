@@ -4,7 +4,10 @@
 #include <vector>
 
 #include "absl/strings/numbers.h"
+#include "gpurpc/internal/v1/worker_control.grpc.pb.h"
+#include "grpcpp/grpcpp.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/escaping.h"
 #include "absl/strings/str_format.h"
 #include "common/limits.h"
 #include "common/status_macros.h"
@@ -15,12 +18,35 @@ namespace {
 
 constexpr absl::Duration kWorkerStartTimeout = absl::Seconds(60);
 constexpr absl::Duration kMaintainInterval = absl::Milliseconds(200);
+constexpr absl::Duration kBindTimeout = absl::Seconds(10);
+
+// One message for an unknown session and for another tenant's: never confirm that an id
+// exists.
+absl::Status NoSuchSession(uint64_t session_id) {
+  return absl::NotFoundError(absl::StrFormat(
+      "no session %d (it was closed, reclaimed after the idle timeout, or never existed)",
+      session_id));
+}
+
+std::string Bytes(uint64_t bytes) {
+  if (bytes >= (1ull << 30) && bytes % (1ull << 20) == 0) {
+    return absl::StrFormat("%d bytes (%.2f GiB)", bytes, bytes / double(1ull << 30));
+  }
+  if (bytes >= (1ull << 20)) {
+    return absl::StrFormat("%d bytes (%.1f MiB)", bytes, bytes / double(1ull << 20));
+  }
+  return absl::StrFormat("%d bytes", bytes);
+}
 
 }  // namespace
 
-SessionRecord::SessionRecord(uint64_t id, int device, std::unique_ptr<WorkerProcess> worker)
+SessionRecord::SessionRecord(uint64_t id, int device, std::unique_ptr<WorkerProcess> worker,
+                             std::string tenant, std::string peer, std::string client_label)
     : id_(id),
       device_(device),
+      tenant_(std::move(tenant)),
+      peer_(std::move(peer)),
+      client_label_(std::move(client_label)),
       worker_(std::move(worker)),
       stub_(std::make_unique<grpc::GenericStub>(worker_->channel())),
       last_activity_ns_(absl::GetCurrentTimeNanos()) {}
@@ -143,31 +169,91 @@ absl::StatusOr<std::unique_ptr<WorkerProcess>> SessionManager::TakeWarmWorker(in
   return StartWorker(device);
 }
 
+absl::Status SessionManager::BindWorker(WorkerProcess& worker, uint64_t session_id,
+                                        const std::string& tenant) {
+  internal::v1::WorkerControl::Stub stub(worker.channel());
+  grpc::ClientContext context;
+  context.set_deadline(absl::ToChronoTime(absl::Now() + kBindTimeout));
+  internal::v1::BindRequest request;
+  request.set_session_id(session_id);
+  request.set_tenant(tenant);
+  *request.mutable_quota() = options_.QuotaFor(tenant);
+  internal::v1::BindResponse response;
+  const grpc::Status status = stub.Bind(&context, request, &response);
+  if (!status.ok()) {
+    return absl::UnavailableError(
+        absl::StrCat("cannot hand the worker to the session: ", status.error_message()));
+  }
+  return absl::OkStatus();
+}
+
+void SessionManager::ReleaseSlot(const std::string& tenant) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (auto it = tenant_slots_.find(tenant); it != tenant_slots_.end()) {
+    if (--it->second == 0) tenant_slots_.erase(it);
+  }
+  --total_slots_;
+}
+
 absl::StatusOr<std::shared_ptr<SessionRecord>> SessionManager::Open(
-    int device_ordinal, const std::string& client_label) {
+    int device_ordinal, const std::string& client_label, const std::string& tenant,
+    const std::string& peer) {
   if (pools_.count(device_ordinal) == 0) {
     return absl::NotFoundError(absl::StrFormat(
         "no device with ordinal %d (this daemon serves %d)", device_ordinal,
         inventory_.devices_size()));
   }
+  const v1::TenantQuota quota = options_.QuotaFor(tenant);
   {
+    // Reserve the slot before the worker is taken, so that the caps hold under any number
+    // of concurrent opens.
     std::lock_guard<std::mutex> lock(mu_);
-    if (static_cast<int>(sessions_.size()) >= options_.max_sessions) {
+    if (total_slots_ >= static_cast<uint32_t>(options_.max_sessions)) {
       return absl::ResourceExhaustedError(absl::StrFormat(
-          "the daemon's limit of %d open sessions is reached", options_.max_sessions));
+          "the daemon's limit of %d open sessions (--max-sessions) is reached",
+          options_.max_sessions));
     }
+    uint32_t& held = tenant_slots_[tenant];
+    if (quota.max_sessions() != 0 && held >= quota.max_sessions()) {
+      if (held == 0) tenant_slots_.erase(tenant);
+      return absl::ResourceExhaustedError(absl::StrFormat(
+          "quota max_sessions of tenant '%s' reached: it holds %d open sessions of at most "
+          "%d; close one first",
+          tenant, held, quota.max_sessions()));
+    }
+    ++held;
+    ++total_slots_;
   }
   auto worker = TakeWarmWorker(device_ordinal);
   if (!worker.ok()) {
+    ReleaseSlot(tenant);
     return absl::UnavailableError(
         absl::StrCat("cannot start a worker for device ", device_ordinal, ": ",
                      worker.status().message()));
   }
-  const uint64_t id = ids_.Next();
-  auto record = std::make_shared<SessionRecord>(id, device_ordinal, std::move(*worker));
+  uint64_t id;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    do {
+      id = ids_.Next();
+    } while (sessions_.count(id) != 0);
+  }
+  if (absl::Status bound = BindWorker(**worker, id, tenant); !bound.ok()) {
+    ReleaseSlot(tenant);
+    return bound;
+  }
+  auto record = std::make_shared<SessionRecord>(id, device_ordinal, std::move(*worker), tenant,
+                                                peer, client_label);
   std::weak_ptr<SessionRecord> weak = record;
-  record->worker().SetExitCallback([weak](const std::string& description) {
+  record->worker().SetExitCallback([this, weak](const std::string& description) {
     if (auto session = weak.lock()) {
+      {
+        // Its memory is free now, whatever the ledger says.
+        std::lock_guard<std::mutex> lock(mu_);
+        session->memory_gone_ = true;
+        session->memory_bytes_ = 0;
+        session->buffer_bytes_.clear();
+      }
       session->MarkFaulted(absl::StrCat("its worker process ", description));
     }
   });
@@ -175,8 +261,9 @@ absl::StatusOr<std::shared_ptr<SessionRecord>> SessionManager::Open(
     std::lock_guard<std::mutex> lock(mu_);
     sessions_[id] = record;
   }
-  spdlog::info("session {} opened on device {} (worker pid {}){}{}", id, device_ordinal,
-               record->worker().pid(), client_label.empty() ? "" : " for ", client_label);
+  spdlog::info("session {} opened on device {} for tenant {} ({}, worker pid {}){}{}", id,
+               device_ordinal, tenant, peer, record->worker().pid(),
+               client_label.empty() ? "" : ", client ", client_label);
   return record;
 }
 
@@ -185,46 +272,144 @@ absl::Status SessionManager::Close(uint64_t session_id) {
   {
     std::lock_guard<std::mutex> lock(mu_);
     auto it = sessions_.find(session_id);
-    if (it == sessions_.end()) {
-      return absl::NotFoundError(absl::StrFormat("no session %d", session_id));
-    }
+    if (it == sessions_.end()) return NoSuchSession(session_id);
     record = std::move(it->second);
     sessions_.erase(it);
+    record->memory_gone_ = true;
+    record->memory_bytes_ = 0;
+    record->buffer_bytes_.clear();
   }
+  ReleaseSlot(record->tenant());
   record->MarkClosing();
   record->worker().Kill();
   record->worker().WaitExited(absl::Seconds(10));
-  spdlog::info("session {} closed", session_id);
+  spdlog::info("session {} of tenant {} closed", session_id, record->tenant());
   return absl::OkStatus();
 }
 
-absl::StatusOr<std::shared_ptr<SessionRecord>> SessionManager::Find(uint64_t session_id) {
+absl::StatusOr<std::shared_ptr<SessionRecord>> SessionManager::Find(uint64_t session_id,
+                                                                    const std::string& tenant) {
   std::lock_guard<std::mutex> lock(mu_);
   auto it = sessions_.find(session_id);
-  if (it == sessions_.end()) {
-    return absl::NotFoundError(absl::StrFormat(
-        "no session %d (it was closed, reclaimed after the idle timeout, or never existed)",
-        session_id));
+  if (it == sessions_.end()) return NoSuchSession(session_id);
+  if (it->second->tenant() != tenant) {
+    spdlog::warn("tenant {} named session {} of tenant {}; answered NOT_FOUND", tenant,
+                 session_id, it->second->tenant());
+    return NoSuchSession(session_id);
   }
   return it->second;
 }
 
 absl::StatusOr<std::shared_ptr<SessionRecord>> SessionManager::FindFromMetadata(
-    const std::multimap<grpc::string_ref, grpc::string_ref>& metadata) {
+    const std::multimap<grpc::string_ref, grpc::string_ref>& metadata,
+    const std::string& tenant) {
   auto it = metadata.find(kSessionMetadataKey);
   if (it == metadata.end()) {
     return absl::InvalidArgumentError(absl::StrCat(
         "this call is session-scoped: send the session id from OpenSession as '",
         kSessionMetadataKey, "' metadata"));
   }
-  const std::string value(it->second.data(), it->second.size());
+  const std::string value(it->second.data(), std::min<size_t>(it->second.size(), 64));
   uint64_t id = 0;
   if (!absl::SimpleAtoi(value, &id) || id == 0) {
     return absl::InvalidArgumentError(absl::StrFormat(
         "'%s' metadata '%s' is not a session id (a decimal 64-bit number)",
-        kSessionMetadataKey, value));
+        kSessionMetadataKey, absl::CHexEscape(value)));
   }
-  return Find(id);
+  return Find(id, tenant);
+}
+
+std::vector<std::shared_ptr<SessionRecord>> SessionManager::AllSessions() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  std::vector<std::shared_ptr<SessionRecord>> out;
+  out.reserve(sessions_.size());
+  for (const auto& [id, session] : sessions_) out.push_back(session);
+  return out;
+}
+
+TenantUsage SessionManager::Usage(const std::string& tenant) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  TenantUsage usage;
+  if (auto it = tenant_slots_.find(tenant); it != tenant_slots_.end()) usage.sessions = it->second;
+  usage.device_memory_bytes = TenantMemoryLocked(tenant);
+  if (auto it = tenant_compiles_.find(tenant); it != tenant_compiles_.end()) {
+    usage.compiles = it->second;
+  }
+  return usage;
+}
+
+uint64_t SessionManager::MemoryBytes(const SessionRecord& session) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return session.memory_bytes_;
+}
+
+uint64_t SessionManager::TenantMemoryLocked(const std::string& tenant) const {
+  uint64_t total = 0;
+  for (const auto& [id, session] : sessions_) {
+    if (session->tenant() == tenant) total += session->memory_bytes_;
+  }
+  return total;
+}
+
+absl::Status SessionManager::ReserveMemory(SessionRecord& session, uint64_t bytes) {
+  const uint64_t limit = options_.QuotaFor(session.tenant()).max_device_memory_bytes();
+  std::lock_guard<std::mutex> lock(mu_);
+  if (session.memory_gone_) return absl::OkStatus();  // the worker will answer
+  if (limit != 0) {
+    const uint64_t used = TenantMemoryLocked(session.tenant());
+    if (bytes > limit || used > limit - bytes) {
+      return absl::ResourceExhaustedError(absl::StrFormat(
+          "quota max_device_memory_bytes of tenant '%s' is %s: the tenant holds %s, and this "
+          "allocation asks for %s more; free some first",
+          session.tenant(), Bytes(limit), Bytes(used), Bytes(bytes)));
+    }
+  }
+  session.memory_bytes_ += bytes;
+  return absl::OkStatus();
+}
+
+void SessionManager::CommitBuffer(SessionRecord& session, uint64_t reserved_bytes,
+                                  uint64_t buffer_id, uint64_t buffer_bytes) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (session.memory_gone_) return;
+  session.memory_bytes_ -= std::min(session.memory_bytes_, reserved_bytes);
+  session.memory_bytes_ += buffer_bytes;
+  session.buffer_bytes_[buffer_id] = buffer_bytes;
+}
+
+void SessionManager::CancelReservation(SessionRecord& session, uint64_t bytes) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (session.memory_gone_) return;
+  session.memory_bytes_ -= std::min(session.memory_bytes_, bytes);
+}
+
+void SessionManager::ReleaseBuffer(SessionRecord& session, uint64_t buffer_id) {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = session.buffer_bytes_.find(buffer_id);
+  if (it == session.buffer_bytes_.end()) return;
+  session.memory_bytes_ -= std::min(session.memory_bytes_, it->second);
+  session.buffer_bytes_.erase(it);
+}
+
+absl::Status SessionManager::BeginCompile(const std::string& tenant) {
+  const uint32_t limit = options_.QuotaFor(tenant).max_concurrent_compiles();
+  std::lock_guard<std::mutex> lock(mu_);
+  uint32_t& running = tenant_compiles_[tenant];
+  if (limit != 0 && running >= limit) {
+    return absl::ResourceExhaustedError(absl::StrFormat(
+        "quota max_concurrent_compiles of tenant '%s' reached: %d compiles of at most %d are "
+        "running; retry when one has finished",
+        tenant, running, limit));
+  }
+  ++running;
+  return absl::OkStatus();
+}
+
+void SessionManager::EndCompile(const std::string& tenant) {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = tenant_compiles_.find(tenant);
+  if (it == tenant_compiles_.end()) return;
+  if (--it->second == 0) tenant_compiles_.erase(it);
 }
 
 size_t SessionManager::session_count() const {

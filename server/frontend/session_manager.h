@@ -2,6 +2,14 @@
 // pre-started workers per device), finds them for routing, marks them FAULTED when their
 // worker dies, and reclaims those whose client went quiet for the idle timeout.
 //
+// Tenancy: every session belongs to the tenant that opened it. Find* answers NOT_FOUND,
+// word for word as for an id that never existed, when the caller's tenant is not the
+// session's. The manager is also the tenants' ledger: it reserves a session slot (global
+// and per tenant) before a worker is started, so that the caps hold under any number of
+// concurrent opens; it accounts the device memory of every buffer (reserved before the
+// worker allocates, released on Free or when the session ends) and the compiles running
+// per tenant. Quotas come from DaemonOptions::QuotaFor.
+//
 // Thread safety: all methods are thread-safe.
 #ifndef GPURPC_SERVER_FRONTEND_SESSION_MANAGER_H_
 #define GPURPC_SERVER_FRONTEND_SESSION_MANAGER_H_
@@ -16,6 +24,7 @@
 #include <string>
 #include <thread>
 #include <unordered_map>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -32,11 +41,19 @@ namespace gpurpc::frontend {
 // One open session. Shared by the manager and the calls in flight on it.
 class SessionRecord {
  public:
-  SessionRecord(uint64_t id, int device, std::unique_ptr<WorkerProcess> worker);
+  SessionRecord(uint64_t id, int device, std::unique_ptr<WorkerProcess> worker,
+                std::string tenant, std::string peer, std::string client_label);
   ~SessionRecord();
 
   uint64_t id() const { return id_; }
   int device() const { return device_; }
+  const std::string& tenant() const { return tenant_; }
+  const std::string& peer() const { return peer_; }
+  const std::string& client_label() const { return client_label_; }
+  absl::Duration age() const { return absl::Now() - opened_; }
+  absl::Duration idle() const {
+    return absl::Nanoseconds(absl::GetCurrentTimeNanos() - last_activity_ns_.load());
+  }
   WorkerProcess& worker() { return *worker_; }
   grpc::GenericStub& stub() { return *stub_; }
 
@@ -69,6 +86,10 @@ class SessionRecord {
  private:
   const uint64_t id_;
   const int device_;
+  const std::string tenant_;
+  const std::string peer_;
+  const std::string client_label_;
+  const absl::Time opened_ = absl::Now();
   std::unique_ptr<WorkerProcess> worker_;
   std::unique_ptr<grpc::GenericStub> stub_;
   mutable std::mutex mu_;
@@ -76,6 +97,19 @@ class SessionRecord {
   bool closing_ = false;
   std::atomic<int64_t> last_activity_ns_;
   std::atomic<int> calls_in_flight_{0};
+
+  friend class SessionManager;
+  // Device memory ledger, guarded by the manager's mutex.
+  std::unordered_map<uint64_t, uint64_t> buffer_bytes_;  // buffer id -> size
+  uint64_t memory_bytes_ = 0;                            // buffers + reservations
+  bool memory_gone_ = false;  // the worker ended: its memory is free, accounts nothing
+};
+
+// What one tenant holds now.
+struct TenantUsage {
+  uint32_t sessions = 0;  // open, plus opens in progress
+  uint64_t device_memory_bytes = 0;
+  uint32_t compiles = 0;
 };
 
 class SessionManager {
@@ -92,21 +126,52 @@ class SessionManager {
   const v1::ListDevicesResponse& inventory() const { return inventory_; }
   absl::Duration idle_timeout() const { return options_.session_idle_timeout; }
 
+  // Opens a session for `tenant`. RESOURCE_EXHAUSTED naming the limit when the daemon's
+  // --max-sessions or the tenant's max_sessions is reached (checked and reserved before a
+  // worker is taken); NOT_FOUND for an unknown device; UNAVAILABLE when no worker starts.
   absl::StatusOr<std::shared_ptr<SessionRecord>> Open(int device_ordinal,
-                                                      const std::string& client_label);
+                                                      const std::string& client_label,
+                                                      const std::string& tenant,
+                                                      const std::string& peer);
+  // Closes any session (the caller has checked who may). NOT_FOUND for an unknown id.
   absl::Status Close(uint64_t session_id);
-  // NOT_FOUND for an unknown id. Does not check the state.
-  absl::StatusOr<std::shared_ptr<SessionRecord>> Find(uint64_t session_id);
+  // NOT_FOUND for an unknown id or one of another tenant. Does not check the state.
+  absl::StatusOr<std::shared_ptr<SessionRecord>> Find(uint64_t session_id,
+                                                      const std::string& tenant);
   // Parses the "gpurpc-session" metadata value: INVALID_ARGUMENT when missing or malformed,
   // else Find.
   absl::StatusOr<std::shared_ptr<SessionRecord>> FindFromMetadata(
-      const std::multimap<grpc::string_ref, grpc::string_ref>& metadata);
+      const std::multimap<grpc::string_ref, grpc::string_ref>& metadata,
+      const std::string& tenant);
+  // Every session, for the admin API.
+  std::vector<std::shared_ptr<SessionRecord>> AllSessions() const;
 
   size_t session_count() const;
+  const DaemonOptions& options() const { return options_; }
+  TenantUsage Usage(const std::string& tenant) const;
+  // Device memory `session` accounts for now.
+  uint64_t MemoryBytes(const SessionRecord& session) const;
+
+  // Device memory ledger. ReserveMemory: RESOURCE_EXHAUSTED naming the quota, the tenant's
+  // use and the request when `bytes` more would pass max_device_memory_bytes. A
+  // reservation ends with CommitBuffer (it becomes the buffer's) or CancelReservation.
+  absl::Status ReserveMemory(SessionRecord& session, uint64_t bytes);
+  void CommitBuffer(SessionRecord& session, uint64_t reserved_bytes, uint64_t buffer_id,
+                    uint64_t buffer_bytes);
+  void CancelReservation(SessionRecord& session, uint64_t bytes);
+  void ReleaseBuffer(SessionRecord& session, uint64_t buffer_id);
+  // Compile slots: RESOURCE_EXHAUSTED when the tenant's max_concurrent_compiles run.
+  absl::Status BeginCompile(const std::string& tenant);
+  void EndCompile(const std::string& tenant);
 
  private:
   absl::StatusOr<std::unique_ptr<WorkerProcess>> StartWorker(int device);
   absl::StatusOr<std::unique_ptr<WorkerProcess>> TakeWarmWorker(int device);
+  // Hands the worker to its tenant (WorkerControl.Bind).
+  absl::Status BindWorker(WorkerProcess& worker, uint64_t session_id, const std::string& tenant);
+  void ReleaseSlot(const std::string& tenant);
+  // Under mu_.
+  uint64_t TenantMemoryLocked(const std::string& tenant) const;
   void Maintain();  // background: refill pools, reclaim idle sessions
 
   DaemonOptions options_;
@@ -118,6 +183,11 @@ class SessionManager {
   std::condition_variable wake_;
   bool stopping_ = false;
   std::unordered_map<uint64_t, std::shared_ptr<SessionRecord>> sessions_;
+  // Session slots per tenant: open sessions plus opens in progress; the sum over tenants is
+  // the daemon's count against --max-sessions.
+  std::map<std::string, uint32_t> tenant_slots_;
+  uint32_t total_slots_ = 0;
+  std::map<std::string, uint32_t> tenant_compiles_;
   std::map<int, std::deque<std::unique_ptr<WorkerProcess>>> pools_;
   std::thread maintainer_;
 };

@@ -7,6 +7,7 @@
 #include "absl/strings/str_format.h"
 #include "common/grpc_status.h"
 #include "common/limits.h"
+#include "gpurpc/internal/v1/worker_control.grpc.pb.h"
 #include "gpurpc/v1/device_service.grpc.pb.h"
 #include "gpurpc/v1/execution_service.grpc.pb.h"
 #include "gpurpc/v1/memory_service.grpc.pb.h"
@@ -336,6 +337,24 @@ class ExecutionServiceImpl final : public v1::ExecutionService::Service {
   Session* session_;
 };
 
+// The front end's private control calls (never relayed from clients).
+class WorkerControlImpl final : public internal::v1::WorkerControl::Service {
+ public:
+  explicit WorkerControlImpl(Session* session) : session_(session) {}
+
+  grpc::Status Bind(grpc::ServerContext*, const internal::v1::BindRequest* request,
+                    internal::v1::BindResponse*) override {
+    Session::Limits limits;
+    limits.max_streams = request->quota().max_streams_per_session();
+    limits.max_events = request->quota().max_events_per_session();
+    limits.max_modules = request->quota().max_modules_per_session();
+    return ToGrpcStatus(session_->Bind(request->tenant(), limits));
+  }
+
+ private:
+  Session* session_;
+};
+
 }  // namespace
 
 void ToProto(const backend::DeviceInfo& info, v1::DeviceInfo* out) {
@@ -365,6 +384,7 @@ std::vector<std::unique_ptr<grpc::Service>> MakeWorkerServices(backend::Backend*
     services.push_back(std::make_unique<MemoryServiceImpl>(session));
     services.push_back(std::make_unique<ModuleServiceImpl>(session));
     services.push_back(std::make_unique<ExecutionServiceImpl>(session));
+    services.push_back(std::make_unique<WorkerControlImpl>(session));
   }
   return services;
 }

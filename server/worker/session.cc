@@ -107,6 +107,41 @@ Session::~Session() {
   context_.reset();
 }
 
+absl::Status Session::Bind(const std::string& tenant, const Limits& limits) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (bound_) {
+    return absl::FailedPreconditionError("Bind: this worker is already bound to a session");
+  }
+  bound_ = true;
+  tenant_ = tenant;
+  limits_ = limits;
+  return absl::OkStatus();
+}
+
+std::string Session::tenant() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return tenant_;
+}
+
+uint64_t Session::NewIdLocked() {
+  for (;;) {
+    const uint64_t id = ids_.Next();
+    if (buffers_.count(id) == 0 && modules_.count(id) == 0 && functions_.count(id) == 0 &&
+        streams_.count(id) == 0 && events_.count(id) == 0) {
+      return id;
+    }
+  }
+}
+
+absl::Status Session::CheckCountLocked(const char* what, size_t count, uint32_t limit,
+                                       const char* quota_name) const {
+  if (limit == 0 || count < limit) return absl::OkStatus();
+  return absl::ResourceExhaustedError(absl::StrFormat(
+      "quota %s of tenant '%s' reached: this session holds %d %s of at most %d; destroy "
+      "some first",
+      quota_name, tenant_, count, what, limit));
+}
+
 absl::Status Session::Check(absl::Status status) {
   if (status.ok() || !IsSticky(status)) return status;
   {
@@ -135,9 +170,10 @@ absl::StatusOr<v1::BufferInfo> Session::Allocate(uint64_t size_bytes) {
   GPURPC_RETURN_IF_ERROR(fault());
   if (size_bytes == 0) return absl::InvalidArgumentError("Allocate: size_bytes must be > 0");
   GPURPC_ASSIGN_OR_RETURN(backend::DevicePtr address, Check(context_->Alloc(size_bytes)));
-  const uint64_t id = ids_.Next();
+  uint64_t id;
   {
     std::lock_guard<std::mutex> lock(mu_);
+    id = NewIdLocked();
     buffers_[id] = address;
     ranges_[address] = Range{id, size_bytes};
   }
@@ -317,6 +353,7 @@ absl::StatusOr<v1::CompileResponse> Session::Compile(const v1::CompileRequest& r
   creq.name_expressions.assign(request.name_expressions().begin(),
                                request.name_expressions().end());
   creq.target = context_->CompileTarget();
+  creq.tenant = tenant();
   GPURPC_ASSIGN_OR_RETURN(compiler::CompileResult result, compiler_->Compile(creq));
 
   v1::CompileResponse response;
@@ -343,14 +380,22 @@ absl::StatusOr<v1::CompileResponse> Session::Compile(const v1::CompileRequest& r
 absl::StatusOr<uint64_t> Session::LoadModule(const std::string& image) {
   GPURPC_RETURN_IF_ERROR(fault());
   if (image.empty()) return absl::InvalidArgumentError("LoadModule: the image is empty");
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    GPURPC_RETURN_IF_ERROR(CheckCountLocked("modules", modules_.size(), limits_.max_modules,
+                                            "max_modules_per_session"));
+  }
   GPURPC_ASSIGN_OR_RETURN(
       std::unique_ptr<backend::Module> module,
       Check(context_->LoadModule(absl::Span<const uint8_t>(
           reinterpret_cast<const uint8_t*>(image.data()), image.size()))));
   auto entry = std::make_shared<ModuleEntry>();
   entry->module = std::move(module);
-  const uint64_t id = ids_.Next();
   std::lock_guard<std::mutex> lock(mu_);
+  // Checked again: concurrent loads may have passed the first check together.
+  GPURPC_RETURN_IF_ERROR(CheckCountLocked("modules", modules_.size(), limits_.max_modules,
+                                          "max_modules_per_session"));
+  const uint64_t id = NewIdLocked();
   modules_[id] = std::move(entry);
   return id;
 }
@@ -400,7 +445,7 @@ absl::StatusOr<v1::GetFunctionResponse> Session::GetFunction(uint64_t module_id,
     std::lock_guard<std::mutex> lock(mu_);
     auto [it, inserted] = entry->functions_by_name.emplace(name, 0);
     if (inserted) {
-      it->second = ids_.Next();
+      it->second = NewIdLocked();
       functions_[it->second] = std::move(function_entry);
     }
     response.set_function_id(it->second);
@@ -484,10 +529,17 @@ absl::StatusOr<std::shared_ptr<Session::FunctionEntry>> Session::FindFunction(
 
 absl::StatusOr<uint64_t> Session::CreateStream(bool non_blocking) {
   GPURPC_RETURN_IF_ERROR(fault());
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    GPURPC_RETURN_IF_ERROR(CheckCountLocked("streams", streams_.size(), limits_.max_streams,
+                                            "max_streams_per_session"));
+  }
   GPURPC_ASSIGN_OR_RETURN(std::unique_ptr<backend::Stream> stream,
                           Check(context_->CreateStream(non_blocking)));
-  const uint64_t id = ids_.Next();
   std::lock_guard<std::mutex> lock(mu_);
+  GPURPC_RETURN_IF_ERROR(CheckCountLocked("streams", streams_.size(), limits_.max_streams,
+                                          "max_streams_per_session"));
+  const uint64_t id = NewIdLocked();
   streams_[id] = std::move(stream);
   return id;
 }
@@ -528,10 +580,17 @@ absl::Status Session::Synchronize() {
 
 absl::StatusOr<uint64_t> Session::CreateEvent(bool disable_timing, bool blocking_sync) {
   GPURPC_RETURN_IF_ERROR(fault());
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    GPURPC_RETURN_IF_ERROR(CheckCountLocked("events", events_.size(), limits_.max_events,
+                                            "max_events_per_session"));
+  }
   GPURPC_ASSIGN_OR_RETURN(std::unique_ptr<backend::Event> event,
                           Check(context_->CreateEvent(disable_timing, blocking_sync)));
-  const uint64_t id = ids_.Next();
   std::lock_guard<std::mutex> lock(mu_);
+  GPURPC_RETURN_IF_ERROR(CheckCountLocked("events", events_.size(), limits_.max_events,
+                                          "max_events_per_session"));
+  const uint64_t id = NewIdLocked();
   events_[id] = std::move(event);
   return id;
 }

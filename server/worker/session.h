@@ -52,6 +52,18 @@ class Session {
 
   const backend::DeviceInfo& device() const { return context_->device(); }
 
+  // Per-session limits from the tenant's quota; 0 = no limit of its own.
+  struct Limits {
+    uint32_t max_streams = 0;
+    uint32_t max_events = 0;
+    uint32_t max_modules = 0;
+  };
+  // Binds the session to the tenant the front end handed it to (see worker_control.proto).
+  // FAILED_PRECONDITION when already bound. Until bound, the tenant is "" and there are no
+  // limits: the front end binds every worker before it relays a client's call to it.
+  absl::Status Bind(const std::string& tenant, const Limits& limits);
+  std::string tenant() const;
+
   // Memory.
   absl::StatusOr<v1::BufferInfo> Allocate(uint64_t size_bytes);
   absl::Status Free(uint64_t buffer_id);
@@ -146,6 +158,12 @@ class Session {
                                                      std::vector<uint8_t>* scratch);
   absl::Status RunCommand(const v1::Command& command, v1::CommandReply* reply,
                           uint64_t* download_bytes);
+  // A fresh id that no live handle of this session has. Under mu_.
+  uint64_t NewIdLocked();
+  // RESOURCE_EXHAUSTED naming the quota when `count` objects of a kind already reach
+  // `limit` (0 = none). Under mu_.
+  absl::Status CheckCountLocked(const char* what, size_t count, uint32_t limit,
+                                const char* quota_name) const;
 
   std::unique_ptr<backend::Context> context_;
   compiler::Compiler* compiler_;
@@ -153,6 +171,9 @@ class Session {
   HandleIdGenerator ids_;
 
   mutable std::mutex mu_;
+  bool bound_ = false;                                  // guarded by mu_
+  std::string tenant_;                                  // guarded by mu_
+  Limits limits_;                                       // guarded by mu_
   absl::Status fault_;                                  // guarded by mu_
   std::map<backend::DevicePtr, Range> ranges_;          // by start address
   std::unordered_map<uint64_t, backend::DevicePtr> buffers_;

@@ -1,0 +1,108 @@
+// Who is calling: every call on the main listener is authenticated to a tenant before it
+// touches a session, a device or the admin service.
+//
+//  * Unix socket: the kernel-verified peer uid (SO_PEERCRED, taken when the connection is
+//    accepted, see unix_listener.h) is the tenant, named by its user name ("uid-N" when the
+//    uid has no name). Tokens are not looked at.
+//  * TCP: a client certificate verified against --tls-client-ca names the tenant by its
+//    common name (mTLS), and/or an `authorization: Bearer <token>` header matches a line of
+//    the --tokens-file. When both are present they must name the same tenant. With
+//    --insecure, a TCP call with neither is the tenant "anonymous".
+//
+// The tokens file holds `tenant:salt_hex:sha256_hex` lines, sha256 over the salt's bytes
+// followed by the token's, never the token itself; `#` starts a comment. Tokens are never
+// logged. ReloadTokens() (SIGHUP) swaps in a new table atomically, keeping the old one
+// when the new file is bad.
+//
+// Thread safety: all methods are thread-safe.
+#ifndef GPURPC_SERVER_FRONTEND_AUTH_H_
+#define GPURPC_SERVER_FRONTEND_AUTH_H_
+
+#include <sys/types.h>
+
+#include <map>
+#include <memory>
+#include <mutex>
+#include <set>
+#include <string>
+#include <unordered_map>
+
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "grpcpp/server_context.h"
+#include "server/options.h"
+
+namespace gpurpc::frontend {
+
+struct Identity {
+  std::string tenant;
+  std::string method;  // "unix-peer", "token", "mtls" or "insecure"
+  std::string peer;    // for logs and the admin API: "unix uid 1000 pid 42", "ipv4:..."
+};
+
+// A parsed tokens file.
+class TokenTable {
+ public:
+  // INVALID_ARGUMENT naming the line for a malformed file; NOT_FOUND when unreadable;
+  // FAILED_PRECONDITION when others may read or write it.
+  static absl::StatusOr<std::shared_ptr<const TokenTable>> Load(const std::string& path);
+
+  // The tenant `token` belongs to, or "" (constant time in the token's content).
+  std::string Find(absl::string_view token) const;
+  size_t size() const { return entries_.size(); }
+
+ private:
+  struct Entry {
+    std::string tenant;
+    std::string salt;    // raw bytes
+    std::string digest;  // raw SHA-256(salt || token)
+  };
+  std::vector<Entry> entries_;
+};
+
+// A new random token for `tenant` and its tokens-file line.
+struct NewToken {
+  std::string token;
+  std::string line;
+};
+NewToken MakeToken(const std::string& tenant);
+
+class Authenticator {
+ public:
+  explicit Authenticator(const DaemonOptions& options);
+
+  // Loads the tokens file, if any. The daemon does not start when this fails.
+  absl::Status Start();
+  // Re-reads the tokens file; on error the previous table stays in force.
+  absl::Status ReloadTokens();
+
+  // Called by the Unix listener for each accepted connection before gRPC sees it.
+  void RegisterUnixPeer(int fd, uid_t uid, pid_t pid);
+
+  // The caller's identity, or UNAUTHENTICATED saying what is missing or wrong (never
+  // quoting a token).
+  absl::StatusOr<Identity> Authenticate(const grpc::ServerContextBase& context) const;
+
+  bool IsAdmin(const std::string& tenant) const { return admins_.count(tenant) > 0; }
+
+ private:
+  struct UnixPeer {
+    uid_t uid;
+    pid_t pid;
+    std::string tenant;
+  };
+  std::string TenantForToken(absl::string_view token) const;
+
+  const DaemonOptions options_;
+  const std::set<std::string> admins_;
+
+  mutable std::mutex mu_;
+  std::shared_ptr<const TokenTable> tokens_;           // guarded by mu_
+  std::unordered_map<int, UnixPeer> unix_peers_;       // by fd; guarded by mu_
+  // Verified tokens by their SHA-256, so that a call costs one hash, not one per entry.
+  mutable std::unordered_map<std::string, std::string> token_cache_;  // guarded by mu_
+};
+
+}  // namespace gpurpc::frontend
+
+#endif  // GPURPC_SERVER_FRONTEND_AUTH_H_
