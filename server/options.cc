@@ -1,12 +1,24 @@
 #include "server/options.h"
 
+#include <unistd.h>
+
+#include <algorithm>
 #include <cstdlib>
+#include <fstream>
 #include <functional>
 #include <map>
+#include <sstream>
 
+#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
+#include "common/status_macros.h"
+#include "gpurpc/config/v1/daemon_config.pb.h"
+#include "google/protobuf/io/tokenizer.h"
+#include "google/protobuf/text_format.h"
 
 namespace gpurpc {
 namespace {
@@ -16,7 +28,39 @@ struct Flag {
   const char* value_name;  // nullptr for internal flags, which --help does not list
   const char* help;
   std::function<absl::Status(DaemonOptions&, const std::string&)> set;
+  bool boolean = false;  // takes no value, or =true / =false
 };
+
+absl::Status ParseBool(const std::string& name, const std::string& value, bool* out) {
+  if (value == "true" || value == "1") {
+    *out = true;
+  } else if (value == "false" || value == "0") {
+    *out = false;
+  } else {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("--%s: '%s' is not true or false", name, value));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ParseU32(const std::string& name, const std::string& value, uint32_t* out) {
+  if (!absl::SimpleAtoi(value, out)) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("--%s: '%s' is not a non-negative 32-bit integer", name, value));
+  }
+  return absl::OkStatus();
+}
+
+// Tenant names appear in logs, metrics and the admin API: keep them printable and short.
+absl::Status CheckTenantName(const std::string& what, const std::string& name) {
+  if (name.empty() || name.size() > 128 ||
+      name.find_first_not_of("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789"
+                             "._@+-=,") != std::string::npos) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "%s: '%s' is not a tenant name (1 to 128 of A-Z a-z 0-9 . _ @ + - = ,)", what, name));
+  }
+  return absl::OkStatus();
+}
 
 absl::Status ParseU64(const std::string& name, const std::string& value, uint64_t* out) {
   if (!absl::SimpleAtoi(value, out)) {
@@ -36,15 +80,136 @@ absl::Status ParseInt(const std::string& name, const std::string& value, int min
 
 const std::vector<Flag>& Flags() {
   static const auto* flags = new std::vector<Flag>{
+      {"config", "PATH",
+       "configuration file (protobuf text format, see deploy/config/gpurpcd.conf); flags "
+       "override it",
+       [](DaemonOptions& o, const std::string& v) {
+         o.config_file = v;
+         return absl::OkStatus();
+       }},
       {"listen", "HOST:PORT",
-       "TCP address to serve on (default 127.0.0.1:50051); empty disables TCP",
+       "TCP address to serve on (default: none). Needs --tokens-file or --tls-client-ca, and "
+       "TLS (--tls-cert) unless the address is loopback; --insecure overrides both",
        [](DaemonOptions& o, const std::string& v) {
          o.listen = v;
          return absl::OkStatus();
        }},
-      {"unix-socket", "PATH", "also serve on this unix socket (default: none)",
+      {"unix-socket", "PATH",
+       "unix socket to serve on; its clients are known by their user (default "
+       "$XDG_RUNTIME_DIR/gpurpc/gpurpcd.sock, else /run/gpurpc/gpurpcd.sock as root, else "
+       "/tmp/gpurpc-UID/gpurpcd.sock); empty disables it",
        [](DaemonOptions& o, const std::string& v) {
          o.unix_socket = v;
+         return absl::OkStatus();
+       }},
+      {"unix-socket-mode", "OCTAL",
+       "permissions of the unix socket (default 0660: the daemon's user and group)",
+       [](DaemonOptions& o, const std::string& v) {
+         uint32_t mode = 0;
+         if (v.empty() || v.size() > 4 || v.find_first_not_of("01234567") != std::string::npos ||
+             (mode = static_cast<uint32_t>(std::stoul(v, nullptr, 8))) > 0777) {
+           return absl::InvalidArgumentError(
+               absl::StrFormat("--unix-socket-mode: '%s' is not an octal mode such as 0660", v));
+         }
+         o.unix_socket_mode = mode;
+         return absl::OkStatus();
+       }},
+      {"health-listen", "ADDRESS",
+       "separate listener for grpc.health.v1 and reflection only, needing no credentials "
+       "(HOST:PORT or unix:PATH; default: none)",
+       [](DaemonOptions& o, const std::string& v) {
+         o.health_listen = v;
+         return absl::OkStatus();
+       }},
+      {"tokens-file", "PATH",
+       "bearer tokens of TCP clients: lines 'tenant:salt_hex:sha256_hex' (see --new-token); "
+       "reloaded on SIGHUP",
+       [](DaemonOptions& o, const std::string& v) {
+         o.tokens_file = v;
+         return absl::OkStatus();
+       }},
+      {"tls-cert", "PEM", "TLS certificate (chain) of the TCP listener",
+       [](DaemonOptions& o, const std::string& v) {
+         o.tls_cert = v;
+         return absl::OkStatus();
+       }},
+      {"tls-key", "PEM", "private key of --tls-cert",
+       [](DaemonOptions& o, const std::string& v) {
+         o.tls_key = v;
+         return absl::OkStatus();
+       }},
+      {"tls-client-ca", "PEM",
+       "CA bundle for client certificates (mutual TLS): a client presenting a certificate it "
+       "signed is the tenant named by the certificate's common name",
+       [](DaemonOptions& o, const std::string& v) {
+         o.tls_client_ca = v;
+         return absl::OkStatus();
+       }},
+      {"insecure", "",
+       "allow a TCP listener without TLS on a non-loopback address, and without any "
+       "credentials (every such client is the tenant 'anonymous'); logged loudly",
+       [](DaemonOptions& o, const std::string& v) { return ParseBool("insecure", v, &o.insecure); },
+       true},
+      {"admin-tenants", "A,B", "tenants that may list and close every session (AdminService)",
+       [](DaemonOptions& o, const std::string& v) {
+         o.admin_tenants.clear();
+         for (absl::string_view part : absl::StrSplit(v, ',', absl::SkipEmpty())) {
+           GPURPC_RETURN_IF_ERROR(CheckTenantName("--admin-tenants", std::string(part)));
+           o.admin_tenants.emplace_back(part);
+         }
+         return absl::OkStatus();
+       }},
+      {"new-token", "TENANT",
+       "print a new random token for TENANT and its --tokens-file line, then exit",
+       [](DaemonOptions& o, const std::string& v) {
+         GPURPC_RETURN_IF_ERROR(CheckTenantName("--new-token", v));
+         o.new_token_tenant = v;
+         return absl::OkStatus();
+       }},
+      {"tenant-max-sessions", "N", "default quota: sessions a tenant may hold open (default 16)",
+       [](DaemonOptions& o, const std::string& v) {
+         uint32_t n;
+         GPURPC_RETURN_IF_ERROR(ParseU32("tenant-max-sessions", v, &n));
+         o.default_quota.set_max_sessions(n);
+         return absl::OkStatus();
+       }},
+      {"tenant-max-device-memory-bytes", "N",
+       "default quota: device memory a tenant's buffers may hold over all its sessions "
+       "(default 0: no limit but the device's)",
+       [](DaemonOptions& o, const std::string& v) {
+         uint64_t n;
+         GPURPC_RETURN_IF_ERROR(ParseU64("tenant-max-device-memory-bytes", v, &n));
+         o.default_quota.set_max_device_memory_bytes(n);
+         return absl::OkStatus();
+       }},
+      {"tenant-max-streams-per-session", "N", "default quota: streams per session (default 1024)",
+       [](DaemonOptions& o, const std::string& v) {
+         uint32_t n;
+         GPURPC_RETURN_IF_ERROR(ParseU32("tenant-max-streams-per-session", v, &n));
+         o.default_quota.set_max_streams_per_session(n);
+         return absl::OkStatus();
+       }},
+      {"tenant-max-events-per-session", "N", "default quota: events per session (default 16384)",
+       [](DaemonOptions& o, const std::string& v) {
+         uint32_t n;
+         GPURPC_RETURN_IF_ERROR(ParseU32("tenant-max-events-per-session", v, &n));
+         o.default_quota.set_max_events_per_session(n);
+         return absl::OkStatus();
+       }},
+      {"tenant-max-modules-per-session", "N",
+       "default quota: modules loaded per session (default 1024)",
+       [](DaemonOptions& o, const std::string& v) {
+         uint32_t n;
+         GPURPC_RETURN_IF_ERROR(ParseU32("tenant-max-modules-per-session", v, &n));
+         o.default_quota.set_max_modules_per_session(n);
+         return absl::OkStatus();
+       }},
+      {"tenant-max-concurrent-compiles", "N",
+       "default quota: compiles of one tenant running at once (default 4)",
+       [](DaemonOptions& o, const std::string& v) {
+         uint32_t n;
+         GPURPC_RETURN_IF_ERROR(ParseU32("tenant-max-concurrent-compiles", v, &n));
+         o.default_quota.set_max_concurrent_compiles(n);
          return absl::OkStatus();
        }},
       {"backend", "auto|cuda|fake",
@@ -87,6 +252,13 @@ const std::vector<Flag>& Flags() {
          o.cache_dir = v;
          return absl::OkStatus();
        }},
+      {"cache-key-file", "PATH",
+       "secret key (32 bytes, mode 0600, created when missing) that authenticates the compile "
+       "cache's files (default: the cache dir's path with \".key\" appended, beside it)",
+       [](DaemonOptions& o, const std::string& v) {
+         o.cache_key_file = v;
+         return absl::OkStatus();
+       }},
       {"cache-max-bytes", "N", "size bound of the on-disk compile cache (default 1 GiB)",
        [](DaemonOptions& o, const std::string& v) {
          return ParseU64("cache-max-bytes", v, &o.cache_max_bytes);
@@ -117,7 +289,8 @@ const std::vector<Flag>& Flags() {
        [](DaemonOptions& o, const std::string&) {
          o.internal_worker = true;
          return absl::OkStatus();
-       }},
+       },
+       true},
       {"worker-fd", nullptr, "",
        [](DaemonOptions& o, const std::string& v) {
          return ParseInt("worker-fd", v, 0, &o.worker_fd);
@@ -130,10 +303,100 @@ const std::vector<Flag>& Flags() {
   return *flags;
 }
 
+const Flag* FindFlag(const std::string& name) {
+  for (const Flag& f : Flags()) {
+    if (name == f.name) return &f;
+  }
+  return nullptr;
+}
+
+// Collects the text parser's errors with their line and column.
+class ConfigErrors final : public google::protobuf::io::ErrorCollector {
+ public:
+  void AddError(int line, int column, const std::string& message) override {
+    errors_.push_back(absl::StrFormat("line %d column %d: %s", line + 1, column + 1, message));
+  }
+  void AddWarning(int line, int column, const std::string& message) override {
+    AddError(line, column, message);
+  }
+  std::string Text() const { return absl::StrJoin(errors_, "; "); }
+
+ private:
+  std::vector<std::string> errors_;
+};
+
+// Applies a DaemonConfig file: each scalar field through the flag of the same name (one
+// table of settings, one set of checks), then the quotas.
+absl::Status ApplyConfigFile(const std::string& path, DaemonOptions& options) {
+  std::ifstream in(path);
+  if (!in) {
+    return absl::NotFoundError(absl::StrFormat("--config: cannot read '%s'", path));
+  }
+  std::stringstream text;
+  text << in.rdbuf();
+  config::v1::DaemonConfig config;
+  google::protobuf::TextFormat::Parser parser;
+  ConfigErrors errors;
+  parser.RecordErrorsTo(&errors);
+  if (!parser.ParseFromString(text.str(), &config)) {
+    return absl::InvalidArgumentError(absl::StrFormat("--config %s: %s", path, errors.Text()));
+  }
+  const google::protobuf::Reflection* reflection = config.GetReflection();
+  std::vector<const google::protobuf::FieldDescriptor*> fields;
+  reflection->ListFields(config, &fields);
+  for (const google::protobuf::FieldDescriptor* field : fields) {
+    if (field->type() == google::protobuf::FieldDescriptor::TYPE_MESSAGE) continue;
+    std::string flag_name = field->name();
+    std::replace(flag_name.begin(), flag_name.end(), '_', '-');
+    const Flag* flag = FindFlag(flag_name);
+    if (flag == nullptr) {
+      return absl::InternalError(absl::StrFormat("config field %s has no flag", field->name()));
+    }
+    std::string value;
+    if (field->is_repeated()) {
+      std::vector<std::string> items;
+      for (int i = 0; i < reflection->FieldSize(config, field); ++i) {
+        items.push_back(reflection->GetRepeatedString(config, field, i));
+      }
+      value = absl::StrJoin(items, ",");
+    } else {
+      google::protobuf::TextFormat::PrintFieldValueToString(config, field, -1, &value);
+      if (field->type() == google::protobuf::FieldDescriptor::TYPE_STRING) {
+        value = reflection->GetString(config, field);
+      }
+    }
+    if (absl::Status status = flag->set(options, value); !status.ok()) {
+      return absl::InvalidArgumentError(
+          absl::StrFormat("--config %s: field %s: %s", path, field->name(), status.message()));
+    }
+  }
+  if (config.has_default_quota()) options.default_quota.MergeFrom(config.default_quota());
+  for (const auto& [tenant, quota] : config.tenant_quotas()) {
+    if (absl::Status status = CheckTenantName("tenant_quotas", tenant); !status.ok()) {
+      return absl::InvalidArgumentError(absl::StrFormat("--config %s: %s", path, status.message()));
+    }
+    options.tenant_quotas[tenant] = quota;
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 absl::StatusOr<DaemonOptions> ParseDaemonOptions(int argc, char** argv) {
   DaemonOptions options;
+  options.unix_socket = DefaultUnixSocket();
+  // The config file first (wherever --config appears), so that every flag overrides it.
+  for (int i = 1; i < argc; ++i) {
+    const std::string arg = argv[i];
+    if (absl::StartsWith(arg, "--config=")) {
+      options.config_file = arg.substr(9);
+    } else if (arg == "--config" && i + 1 < argc) {
+      options.config_file = argv[i + 1];
+    }
+  }
+  if (!options.config_file.empty()) {
+    GPURPC_RETURN_IF_ERROR(ApplyConfigFile(options.config_file, options));
+  }
   for (int i = 1; i < argc; ++i) {
     std::string arg = argv[i];
     if (arg == "--help" || arg == "-h") {
@@ -152,15 +415,14 @@ absl::StatusOr<DaemonOptions> ParseDaemonOptions(int argc, char** argv) {
       name.resize(eq);
       has_value = true;
     }
-    const Flag* flag = nullptr;
-    for (const Flag& f : Flags()) {
-      if (name == f.name) flag = &f;
-    }
+    const Flag* flag = FindFlag(name);
     if (flag == nullptr) {
       return absl::InvalidArgumentError(
           absl::StrFormat("unknown flag --%s (see --help)", name));
     }
-    if (!has_value && name != "internal-worker") {
+    if (!has_value && flag->boolean) {
+      value = "true";
+    } else if (!has_value) {
       if (i + 1 >= argc) {
         return absl::InvalidArgumentError(absl::StrFormat("--%s needs a value", name));
       }
@@ -178,11 +440,74 @@ absl::StatusOr<DaemonOptions> ParseDaemonOptions(int argc, char** argv) {
   if (options.internal_worker && options.worker_fd < 0) {
     return absl::InvalidArgumentError("--internal-worker needs --worker-fd");
   }
-  if (!options.internal_worker && options.listen.empty() && options.unix_socket.empty()) {
-    return absl::InvalidArgumentError("nothing to serve on: --listen is empty and no "
-                                      "--unix-socket was given");
+  if (options.internal_worker || options.help || !options.new_token_tenant.empty()) {
+    return options;
+  }
+  if (options.listen.empty() && options.unix_socket.empty()) {
+    return absl::InvalidArgumentError(
+        "nothing to serve on: --listen and --unix-socket are both empty");
+  }
+  if (options.tls_cert.empty() != options.tls_key.empty()) {
+    return absl::InvalidArgumentError("--tls-cert and --tls-key go together: give both");
+  }
+  if (!options.tls_client_ca.empty() && options.tls_cert.empty()) {
+    return absl::InvalidArgumentError(
+        "--tls-client-ca (mutual TLS) needs the server's own --tls-cert and --tls-key");
+  }
+  if (!options.listen.empty() && !options.insecure) {
+    if (options.tokens_file.empty() && options.tls_client_ca.empty()) {
+      return absl::InvalidArgumentError(absl::StrFormat(
+          "--listen=%s: a TCP listener needs a way to authenticate its clients: "
+          "--tokens-file and/or --tls-client-ca (or --insecure, where every TCP client is the "
+          "tenant 'anonymous')",
+          options.listen));
+    }
+    if (options.tls_cert.empty() && !IsLoopbackAddress(options.listen)) {
+      return absl::InvalidArgumentError(absl::StrFormat(
+          "--listen=%s is not a loopback address: without TLS (--tls-cert, --tls-key) tokens "
+          "and data would cross the network in the clear; give a certificate, or --insecure",
+          options.listen));
+    }
   }
   return options;
+}
+
+std::string DefaultUnixSocket() {
+  if (const char* runtime = std::getenv("XDG_RUNTIME_DIR"); runtime != nullptr && *runtime == '/') {
+    return absl::StrCat(runtime, "/gpurpc/gpurpcd.sock");
+  }
+  if (geteuid() == 0) return "/run/gpurpc/gpurpcd.sock";
+  return absl::StrCat("/tmp/gpurpc-", geteuid(), "/gpurpcd.sock");
+}
+
+bool IsLoopbackAddress(const std::string& address) {
+  std::string host = address;
+  if (absl::StartsWith(host, "[")) {
+    host = host.substr(1, host.find(']') == std::string::npos ? std::string::npos
+                                                              : host.find(']') - 1);
+  } else if (size_t colon = host.rfind(':'); colon != std::string::npos) {
+    host.resize(colon);
+  }
+  return host == "localhost" || host == "::1" || absl::StartsWith(host, "127.");
+}
+
+v1::TenantQuota DaemonOptions::DefaultQuota() {
+  v1::TenantQuota quota;
+  quota.set_max_sessions(16);
+  quota.set_max_device_memory_bytes(0);
+  quota.set_max_streams_per_session(1024);
+  quota.set_max_events_per_session(16384);
+  quota.set_max_modules_per_session(1024);
+  quota.set_max_concurrent_compiles(4);
+  return quota;
+}
+
+v1::TenantQuota DaemonOptions::QuotaFor(const std::string& tenant) const {
+  v1::TenantQuota quota = default_quota;
+  if (auto it = tenant_quotas.find(tenant); it != tenant_quotas.end()) {
+    quota.MergeFrom(it->second);  // proto3: only the fields the override sets (non-zero)
+  }
+  return quota;
 }
 
 std::string DaemonUsage() {
@@ -192,7 +517,12 @@ std::string DaemonUsage() {
       "Usage: gpurpcd [--flag=value ...]\n\nFlags:\n";
   for (const Flag& flag : Flags()) {
     if (flag.value_name == nullptr) continue;
-    absl::StrAppendFormat(&out, "  --%s=%s\n      %s\n", flag.name, flag.value_name, flag.help);
+    if (flag.boolean) {
+      absl::StrAppendFormat(&out, "  --%s\n      %s\n", flag.name, flag.help);
+    } else {
+      absl::StrAppendFormat(&out, "  --%s=%s\n      %s\n", flag.name, flag.value_name,
+                            flag.help);
+    }
   }
   out += "  --help\n      print this text\n";
   return out;
@@ -204,6 +534,7 @@ std::vector<std::string> WorkerArgs(const DaemonOptions& options, int device, in
           absl::StrCat("--device=", device),
           absl::StrCat("--backend=", options.backend),
           absl::StrCat("--cache-dir=", options.cache_dir),
+          absl::StrCat("--cache-key-file=", options.cache_key_file),
           absl::StrCat("--cache-max-bytes=", options.cache_max_bytes),
           absl::StrCat("--fake-memory-bytes=", options.fake_memory_bytes),
           absl::StrCat("--cuda-include-dir=", options.cuda_include_dir),

@@ -4,18 +4,36 @@
 #define GPURPC_SERVER_OPTIONS_H_
 
 #include <cstdint>
+#include <map>
 #include <string>
 #include <vector>
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "gpurpc/v1/device_service.pb.h"
 
 namespace gpurpc {
 
 struct DaemonOptions {
-  // Front end.
-  std::string listen = "127.0.0.1:50051";
-  std::string unix_socket;
+  // Front end. With no authentication configured the daemon serves only its Unix socket.
+  std::string config_file;  // --config: a DaemonConfig in text format, applied before flags
+  std::string listen;       // TCP; "" = none
+  std::string unix_socket;  // "" = none; defaults to DefaultUnixSocket()
+  uint32_t unix_socket_mode = 0660;
+  std::string health_listen;  // grpc.health.v1 + reflection only, no credentials; "" = none
+  // Authentication (TCP). The Unix socket's tenant is always the peer's user.
+  std::string tokens_file;
+  std::string tls_cert;
+  std::string tls_key;
+  std::string tls_client_ca;  // set = request and verify client certificates (mTLS)
+  bool insecure = false;      // accept TCP without TLS off loopback / without any credentials
+  std::vector<std::string> admin_tenants;
+  // Quotas: the default for every tenant, and per-tenant overrides (config file only).
+  v1::TenantQuota default_quota = DefaultQuota();
+  std::map<std::string, v1::TenantQuota> tenant_quotas;
+  // --new-token=TENANT: print a new token and its tokens-file line, then exit.
+  std::string new_token_tenant;
+
   std::string backend = "auto";  // auto | cuda | fake
   absl::Duration session_idle_timeout = absl::Seconds(60);
   int warm_workers = 1;
@@ -23,6 +41,10 @@ struct DaemonOptions {
   std::string log_level = "info";
   // Handed to workers.
   std::string cache_dir;  // "" = $XDG_CACHE_HOME/gpurpc or ~/.cache/gpurpc
+  // The compile cache's MAC key (32 bytes, mode 0600; created when missing). "" = the cache
+  // dir's path with ".key" appended, beside it. Workers read it themselves: the key itself
+  // is never passed on a command line.
+  std::string cache_key_file;
   uint64_t cache_max_bytes = 1ull << 30;
   uint64_t fake_memory_bytes = 8ull << 30;
   std::string cuda_include_dir = "/usr/local/cuda/include";
@@ -32,9 +54,23 @@ struct DaemonOptions {
   int device = -1;  // -1 = inventory worker (lists devices, opens no context)
 
   bool help = false;
+
+  // The quota every tenant has unless the configuration says otherwise.
+  static v1::TenantQuota DefaultQuota();
+  // `tenant`'s quota: the default with the tenant's overrides merged in.
+  v1::TenantQuota QuotaFor(const std::string& tenant) const;
 };
 
-// Parses argv. INVALID_ARGUMENT names the bad flag or value.
+// Where the daemon listens when --unix-socket is not given:
+// $XDG_RUNTIME_DIR/gpurpc/gpurpcd.sock, else /run/gpurpc/gpurpcd.sock for root, else
+// /tmp/gpurpc-<uid>/gpurpcd.sock. The clients look in the same places.
+std::string DefaultUnixSocket();
+// True for "localhost:N", "127.x.y.z:N" and "[::1]:N".
+bool IsLoopbackAddress(const std::string& address);
+
+// Parses argv: first the --config file when one is named, then every flag, so that flags
+// override the file. INVALID_ARGUMENT names the bad flag, field or value (with the file's
+// line and column for a syntax error); NOT_FOUND when the config file cannot be read.
 absl::StatusOr<DaemonOptions> ParseDaemonOptions(int argc, char** argv);
 // The --help text, every user-facing flag with its default.
 std::string DaemonUsage();
