@@ -1,9 +1,12 @@
 # syntax=docker/dockerfile:1
-# gpurpcd in a container: the daemon on the CUDA backend, listening on 0.0.0.0:50051.
+# gpurpcd in a container: the daemon on the CUDA backend, listening on 0.0.0.0:50051 with
+# TLS and bearer tokens (mounted under /etc/gpurpc), health on 50052.
 #
 #   docker build -t gpurpc .
-#   docker run --rm --gpus all -p 50051:50051 -v gpurpc-cache:/var/cache/gpurpc gpurpc
-#   docker run --rm --gpus all -p 50051:50051 gpurpc --log-level=debug --max-sessions=16
+#   docker run --rm --gpus all -p 50051:50051 -v /srv/gpurpc/etc:/etc/gpurpc:ro \
+#     -v gpurpc-cache:/var/cache/gpurpc -v gpurpc-state:/var/lib/gpurpc gpurpc
+#   (/srv/gpurpc/etc holds tls/tls.crt, tls/tls.key and tokens; see README.md, "Security")
+#   docker run ... gpurpc --log-level=debug --max-sessions=16 --config=/etc/gpurpc/gpurpcd.conf
 #
 # Flags after the image name are appended to the ENTRYPOINT's (the last one of a flag wins).
 # The GPU needs the NVIDIA Container Toolkit on the host (`--gpus`, or the nvidia runtime in
@@ -56,7 +59,8 @@ RUN apt-get update \
  && groupadd --system --gid 10001 gpurpc \
  && useradd --system --uid 10001 --gid gpurpc --no-create-home --home-dir /var/cache/gpurpc \
       --shell /usr/sbin/nologin gpurpc \
- && install -d -o gpurpc -g gpurpc -m 0750 /var/cache/gpurpc
+ && install -d -o gpurpc -g gpurpc -m 0700 /var/cache/gpurpc /var/lib/gpurpc \
+ && install -d -o gpurpc -g gpurpc -m 0750 /run/gpurpc
 
 COPY --from=build /opt/gpurpc /opt/gpurpc
 
@@ -71,9 +75,17 @@ RUN ldconfig -p | grep 'libnvrtc\.so\.13' > /dev/null \
 # The user gpurpc, by number so that Kubernetes' runAsNonRoot can verify it.
 USER 10001:10001
 WORKDIR /var/cache/gpurpc
-VOLUME ["/var/cache/gpurpc"]
-EXPOSE 50051
+# The compile cache and its MAC key (kept apart, so that the cache alone cannot forge it).
+VOLUME ["/var/cache/gpurpc", "/var/lib/gpurpc"]
+EXPOSE 50051 50052
+# Secure by default: TLS and bearer tokens from files the operator mounts under /etc/gpurpc
+# (the daemon refuses to start without them, saying which is missing); health and reflection
+# on 50052 without credentials, for probes.
 ENTRYPOINT ["/usr/bin/tini", "--", "/opt/gpurpc/bin/gpurpcd", \
             "--listen=0.0.0.0:50051", "--backend=cuda", "--cache-dir=/var/cache/gpurpc", \
+            "--cache-key-file=/var/lib/gpurpc/cache.key", \
+            "--unix-socket=/run/gpurpc/gpurpcd.sock", "--health-listen=0.0.0.0:50052", \
+            "--tls-cert=/etc/gpurpc/tls/tls.crt", "--tls-key=/etc/gpurpc/tls/tls.key", \
+            "--tokens-file=/etc/gpurpc/tokens", \
             "--cuda-include-dir=/opt/gpurpc/cuda/include"]
 CMD []

@@ -132,8 +132,16 @@ absl::Status SessionManager::Start() {
     std::string why = inventory.ok() ? "the driver reports no CUDA device"
                                      : std::string(inventory.status().message());
     if (!inventory.ok() && (*inventory_worker)->WaitExited(absl::Seconds(2))) {
-      why = absl::StrCat("the CUDA backend could not start (the worker ",
-                         (*inventory_worker)->exit_description(), "; its log is above)");
+      // Exit code 3 is the worker's "backend unavailable" (worker_main.h); any other code
+      // is a refusal of its own (an unsafe cache folder, ...), which its log line explains.
+      const std::string exit = (*inventory_worker)->exit_description();
+      if (options_.backend == "fake" || exit != "exited with code 3") {
+        return absl::UnavailableError(absl::StrCat(
+            "the worker that lists the devices ", exit,
+            "; its log above says why, and the daemon cannot start until that is fixed"));
+      }
+      why = absl::StrCat("the CUDA backend could not start (the worker ", exit,
+                         "; its log is above)");
     }
     return absl::UnavailableError(absl::StrCat(
         "no GPU to serve with --backend=", automatic ? "auto" : options_.backend, ": ", why,

@@ -1,0 +1,168 @@
+// gpurpcd's flags and configuration file (server/options.h).
+#include "server/options.h"
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "gmock/gmock.h"
+#include "gpurpc/config/v1/daemon_config.pb.h"
+#include "gtest/gtest.h"
+#include "tests/testing/status_matchers.h"
+
+namespace gpurpc {
+namespace {
+
+using ::gpurpc::testing::IsOk;
+using ::gpurpc::testing::StatusIs;
+using ::testing::HasSubstr;
+using ::testing::Not;
+
+absl::StatusOr<DaemonOptions> Parse(std::vector<std::string> args) {
+  args.insert(args.begin(), "gpurpcd");
+  std::vector<char*> argv;
+  for (std::string& arg : args) argv.push_back(arg.data());
+  return ParseDaemonOptions(static_cast<int>(argv.size()), argv.data());
+}
+
+std::string WriteConfig(const std::string& text) {
+  char path[] = "/tmp/gpurpc-options-test-XXXXXX";
+  const int fd = mkstemp(path);
+  close(fd);
+  std::ofstream(path) << text;
+  return path;
+}
+
+TEST(OptionsTest, SecureByDefault) {
+  auto options = Parse({});
+  ASSERT_THAT(options.status(), IsOk());
+  EXPECT_EQ(options->listen, "");
+  EXPECT_EQ(options->unix_socket, DefaultUnixSocket());
+  EXPECT_FALSE(options->insecure);
+}
+
+TEST(OptionsTest, TcpNeedsCredentialsAndTlsOffLoopback) {
+  EXPECT_THAT(Parse({"--listen=127.0.0.1:1"}).status(),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("--tokens-file")));
+  EXPECT_THAT(Parse({"--listen=127.0.0.1:1", "--tokens-file=/x"}).status(), IsOk());
+  EXPECT_THAT(Parse({"--listen=[::1]:1", "--tokens-file=/x"}).status(), IsOk());
+  EXPECT_THAT(Parse({"--listen=localhost:1", "--tokens-file=/x"}).status(), IsOk());
+  EXPECT_THAT(Parse({"--listen=0.0.0.0:1", "--tokens-file=/x"}).status(),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("not a loopback")));
+  EXPECT_THAT(Parse({"--listen=10.1.2.3:1", "--tokens-file=/x", "--tls-cert=/c"}).status(),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("--tls-key")));
+  EXPECT_THAT(
+      Parse({"--listen=10.1.2.3:1", "--tokens-file=/x", "--tls-cert=/c", "--tls-key=/k"}).status(),
+      IsOk());
+  EXPECT_THAT(Parse({"--listen=0.0.0.0:1", "--insecure"}).status(), IsOk());
+  EXPECT_THAT(Parse({"--listen=0.0.0.0:1", "--insecure=false"}).status(), Not(IsOk()));
+  EXPECT_THAT(Parse({"--tls-client-ca=/ca"}).status(),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("--tls-cert")));
+  EXPECT_THAT(Parse({"--listen=", "--unix-socket="}).status(),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("nothing to serve on")));
+}
+
+TEST(OptionsTest, QuotaFlagsAndTenantNames) {
+  auto options = Parse({"--tenant-max-sessions=3", "--tenant-max-device-memory-bytes=1024",
+                        "--admin-tenants=root,ops"});
+  ASSERT_THAT(options.status(), IsOk());
+  EXPECT_EQ(options->QuotaFor("anyone").max_sessions(), 3u);
+  EXPECT_EQ(options->QuotaFor("anyone").max_device_memory_bytes(), 1024u);
+  EXPECT_EQ(options->QuotaFor("anyone").max_concurrent_compiles(),
+            DaemonOptions::DefaultQuota().max_concurrent_compiles());
+  EXPECT_THAT(options->admin_tenants, ::testing::ElementsAre("root", "ops"));
+  EXPECT_THAT(Parse({"--admin-tenants=a b"}).status(),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("tenant name")));
+  EXPECT_THAT(Parse({"--tenant-max-sessions=-1"}).status(),
+              StatusIs(absl::StatusCode::kInvalidArgument));
+  EXPECT_THAT(Parse({"--unix-socket-mode=0999"}).status(),
+              StatusIs(absl::StatusCode::kInvalidArgument));
+  auto mode = Parse({"--unix-socket-mode=0600"});
+  ASSERT_THAT(mode.status(), IsOk());
+  EXPECT_EQ(mode->unix_socket_mode, 0600u);
+}
+
+TEST(OptionsTest, ConfigFileIsAppliedAndFlagsOverrideIt) {
+  const std::string path = WriteConfig(R"(
+unix_socket: "/tmp/x.sock"
+max_sessions: 7
+warm_workers: 0
+insecure: true
+listen: "0.0.0.0:9"
+admin_tenants: "root"
+admin_tenants: "ops"
+session_idle_timeout: "90s"
+default_quota { max_sessions: 2 max_device_memory_bytes: 4096 }
+tenant_quotas { key: "alice" value { max_sessions: 5 } }
+)");
+  auto options = Parse({absl::StrCat("--config=", path), "--max-sessions=9"});
+  ASSERT_THAT(options.status(), IsOk());
+  EXPECT_EQ(options->unix_socket, "/tmp/x.sock");
+  EXPECT_EQ(options->max_sessions, 9);  // the flag wins, wherever it stands
+  EXPECT_EQ(options->warm_workers, 0);  // an explicit 0 in the file counts
+  EXPECT_TRUE(options->insecure);
+  EXPECT_EQ(options->session_idle_timeout, absl::Seconds(90));
+  EXPECT_THAT(options->admin_tenants, ::testing::ElementsAre("root", "ops"));
+  EXPECT_EQ(options->QuotaFor("bob").max_sessions(), 2u);
+  EXPECT_EQ(options->QuotaFor("bob").max_device_memory_bytes(), 4096u);
+  EXPECT_EQ(options->QuotaFor("alice").max_sessions(), 5u);
+  EXPECT_EQ(options->QuotaFor("alice").max_device_memory_bytes(), 4096u);  // inherited
+  // --config given after the flag that overrides it: the flag still wins.
+  options = Parse({"--max-sessions=11", "--config", path});
+  ASSERT_THAT(options.status(), IsOk());
+  EXPECT_EQ(options->max_sessions, 11);
+  std::remove(path.c_str());
+}
+
+TEST(OptionsTest, ConfigFileErrorsNameTheLineAndField) {
+  const std::string syntax = WriteConfig("max_sessions: 3\nno_such_field: 1\n");
+  EXPECT_THAT(Parse({absl::StrCat("--config=", syntax)}).status(),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       ::testing::AllOf(HasSubstr("line 2"), HasSubstr("no_such_field"))));
+  const std::string value = WriteConfig("backend: \"tpu\"\n");
+  EXPECT_THAT(Parse({absl::StrCat("--config=", value)}).status(),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       ::testing::AllOf(HasSubstr("field backend"), HasSubstr("tpu"))));
+  const std::string tenant = WriteConfig("tenant_quotas { key: \"a b\" value {} }\n");
+  EXPECT_THAT(Parse({absl::StrCat("--config=", tenant)}).status(),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("tenant name")));
+  EXPECT_THAT(Parse({"--config=/nonexistent/gpurpcd.conf"}).status(),
+              StatusIs(absl::StatusCode::kNotFound));
+  std::remove(syntax.c_str());
+  std::remove(value.c_str());
+  std::remove(tenant.c_str());
+}
+
+// Every scalar field of the configuration is a flag: the file and the flags are one table.
+TEST(OptionsTest, EveryConfigFieldIsAFlag) {
+  const google::protobuf::Descriptor* descriptor = config::v1::DaemonConfig::descriptor();
+  const std::string usage = DaemonUsage();
+  for (int i = 0; i < descriptor->field_count(); ++i) {
+    const google::protobuf::FieldDescriptor* field = descriptor->field(i);
+    if (field->type() == google::protobuf::FieldDescriptor::TYPE_MESSAGE) continue;
+    std::string flag = field->name();
+    std::replace(flag.begin(), flag.end(), '_', '-');
+    EXPECT_TRUE(absl::StrContains(usage, absl::StrCat("  --", flag)))
+        << "config field " << field->name() << " has no flag --" << flag;
+  }
+}
+
+// The shipped example configuration parses, with the meaning its comments claim.
+TEST(OptionsTest, ShippedExampleConfigParses) {
+  auto options = Parse({absl::StrCat("--config=", GPURPC_SOURCE_DIR, "/deploy/config/gpurpcd.conf")});
+  ASSERT_THAT(options.status(), IsOk());
+  EXPECT_EQ(options->listen, "0.0.0.0:50051");
+  EXPECT_FALSE(options->tls_client_ca.empty());
+  EXPECT_EQ(options->QuotaFor("someone").max_sessions(), 4u);
+  EXPECT_EQ(options->QuotaFor("alice").max_sessions(), 8u);
+  EXPECT_EQ(options->QuotaFor("alice").max_concurrent_compiles(), 2u);
+}
+
+}  // namespace
+}  // namespace gpurpc
