@@ -585,6 +585,14 @@ TEST_F(TenancyTest, AdminsListAndCloseAnySessionOthersMayNot) {
   EXPECT_THAT(summary.peer(), HasSubstr("127.0.0.1"));
   EXPECT_GT(summary.worker_pid(), 0);
 
+  // Workers are not dumpable: /proc/PID of a worker belongs to root, so the daemon's user
+  // (and so a compromised worker of another tenant) cannot ptrace it or read its memory.
+  if (geteuid() != 0) {
+    struct stat st;
+    ASSERT_EQ(stat(absl::StrCat("/proc/", summary.worker_pid()).c_str(), &st), 0);
+    EXPECT_EQ(st.st_uid, 0u) << "worker " << summary.worker_pid() << " is dumpable";
+  }
+
   auto closed = admin->AdminCloseSession(session->id());
   ASSERT_THAT(closed.status(), IsOk());
   EXPECT_EQ(closed->tenant(), "alice");
