@@ -4,8 +4,12 @@ Tests that need a daemon use the ``daemon`` fixture (or ``ctx``, which opens a s
 
 * if ``$GPURPC_ADDRESS`` is set, that daemon is used (the GPU run: a CUDA-backed gpurpcd);
 * otherwise one ``gpurpcd --backend=fake`` is started for the whole test session from
-  ``$GPURPCD_BIN`` (default ``build/server/gpurpcd``) on a free loopback port. A missing
-  binary fails those tests (set ``GPURPC_SKIP_DAEMON_TESTS=1`` to skip them instead).
+  ``$GPURPCD_BIN`` (default ``build/server/gpurpcd``) on a Unix socket in a temporary
+  directory. A missing binary fails those tests (set ``GPURPC_SKIP_DAEMON_TESTS=1`` to skip
+  them instead).
+
+Credentials for a daemon given by ``$GPURPC_ADDRESS`` come from the environment
+(``GPURPC_TOKEN``, ``GPURPC_TOKEN_FILE``, ``GPURPC_TLS*``), as for any gpurpc program.
 
 Tests marked ``gpu`` need real kernels and are skipped, with the reason printed, when the
 daemon's backend is "fake".
@@ -30,7 +34,7 @@ sys.path.insert(0, str(CLIENT_SRC))
 import grpc  # noqa: E402
 
 import gpurpc.driver as cuda  # noqa: E402
-from gpurpc._core import _make_callable  # noqa: E402
+from gpurpc._core import Client  # noqa: E402
 from gpurpc.v1 import device_service_pb2  # noqa: E402
 
 _backend: Optional[str] = None
@@ -53,10 +57,15 @@ def _free_port() -> int:
 
 
 def _list_devices(address: str, timeout: float) -> device_service_pb2.ListDevicesResponse:
-    options = [("grpc.enable_http_proxy", 0)]
-    with grpc.insecure_channel(address, options=options) as channel:
-        list_devices = _make_callable(channel, "DeviceService.ListDevices")
-        return list_devices(device_service_pb2.ListDevicesRequest(), timeout=timeout)
+    # The client's own channel: credentials from the environment (GPURPC_TOKEN, GPURPC_TLS*)
+    # apply to a daemon given by $GPURPC_ADDRESS.
+    client = Client(address)
+    try:
+        return client.method("DeviceService.ListDevices")(
+            device_service_pb2.ListDevicesRequest(), metadata=client.auth_metadata,
+            timeout=timeout)
+    finally:
+        client.close()
 
 
 def _wait_ready(address: str, proc: Optional[subprocess.Popen], log_path: Optional[Path],
@@ -95,13 +104,14 @@ def daemon(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
             pytest.skip(message)
         pytest.fail(message)
     tmp = tmp_path_factory.mktemp("gpurpcd")
-    port = _free_port()
-    address = f"127.0.0.1:{port}"
     log_path = tmp / "gpurpcd.log"
     socket_path = str(tmp / "gpurpcd.sock")
+    # Unix socket only: the daemon knows the caller from the kernel, no credentials needed
+    # (TCP needs a token or TLS; tests/python/test_auth.py starts daemons for that).
+    address = "unix:" + socket_path
     with open(log_path, "wb") as log:
         proc = subprocess.Popen(
-            [str(binary), "--backend=fake", f"--listen={address}", "--session-idle-timeout=5s",
+            [str(binary), "--backend=fake", "--listen=", "--session-idle-timeout=5s",
              f"--cache-dir={tmp / 'cache'}", f"--unix-socket={socket_path}"],
             stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
     try:

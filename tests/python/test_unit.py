@@ -66,9 +66,25 @@ def test_zero_dimension_is_a_logic_error() -> None:
 
 # -- addresses -----------------------------------------------------------------------------
 
-def test_address_resolution(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_address_resolution(monkeypatch: pytest.MonkeyPatch, tmp_path) -> None:
+    import socket as socket_module
     monkeypatch.delenv("GPURPC_ADDRESS", raising=False)
-    assert _core.resolve_address() == "localhost:50051"
+    # Nothing given and no daemon socket: a clear error naming every place looked at.
+    missing = [str(tmp_path / "a.sock"), str(tmp_path / "b.sock")]
+    monkeypatch.setattr(_core, "default_socket_paths", lambda: missing)
+    with pytest.raises(cuda.RuntimeError) as info:
+        _core.resolve_address()
+    assert "GPURPC_ADDRESS" in str(info.value)
+    assert all(path in str(info.value) for path in missing)
+    monkeypatch.undo()
+    # The daemon's default socket under $XDG_RUNTIME_DIR is found without configuration.
+    monkeypatch.delenv("GPURPC_ADDRESS", raising=False)
+    monkeypatch.setenv("XDG_RUNTIME_DIR", str(tmp_path))
+    (tmp_path / "gpurpc").mkdir()
+    path = tmp_path / "gpurpc" / "gpurpcd.sock"
+    with socket_module.socket(socket_module.AF_UNIX) as listener:
+        listener.bind(str(path))
+        assert _core.resolve_address() == f"unix:{path}"
     monkeypatch.setenv("GPURPC_ADDRESS", "gpu-box:7000")
     assert _core.resolve_address() == "gpu-box:7000"
     assert _core.resolve_address("/run/gpurpc.sock") == "unix:/run/gpurpc.sock"

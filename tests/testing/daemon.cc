@@ -3,12 +3,16 @@
 #include <dirent.h>
 #include <dlfcn.h>
 #include <fcntl.h>
+#include <netinet/in.h>
 #include <signal.h>
 #include <spawn.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <cstdlib>
+#include <cstring>
 #include <fstream>
 #include <sstream>
 #include <thread>
@@ -20,21 +24,26 @@
 extern char** environ;
 
 namespace gpurpc::testing {
-namespace {
 
-std::string Binary() {
+std::string TestDaemon::Binary() {
   if (const char* bin = std::getenv("GPURPCD_BIN"); bin != nullptr && *bin != '\0') return bin;
   return GPURPC_GPURPCD_PATH;
 }
-
-}  // namespace
 
 absl::StatusOr<std::unique_ptr<TestDaemon>> TestDaemon::Start(Options options) {
   auto daemon = std::unique_ptr<TestDaemon>(new TestDaemon());
   char tmpl[] = "/tmp/gpurpc-test-XXXXXX";
   if (mkdtemp(tmpl) == nullptr) return absl::InternalError("mkdtemp failed");
   daemon->dir_ = tmpl;
-  daemon->address_ = absl::StrCat("unix:", daemon->dir_, "/gpurpcd.sock");
+  std::string socket_path = daemon->dir_ + "/gpurpcd.sock";
+  if (options.default_unix_socket) {
+    daemon->runtime_dir_ = daemon->dir_ + "/xdg";
+    if (mkdir(daemon->runtime_dir_.c_str(), 0700) != 0) {
+      return absl::InternalError(absl::StrCat("mkdir ", daemon->runtime_dir_, " failed"));
+    }
+    socket_path = daemon->runtime_dir_ + "/gpurpc/gpurpcd.sock";
+  }
+  daemon->address_ = absl::StrCat("unix:", socket_path);
   daemon->log_path_ = daemon->dir_ + "/gpurpcd.log";
   if (options.cache_dir.empty()) {
     daemon->cache_dir_ = daemon->dir_ + "/cache";
@@ -43,25 +52,50 @@ absl::StatusOr<std::unique_ptr<TestDaemon>> TestDaemon::Start(Options options) {
     daemon->cache_dir_ = options.cache_dir;
   }
 
-  std::vector<std::string> args = {Binary(),
-                                   "--listen=",
-                                   absl::StrCat("--unix-socket=", daemon->dir_, "/gpurpcd.sock"),
-                                   absl::StrCat("--backend=", options.backend),
-                                   absl::StrCat("--session-idle-timeout=", options.idle_timeout),
-                                   absl::StrCat("--warm-workers=", options.warm_workers),
-                                   absl::StrCat("--cache-dir=", daemon->cache_dir_),
-                                   "--log-level=debug"};
+  std::string listen_flag = "--listen=";
+  if (options.listen_tcp) {
+    absl::StatusOr<int> port = FreeLoopbackPort();
+    if (!port.ok()) return port.status();
+    daemon->tcp_address_ = absl::StrCat("127.0.0.1:", *port);
+    listen_flag += daemon->tcp_address_;
+  }
+  std::vector<std::string> args = {Binary(), listen_flag};
+  if (!options.default_unix_socket) args.push_back(absl::StrCat("--unix-socket=", socket_path));
+  args.insert(args.end(), {absl::StrCat("--backend=", options.backend),
+                           absl::StrCat("--session-idle-timeout=", options.idle_timeout),
+                           absl::StrCat("--warm-workers=", options.warm_workers),
+                           absl::StrCat("--cache-dir=", daemon->cache_dir_), "--log-level=debug"});
   args.insert(args.end(), options.extra_flags.begin(), options.extra_flags.end());
   std::vector<char*> argv;
   for (std::string& arg : args) argv.push_back(arg.data());
   argv.push_back(nullptr);
+
+  // The environment: ours, minus what options.env replaces, plus options.env.
+  std::vector<std::string> env_strings = options.env;
+  if (options.default_unix_socket) {
+    env_strings.push_back(absl::StrCat("XDG_RUNTIME_DIR=", daemon->runtime_dir_));
+  }
+  auto replaced = [&](const char* entry) {
+    const char* eq = std::strchr(entry, '=');
+    const std::string name(entry, eq == nullptr ? std::strlen(entry) : eq - entry);
+    for (const std::string& e : env_strings) {
+      if (e.compare(0, name.size() + 1, name + "=") == 0) return true;
+    }
+    return false;
+  };
+  std::vector<char*> envp;
+  for (char** e = environ; *e != nullptr; ++e) {
+    if (!replaced(*e)) envp.push_back(*e);
+  }
+  for (std::string& e : env_strings) envp.push_back(e.data());
+  envp.push_back(nullptr);
 
   posix_spawn_file_actions_t actions;
   posix_spawn_file_actions_init(&actions);
   posix_spawn_file_actions_addopen(&actions, 2, daemon->log_path_.c_str(),
                                    O_WRONLY | O_CREAT | O_TRUNC, 0644);
   posix_spawn_file_actions_adddup2(&actions, 2, 1);
-  const int rc = posix_spawn(&daemon->pid_, argv[0], &actions, nullptr, argv.data(), environ);
+  const int rc = posix_spawn(&daemon->pid_, argv[0], &actions, nullptr, argv.data(), envp.data());
   posix_spawn_file_actions_destroy(&actions);
   if (rc != 0) {
     daemon->pid_ = -1;
@@ -76,8 +110,14 @@ absl::StatusOr<std::unique_ptr<TestDaemon>> TestDaemon::Start(Options options) {
       return absl::UnavailableError(
           absl::StrCat("gpurpcd exited at start; its log:\n", daemon->Log()));
     }
-    if (access((daemon->dir_ + "/gpurpcd.sock").c_str(), F_OK) == 0) {
-      auto client = Client::Connect(daemon->address_, absl::Seconds(1));
+    if (access(socket_path.c_str(), F_OK) == 0) {
+      // Only what is set here: GPURPC_* variables of the test's environment (a token, TLS
+      // files) must not change how the harness talks to its own socket.
+      ConnectOptions connect;
+      connect.address = daemon->address_;
+      connect.timeout = absl::Seconds(1);
+      connect.use_environment = false;
+      auto client = Client::Connect(connect);
       if (client.ok() && client->ListDevices().ok()) return daemon;
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
@@ -144,6 +184,24 @@ absl::Status CudaAvailable() {
   }
   dlclose(driver);
   return absl::OkStatus();
+}
+
+absl::StatusOr<int> FreeLoopbackPort() {
+  const int fd = socket(AF_INET, SOCK_STREAM, 0);
+  if (fd < 0) return absl::InternalError(absl::StrCat("socket: ", strerror(errno)));
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  addr.sin_port = 0;
+  socklen_t len = sizeof(addr);
+  if (bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0 ||
+      getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) != 0) {
+    const std::string error = strerror(errno);
+    close(fd);
+    return absl::InternalError(absl::StrCat("binding a loopback port: ", error));
+  }
+  close(fd);
+  return ntohs(addr.sin_port);
 }
 
 }  // namespace gpurpc::testing

@@ -9,6 +9,7 @@
 #include "client/cpp/src/session_core.h"
 #include "common/grpc_status.h"
 #include "common/limits.h"
+#include "gpurpc/v1/admin_service.grpc.pb.h"
 #include "gpurpc/v1/device_service.grpc.pb.h"
 #include "gpurpc/v1/session_service.grpc.pb.h"
 #include "grpcpp/grpcpp.h"
@@ -149,18 +150,7 @@ internal::ModuleHandle::~ModuleHandle() {
 
 // ---------------------------------------------------------------------------- Client
 
-absl::StatusOr<Client> Client::Connect(const std::string& address, absl::Duration timeout) {
-  grpc::ChannelArguments args;
-  args.SetMaxReceiveMessageSize(kMaxMessageBytes);
-  args.SetMaxSendMessageSize(kMaxMessageBytes);
-  auto channel = grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(), args);
-  if (!channel->WaitForConnected(std::chrono::system_clock::now() +
-                                 absl::ToChronoNanoseconds(timeout))) {
-    return absl::UnavailableError(absl::StrFormat(
-        "cannot reach gpurpcd at %s within %s", address, absl::FormatDuration(timeout)));
-  }
-  return Client(std::move(channel));
-}
+// Client::Connect is in connect.cc.
 
 absl::StatusOr<v1::ListDevicesResponse> Client::ListDevices() const {
   auto stub = v1::DeviceService::NewStub(channel_);
@@ -185,6 +175,38 @@ absl::StatusOr<Session> Client::OpenSession(int device_ordinal,
   session.core_ = std::make_shared<SessionCore>(channel_, response.session_id(),
                                                 response.device(), response.idle_timeout_ms());
   return session;
+}
+
+absl::StatusOr<v1::GetServerInfoResponse> Client::GetServerInfo() const {
+  auto stub = v1::DeviceService::NewStub(channel_);
+  grpc::ClientContext context;
+  v1::GetServerInfoResponse response;
+  grpc::Status status = stub->GetServerInfo(&context, v1::GetServerInfoRequest(), &response);
+  if (!status.ok()) return FromGrpcStatus(status);
+  return response;
+}
+
+absl::StatusOr<v1::ListSessionsResponse> Client::AdminListSessions(
+    const std::string& tenant) const {
+  auto stub = v1::AdminService::NewStub(channel_);
+  grpc::ClientContext context;
+  v1::ListSessionsRequest request;
+  request.set_tenant(tenant);
+  v1::ListSessionsResponse response;
+  grpc::Status status = stub->ListSessions(&context, request, &response);
+  if (!status.ok()) return FromGrpcStatus(status);
+  return response;
+}
+
+absl::StatusOr<v1::AdminCloseSessionResponse> Client::AdminCloseSession(uint64_t session_id) const {
+  auto stub = v1::AdminService::NewStub(channel_);
+  grpc::ClientContext context;
+  v1::AdminCloseSessionRequest request;
+  request.set_session_id(session_id);
+  v1::AdminCloseSessionResponse response;
+  grpc::Status status = stub->CloseSession(&context, request, &response);
+  if (!status.ok()) return FromGrpcStatus(status);
+  return response;
 }
 
 // ---------------------------------------------------------------------------- Session

@@ -1,6 +1,6 @@
 // gpurpc C++ client: RAII handles over the gpurpc.v1 API.
 //
-//   auto client = gpurpc::Client::Connect("localhost:50051");       // or "unix:/path"
+//   auto client = gpurpc::Client::Connect(gpurpc::ConnectOptions());  // see "Connecting"
 //   auto session = client->OpenSession(/*device_ordinal=*/0);
 //   auto buffer = session->Allocate(1 << 20);
 //   buffer->Upload(bytes);                        // any size: streamed in 1 MiB chunks
@@ -27,6 +27,16 @@
 //
 // Thread safety: a Session and its handles may be used from several threads; commands
 // enqueued from different threads are ordered by when they were enqueued.
+//
+// Connecting (ConnectOptions). Where: an explicit address, else $GPURPC_ADDRESS, else the
+// first daemon socket that exists of $XDG_RUNTIME_DIR/gpurpc/gpurpcd.sock,
+// /run/gpurpc/gpurpcd.sock and /tmp/gpurpc-<uid>/gpurpcd.sock (where gpurpcd puts its socket
+// by default), else UNAVAILABLE naming every place looked at. Who: on a Unix socket the
+// daemon knows the caller from the kernel (its uid is the tenant) and needs no credentials;
+// over TCP every call needs a bearer token (ConnectOptions::token, else $GPURPC_TOKEN, else
+// the file named by $GPURPC_TOKEN_FILE) and/or a TLS client certificate whose common name
+// is the tenant. Without valid credentials every call fails with UNAUTHENTICATED. The token
+// is never logged and never put in a status message.
 #ifndef GPURPC_CLIENT_CPP_INCLUDE_GPURPC_CLIENT_H_
 #define GPURPC_CLIENT_CPP_INCLUDE_GPURPC_CLIENT_H_
 
@@ -42,6 +52,7 @@
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "absl/types/span.h"
+#include "gpurpc/v1/admin_service.pb.h"
 #include "gpurpc/v1/device_service.pb.h"
 #include "gpurpc/v1/execution_service.pb.h"
 #include "gpurpc/v1/module_service.pb.h"
@@ -81,10 +92,73 @@ struct MemInfo {
   uint64_t total_bytes = 0;
 };
 
-// A connection to a gpurpcd.
+// How to reach a gpurpcd and what to prove to it. Every field left empty falls back to the
+// environment variable named beside it (unless use_environment is false), then to the
+// default given.
+struct ConnectOptions {
+  // gRPC target: "host:port", "dns:///host:port", "unix:/path/to.sock" or an absolute socket
+  // path. Empty: $GPURPC_ADDRESS, else the first existing default socket (see
+  // DefaultSocketPaths()), else Connect fails with UNAVAILABLE naming the places looked at.
+  std::string address;
+
+  // Bearer token, sent as "authorization: Bearer <token>" metadata on every call the client
+  // makes (the command stream and calls through channel() included); harmless on a Unix
+  // socket. Empty: read from token_file, else $GPURPC_TOKEN, else the file named by
+  // $GPURPC_TOKEN_FILE. A token file holds the token alone; surrounding whitespace is
+  // stripped; a missing, unreadable or empty file fails Connect with its path (never its
+  // contents). No token at all is fine for Unix sockets and mutual TLS.
+  std::string token;
+  std::string token_file;
+
+  // TLS for the connection: on when tls is true, when $GPURPC_TLS is "1"/"true"/"yes", or
+  // when any certificate below (or its environment variable) is given. TLS settings from
+  // the environment are not applied to Unix-socket targets (the daemon's Unix socket is
+  // plain; the kernel vouches for the peer); explicit ones are.
+  bool tls = false;
+  // Roots that verify the daemon's certificate, as PEM text or a PEM file ($GPURPC_TLS_CA).
+  // Neither: the system's default roots.
+  std::string root_certs_pem;
+  std::string root_certs_file;
+  // Client certificate chain and private key for mutual TLS, PEM text or files
+  // ($GPURPC_TLS_CERT, $GPURPC_TLS_KEY); give both or neither. The daemon takes the
+  // certificate's common name as the tenant.
+  std::string client_cert_pem;
+  std::string client_cert_file;
+  std::string client_key_pem;
+  std::string client_key_file;
+  // The name the daemon's certificate must carry when it differs from the host in address
+  // (an IP address, a test certificate): gRPC's grpc.ssl_target_name_override
+  // ($GPURPC_TLS_SERVER_NAME).
+  std::string server_name_override;
+
+  // How long Connect waits for the daemon to answer.
+  absl::Duration timeout = absl::Seconds(10);
+  // False: ignore every GPURPC_* variable (only what is set here counts).
+  bool use_environment = true;
+};
+
+// The default daemon socket paths, in the order they are tried:
+// $XDG_RUNTIME_DIR/gpurpc/gpurpcd.sock (when XDG_RUNTIME_DIR is set),
+// /run/gpurpc/gpurpcd.sock, /tmp/gpurpc-<uid>/gpurpcd.sock.
+std::vector<std::string> DefaultSocketPaths();
+
+// The gRPC target Connect would use for `address` (see ConnectOptions::address); an
+// absolute path becomes "unix:PATH". UNAVAILABLE when nothing is given and no default socket
+// exists.
+absl::StatusOr<std::string> ResolveAddress(const std::string& address = "",
+                                           bool use_environment = true);
+
+// A connection to a gpurpcd. Copyable (copies share the channel).
 class Client {
  public:
-  // Connects and checks that the daemon answers (ListDevices). UNAVAILABLE when it does not.
+  // Resolves the address and the credentials, connects, and checks with ListDevices that the
+  // daemon answers and accepts the credentials. Errors: UNAVAILABLE when it cannot be
+  // reached within options.timeout (with gRPC's reason, e.g. a TLS handshake failure);
+  // UNAUTHENTICATED when it refuses the credentials; INVALID_ARGUMENT for unusable options
+  // (unreadable token or certificate files, a client certificate without its key).
+  static absl::StatusOr<Client> Connect(const ConnectOptions& options);
+  // The same with options.address = address and options.timeout = timeout (credentials from
+  // the environment).
   static absl::StatusOr<Client> Connect(const std::string& address,
                                         absl::Duration timeout = absl::Seconds(10));
 
@@ -92,12 +166,26 @@ class Client {
   // Opens a session (one worker process with one context) on a device.
   absl::StatusOr<Session> OpenSession(int device_ordinal = 0,
                                       const std::string& client_label = "") const;
-  // The channel, for calling the proto API directly.
+  // The daemon as the caller sees it: tenant, how it was authenticated, admin or not,
+  // quota and current use, compile sandbox.
+  absl::StatusOr<v1::GetServerInfoResponse> GetServerInfo() const;
+
+  // AdminService (admin tenants only; others get PERMISSION_DENIED).
+  // Every open session of every tenant, or of `tenant` only when it is not empty.
+  absl::StatusOr<v1::ListSessionsResponse> AdminListSessions(const std::string& tenant = "") const;
+  // Closes any tenant's session; NOT_FOUND for an unknown id.
+  absl::StatusOr<v1::AdminCloseSessionResponse> AdminCloseSession(uint64_t session_id) const;
+
+  // The gRPC target connected to (after resolution).
+  const std::string& target() const { return target_; }
+  // The channel, for calling the proto API directly; it adds the token to every call.
   const std::shared_ptr<grpc::Channel>& channel() const { return channel_; }
 
  private:
-  explicit Client(std::shared_ptr<grpc::Channel> channel) : channel_(std::move(channel)) {}
+  Client(std::shared_ptr<grpc::Channel> channel, std::string target)
+      : channel_(std::move(channel)), target_(std::move(target)) {}
   std::shared_ptr<grpc::Channel> channel_;
+  std::string target_;
 };
 
 // Where device memory is addressed: a buffer plus an offset, or a raw address inside a

@@ -17,6 +17,7 @@ from __future__ import annotations
 import collections
 import os
 import queue
+import stat
 import threading
 import weakref
 from typing import Any, Callable, Deque, Dict, List, Optional, Tuple
@@ -28,11 +29,13 @@ from ._errors import (
     Error,
     LaunchError,
     LogicError,
+    RuntimeError,
     error_from_rpc,
     error_from_status,
     status_code_from_int,
 )
 from .v1 import (
+    admin_service_pb2,
     common_pb2,
     device_service_pb2,
     execution_service_pb2,
@@ -41,7 +44,6 @@ from .v1 import (
     session_service_pb2,
 )
 
-DEFAULT_ADDRESS = "localhost:50051"
 MAX_MESSAGE_BYTES = 80 << 20
 UPLOAD_CHUNK_BYTES = 1 << 20         # one inline UploadCommand / UploadStream message
 DOWNLOAD_CHUNK_BYTES = 1 << 20       # DownloadStream chunk size
@@ -57,6 +59,7 @@ SESSION_METADATA_KEY = "gpurpc-session"
 # The client builds its callables from the service descriptors rather than the generated
 # *_pb2_grpc stubs, which need grpcio >= 1.63: this works with any grpcio.
 _SERVICE_MODULES = {
+    "AdminService": admin_service_pb2,
     "DeviceService": device_service_pb2,
     "SessionService": session_service_pb2,
     "MemoryService": memory_service_pb2,
@@ -91,25 +94,64 @@ def _make_callable(channel: grpc.Channel, name: str, request_serializer: Any = "
                    response_deserializer=_message_class(module, method.output_type).FromString)
 
 
-def resolve_address(address: Optional[str] = None) -> str:
-    """The gRPC target for ``address``, else ``$GPURPC_ADDRESS``, else localhost:50051.
+def default_socket_paths() -> List[str]:
+    """Where gpurpcd puts its Unix socket by default, in the order they are tried:
+    ``$XDG_RUNTIME_DIR/gpurpc/gpurpcd.sock`` (when XDG_RUNTIME_DIR is set),
+    ``/run/gpurpc/gpurpcd.sock`` and ``/tmp/gpurpc-<uid>/gpurpcd.sock``."""
+    paths = []
+    xdg = os.environ.get("XDG_RUNTIME_DIR")
+    if xdg:
+        paths.append(os.path.join(xdg, "gpurpc", "gpurpcd.sock"))
+    paths.append("/run/gpurpc/gpurpcd.sock")
+    paths.append(f"/tmp/gpurpc-{os.getuid()}/gpurpcd.sock")
+    return paths
 
-    A bare absolute path (``/run/gpurpc.sock``) means a Unix socket; ``unix:PATH`` and
-    ``unix:///PATH`` are passed through, as are every other gRPC target syntax.
-    """
-    target = address or os.environ.get("GPURPC_ADDRESS") or DEFAULT_ADDRESS
+
+def _normalize(target: str) -> str:
     target = target.strip()
     if target.startswith("/"):
         target = "unix:" + target
     return target
 
 
+def resolve_address(address: Optional[str] = None) -> str:
+    """The gRPC target for ``address``, else ``$GPURPC_ADDRESS``, else the first default
+    daemon socket that exists (:func:`default_socket_paths`).
+
+    A bare absolute path (``/run/gpurpc.sock``) means a Unix socket; ``unix:PATH`` and
+    ``unix:///PATH`` are passed through, as are every other gRPC target syntax.
+
+    :raises RuntimeError: nothing given and no default socket exists (the message names
+        every place looked at).
+    """
+    target = _normalize(address or "") or _normalize(os.environ.get("GPURPC_ADDRESS") or "")
+    if target:
+        return target
+    paths = default_socket_paths()
+    for path in paths:
+        try:
+            if stat.S_ISSOCK(os.stat(path).st_mode):
+                return "unix:" + path
+        except OSError:
+            continue
+    raise RuntimeError(
+        "no gpurpcd address given and no daemon socket found at " + ", ".join(paths)
+        + " (GPURPC_ADDRESS is not set): set GPURPC_ADDRESS (e.g. gpubox:50051 or "
+        "unix:/path/to/gpurpcd.sock) or pass address=",
+        code=grpc.StatusCode.UNAVAILABLE, operation="connect")
+
+
+def _is_unix(target: str) -> bool:
+    return target.startswith("unix:") or target.startswith("unix-abstract:")
+
+
 def _is_loopback(target: str) -> bool:
     host = target
-    if host.startswith("unix:") or host.startswith("unix-abstract:"):
+    if _is_unix(host):
         return True
-    if host.startswith("dns:///"):
-        host = host[len("dns:///"):]
+    for prefix in ("dns:///", "ipv4:", "ipv6:"):
+        if host.startswith(prefix):
+            host = host[len(prefix):]
     if host.startswith("["):
         host = host[1:host.find("]")]
     else:
@@ -117,17 +159,78 @@ def _is_loopback(target: str) -> bool:
     return host in ("localhost", "::1") or host.startswith("127.")
 
 
-class Client:
-    """One gRPC channel to a gpurpcd, with its stubs.
+def _read_file(path: str, what: str) -> bytes:
+    """A file's bytes; the error names the file and why, never its contents."""
+    try:
+        with open(path, "rb") as f:
+            return f.read()
+    except OSError as e:
+        raise LogicError(f"cannot read {what} {path}: {e.strerror or e}",
+                         code=grpc.StatusCode.INVALID_ARGUMENT, operation="connect") from None
 
-    Thread-safe. ``token`` (default ``$GPURPC_TOKEN``) is sent as ``authorization: Bearer``
-    metadata; ``root_certificates`` (PEM bytes, default the file named by ``$GPURPC_TLS_CA``)
-    or ``$GPURPC_TLS=1`` selects TLS.
+
+def _check_token(token: str, origin: str) -> str:
+    token = token.strip()
+    if not token:
+        raise LogicError(f"the token from {origin} is empty",
+                         code=grpc.StatusCode.INVALID_ARGUMENT, operation="connect")
+    if any(not 0x21 <= ord(c) <= 0x7E for c in token):
+        raise LogicError(f"the token from {origin} contains characters that cannot be sent "
+                         "(only printable ASCII without spaces)",
+                         code=grpc.StatusCode.INVALID_ARGUMENT, operation="connect")
+    return token
+
+
+def resolve_token(token: Optional[str] = None) -> Optional[str]:
+    """``token``, else ``$GPURPC_TOKEN``, else the contents of the file named by
+    ``$GPURPC_TOKEN_FILE`` (whitespace stripped); None when none is configured."""
+    if token:
+        return _check_token(token, "token=")
+    env = os.environ.get("GPURPC_TOKEN")
+    if env:
+        return _check_token(env, "GPURPC_TOKEN")
+    path = os.environ.get("GPURPC_TOKEN_FILE")
+    if path:
+        data = _read_file(path, "the token file named by GPURPC_TOKEN_FILE,")
+        return _check_token(data.decode("utf-8", errors="replace"),
+                            f"the token file {path}")
+    return None
+
+
+_TRUE = ("1", "true", "yes")
+
+
+class Client:
+    """One gRPC channel to a gpurpcd, with its stubs. Thread-safe.
+
+    Where: ``address``, else ``$GPURPC_ADDRESS``, else the first default socket that exists
+    (see :func:`resolve_address`).
+
+    Credentials (a Unix socket needs none: the daemon knows the caller's uid):
+
+    * ``token`` (default ``$GPURPC_TOKEN``, else the file named by ``$GPURPC_TOKEN_FILE``) is
+      sent as ``authorization: Bearer`` metadata on every call. It is never logged, printed
+      or put in an exception message.
+    * TLS is used when ``tls`` is true (default ``$GPURPC_TLS=1``) or when any certificate is
+      given: ``root_certificates`` (PEM bytes verifying the daemon; default the file named by
+      ``$GPURPC_TLS_CA``, else the system roots), ``certificate_chain`` and ``private_key``
+      (PEM bytes of a client certificate for mutual TLS, whose common name the daemon takes
+      as the tenant; default the files named by ``$GPURPC_TLS_CERT`` and ``$GPURPC_TLS_KEY``)
+      and ``server_name`` (the name the daemon's certificate must carry when it differs from
+      the address, gRPC's ``grpc.ssl_target_name_override``; default
+      ``$GPURPC_TLS_SERVER_NAME``). TLS settings from the environment are not applied to a
+      Unix-socket target (the daemon serves it plain); parameters are.
     """
 
     def __init__(self, address: Optional[str] = None, *, token: Optional[str] = None,
-                 root_certificates: Optional[bytes] = None, tls: Optional[bool] = None) -> None:
+                 root_certificates: Optional[bytes] = None, tls: Optional[bool] = None,
+                 certificate_chain: Optional[bytes] = None, private_key: Optional[bytes] = None,
+                 server_name: Optional[str] = None) -> None:
         self.target = resolve_address(address)
+        # What was asked for explicitly (driver.init reuses a client asked for the same).
+        self.explicit_credentials: Tuple[Any, ...] = (
+            token, root_certificates, tls, certificate_chain, private_key, server_name)
+        token = resolve_token(token)
         options: List[Tuple[str, Any]] = [
             ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
             ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
@@ -135,17 +238,38 @@ class Client:
         if _is_loopback(self.target):
             # An http_proxy in the environment must not capture loopback traffic.
             options.append(("grpc.enable_http_proxy", 0))
-        if root_certificates is None and os.environ.get("GPURPC_TLS_CA"):
-            with open(os.environ["GPURPC_TLS_CA"], "rb") as f:
-                root_certificates = f.read()
+        env = {} if _is_unix(self.target) else os.environ
+        if root_certificates is None and env.get("GPURPC_TLS_CA"):
+            root_certificates = _read_file(env["GPURPC_TLS_CA"],
+                                           "the TLS roots named by GPURPC_TLS_CA,")
+        if certificate_chain is None and env.get("GPURPC_TLS_CERT"):
+            certificate_chain = _read_file(env["GPURPC_TLS_CERT"],
+                                           "the TLS client certificate named by GPURPC_TLS_CERT,")
+        if private_key is None and env.get("GPURPC_TLS_KEY"):
+            private_key = _read_file(env["GPURPC_TLS_KEY"],
+                                     "the TLS client key named by GPURPC_TLS_KEY,")
+        if (certificate_chain is None) != (private_key is None):
+            raise LogicError("mutual TLS needs both a client certificate and its private key "
+                             "(certificate_chain= and private_key=, or GPURPC_TLS_CERT and "
+                             "GPURPC_TLS_KEY)", code=grpc.StatusCode.INVALID_ARGUMENT,
+                             operation="connect")
+        if server_name is None:
+            server_name = env.get("GPURPC_TLS_SERVER_NAME") or None
         if tls is None:
-            tls = root_certificates is not None or os.environ.get("GPURPC_TLS", "") in ("1", "true")
-        if tls:
-            creds = grpc.ssl_channel_credentials(root_certificates=root_certificates)
+            tls = (env.get("GPURPC_TLS", "").strip().lower() in _TRUE
+                   or root_certificates is not None or certificate_chain is not None)
+        self.tls = bool(tls)
+        if self.tls:
+            creds = grpc.ssl_channel_credentials(root_certificates=root_certificates,
+                                                 private_key=private_key,
+                                                 certificate_chain=certificate_chain)
+            if server_name:
+                options.append(("grpc.ssl_target_name_override", server_name))
             self.channel = grpc.secure_channel(self.target, creds, options=options)
         else:
             self.channel = grpc.insecure_channel(self.target, options=options)
-        token = token if token is not None else os.environ.get("GPURPC_TOKEN")
+        self.has_credentials = bool(token) or certificate_chain is not None
+        # Added to the metadata of every call (unary, streaming and the command stream).
         self.auth_metadata: Tuple[Tuple[str, str], ...] = (
             (("authorization", "Bearer " + token),) if token else ())
         self._methods: Dict[str, Callable] = {}
@@ -154,6 +278,10 @@ class Client:
                                              request_serializer=None)
         self._devices: Optional[device_service_pb2.ListDevicesResponse] = None
         self._lock = threading.Lock()
+
+    def __repr__(self) -> str:
+        return (f"<gpurpc Client {self.target!r}{' tls' if self.tls else ''}"
+                f"{' with credentials' if self.has_credentials else ''}>")
 
     def method(self, name: str) -> Callable:
         """The gRPC callable of ``Service.Method``."""
@@ -170,7 +298,7 @@ class Client:
             return self.method(name)(request, metadata=metadata + self.auth_metadata,
                                      timeout=timeout)
         except grpc.RpcError as e:
-            raise error_from_rpc(e, op or name, cls, self.target) from None
+            raise error_from_rpc(e, op or name, cls, self.target, self.tls) from None
 
     def list_devices(self, refresh: bool = False) -> device_service_pb2.ListDevicesResponse:
         """The daemon's device inventory (cached after the first call)."""
@@ -179,6 +307,23 @@ class Client:
                 self._devices = self.call("DeviceService.ListDevices",
                                           device_service_pb2.ListDevicesRequest(), timeout=30)
             return self._devices
+
+    def server_info(self) -> device_service_pb2.GetServerInfoResponse:
+        """The daemon as this client sees it: tenant, auth method, admin flag, quota, usage
+        and compile sandbox (``DeviceService.GetServerInfo``)."""
+        return self.call("DeviceService.GetServerInfo",
+                         device_service_pb2.GetServerInfoRequest(), timeout=30)
+
+    def admin_list_sessions(self, tenant: str = "") -> admin_service_pb2.ListSessionsResponse:
+        """Every open session (of ``tenant`` only, when given). Admin tenants only."""
+        return self.call("AdminService.ListSessions",
+                         admin_service_pb2.ListSessionsRequest(tenant=tenant), timeout=30)
+
+    def admin_close_session(self, session_id: int) -> admin_service_pb2.AdminCloseSessionResponse:
+        """Closes any tenant's session. Admin tenants only."""
+        return self.call("AdminService.CloseSession",
+                         admin_service_pb2.AdminCloseSessionRequest(session_id=int(session_id)),
+                         timeout=30)
 
     def close(self) -> None:
         self.channel.close()

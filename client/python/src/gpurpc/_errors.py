@@ -13,7 +13,10 @@ ABORTED                           LaunchError     the call that observed a kerne
 FAILED_PRECONDITION               LaunchError     the session was killed by an earlier fault;
                                                   like CUDA's sticky error, every later call
                                                   fails, and the message names the cause
-UNAVAILABLE                       RuntimeError    no daemon / device (CUDA_ERROR_NO_DEVICE)
+UNAVAILABLE                       RuntimeError    no daemon / device (CUDA_ERROR_NO_DEVICE);
+                                                  also a failed TLS handshake
+UNAUTHENTICATED,                  Error           (none: missing or refused credentials; the
+PERMISSION_DENIED,                                admin calls of a tenant that is no admin)
 anything else                     Error           CUDA_ERROR_UNKNOWN
 ================================  ==============  =============================================
 
@@ -114,6 +117,9 @@ _CLASS_BY_CODE = {
     grpc.StatusCode.UNAVAILABLE: RuntimeError,
 }
 
+# Words of gRPC's messages for a failed TLS handshake.
+_TLS_WORDS = ("ssl", "tls", "handshake", "certificate")
+
 _FAULT_HINT = ("the session is unusable after this fault; open a new one "
                "(Device(n).make_context()) to continue")
 
@@ -123,11 +129,30 @@ def status_code_from_int(value: int) -> grpc.StatusCode:
     return _BY_INT.get(int(value), grpc.StatusCode.UNKNOWN)
 
 
+def _unavailable_hint(details: str, target: str, tls: Optional[bool]) -> str:
+    """What to check when the daemon at ``target`` could not be reached."""
+    lowered = details.lower()
+    if any(word in lowered for word in _TLS_WORDS):
+        return (f" (TLS with the daemon at {target!r} failed: check the roots (GPURPC_TLS_CA or "
+                "root_certificates=), the name its certificate carries (GPURPC_TLS_SERVER_NAME "
+                "or server_name=), the client certificate, and that the daemon serves TLS)")
+    if "socket closed" in lowered and tls is False:
+        return (f" (the daemon at {target!r} closed the connection: if it serves TLS, set "
+                "GPURPC_TLS=1 or GPURPC_TLS_CA, or pass tls=True)")
+    if "socket closed" in lowered and tls:
+        return (f" (the daemon at {target!r} closed the connection during the TLS handshake: "
+                "does it want a client certificate it trusts (GPURPC_TLS_CERT and "
+                "GPURPC_TLS_KEY, or certificate_chain= and private_key=)?)")
+    return f" (daemon at {target!r}; set GPURPC_ADDRESS or pass address=)"
+
+
 def error_from_status(code: grpc.StatusCode, details: str, operation: str,
-                      cls: Optional[type] = None, target: str = "") -> Error:
+                      cls: Optional[type] = None, target: str = "",
+                      tls: Optional[bool] = None) -> Error:
     """Builds the exception for a failed call, with a PyCUDA-like message.
 
-    ``cls`` overrides the class chosen from the code (some RPCs use a code differently).
+    ``cls`` overrides the class chosen from the code (some RPCs use a code differently);
+    ``target`` and ``tls`` (whether the channel uses TLS, None if unknown) tune the hint.
     """
     if cls is None:
         cls = _CLASS_BY_CODE.get(code, Error)
@@ -136,19 +161,22 @@ def error_from_status(code: grpc.StatusCode, details: str, operation: str,
             issubclass(cls, LaunchError):
         message += f" ({_FAULT_HINT})"
     elif code == grpc.StatusCode.UNAVAILABLE and target:
-        message += f" (daemon at {target!r}; set GPURPC_ADDRESS or pass address=)"
+        message += _unavailable_hint(details or "", target, tls)
+    elif code == grpc.StatusCode.UNAUTHENTICATED:
+        message += (" (credentials: token=, GPURPC_TOKEN or GPURPC_TOKEN_FILE, or a TLS client "
+                    "certificate; a Unix socket needs none)")
     message += f" [{code.name}]"
     return cls(message, code=code, details=details, operation=operation)
 
 
 def error_from_rpc(err: grpc.RpcError, operation: str, cls: Optional[type] = None,
-                   target: str = "") -> Error:
+                   target: str = "", tls: Optional[bool] = None) -> Error:
     """Converts a grpc.RpcError (raised by a stub) into a gpurpc exception."""
     code = err.code() if hasattr(err, "code") else grpc.StatusCode.UNKNOWN
     details = err.details() if hasattr(err, "details") else str(err)
     if code is None:
         code = grpc.StatusCode.UNKNOWN
-    return error_from_status(code, details or "", operation, cls, target)
+    return error_from_status(code, details or "", operation, cls, target, tls)
 
 
 # builtins are shadowed above on purpose; keep a handle for internal use.

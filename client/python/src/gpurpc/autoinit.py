@@ -1,8 +1,13 @@
 """``import gpurpc.autoinit`` opens a session like ``import pycuda.autoinit``.
 
-Connects to ``$GPURPC_ADDRESS`` (default ``localhost:50051``), opens a context on device
-``$GPURPC_DEVICE`` (else ``$CUDA_DEVICE``, else 0) and makes it current. Exports ``device``
-and ``context``; the session is closed at interpreter exit.
+Connects to ``$GPURPC_ADDRESS`` (default: the first of ``$XDG_RUNTIME_DIR/gpurpc/gpurpcd.sock``,
+``/run/gpurpc/gpurpcd.sock`` and ``/tmp/gpurpc-<uid>/gpurpcd.sock`` that exists, so a daemon
+run with its defaults by the same user needs no setting) with the credentials of the
+environment (``$GPURPC_TOKEN`` or ``$GPURPC_TOKEN_FILE``, ``$GPURPC_TLS``, ``$GPURPC_TLS_CA``,
+``$GPURPC_TLS_CERT``/``$GPURPC_TLS_KEY``, ``$GPURPC_TLS_SERVER_NAME``; see
+:func:`gpurpc.driver.init`), opens a context on device ``$GPURPC_DEVICE`` (else
+``$CUDA_DEVICE``, else 0) and makes it current. Exports ``device`` and ``context``; the
+session is closed at interpreter exit.
 """
 from __future__ import annotations
 

@@ -1,8 +1,9 @@
 """PyCUDA's ``pycuda.driver`` API, served by a remote gpurpcd.
 
 Replace ``import pycuda.driver as cuda`` with ``import gpurpc.driver as cuda`` and the usual
-calls work against the daemon named by ``$GPURPC_ADDRESS`` (default ``localhost:50051``; a
-path or ``unix:PATH`` for a Unix socket), or the one given to :func:`init`::
+calls work against the daemon named by ``$GPURPC_ADDRESS`` (``host:port``, or a path or
+``unix:PATH`` for a Unix socket; default: the daemon's own default socket, when it exists), or
+the one given to :func:`init` (which also takes the credentials)::
 
     import numpy as np
     import gpurpc.autoinit                      # opens a session on device 0
@@ -118,24 +119,50 @@ _default_client: Optional[Client] = None
 
 
 def init(flags: int = 0, address: Optional[str] = None, *, token: Optional[str] = None,
-         root_certificates: Optional[bytes] = None) -> None:
+         root_certificates: Optional[bytes] = None, tls: Optional[bool] = None,
+         certificate_chain: Optional[bytes] = None, private_key: Optional[bytes] = None,
+         server_name: Optional[str] = None) -> None:
     """Connects to the daemon (``cuInit``). Called implicitly by the first call that needs it.
 
+    Devices, contexts and everything else use this connection afterwards. Calling it again
+    with nothing, or with the same address and credentials, keeps the connection; anything
+    else replaces it (objects made before keep theirs).
+
     :param flags: accepted for PyCUDA compatibility (must be 0 in CUDA; ignored).
-    :param address: gRPC target; default ``$GPURPC_ADDRESS`` or ``localhost:50051``. A path
-        or ``unix:PATH`` selects a Unix socket.
-    :param token: bearer token (default ``$GPURPC_TOKEN``).
-    :param root_certificates: PEM roots for TLS (default: the file named by ``$GPURPC_TLS_CA``).
-    :raises RuntimeError: the daemon cannot be reached or has no usable backend.
+    :param address: gRPC target (``host:port``, ``unix:PATH`` or an absolute socket path);
+        default ``$GPURPC_ADDRESS``, else the first of ``$XDG_RUNTIME_DIR/gpurpc/gpurpcd.sock``,
+        ``/run/gpurpc/gpurpcd.sock`` and ``/tmp/gpurpc-<uid>/gpurpcd.sock`` that exists.
+    :param token: bearer token; default ``$GPURPC_TOKEN``, else the contents of the file named
+        by ``$GPURPC_TOKEN_FILE``. Not needed on a Unix socket.
+    :param tls: use TLS; default ``$GPURPC_TLS=1``, or on when any certificate is given.
+    :param root_certificates: PEM roots that verify the daemon (default: the file named by
+        ``$GPURPC_TLS_CA``, else the system roots).
+    :param certificate_chain: PEM client certificate for mutual TLS (default: the file named
+        by ``$GPURPC_TLS_CERT``); its common name is the tenant.
+    :param private_key: PEM key of that certificate (default: ``$GPURPC_TLS_KEY``).
+    :param server_name: the name the daemon's certificate carries when it differs from the
+        address (default ``$GPURPC_TLS_SERVER_NAME``).
+    :raises RuntimeError: the daemon cannot be reached (or no address is known).
+    :raises Error: with ``code`` UNAUTHENTICATED when the daemon refuses the credentials.
+    :raises LogicError: unusable settings (an unreadable token or certificate file, ...).
     """
     global _default_client
+    explicit = (token, root_certificates, tls, certificate_chain, private_key, server_name)
     with _client_lock:
         if _default_client is not None and (
-                address is None or resolve_address(address) == _default_client.target):
+                address is None or resolve_address(address) == _default_client.target) and (
+                all(v is None for v in explicit)
+                or explicit == _default_client.explicit_credentials):
             _default_client.list_devices()
             return
-        client = Client(address, token=token, root_certificates=root_certificates)
-        client.list_devices()
+        client = Client(address, token=token, root_certificates=root_certificates, tls=tls,
+                        certificate_chain=certificate_chain, private_key=private_key,
+                        server_name=server_name)
+        try:
+            client.list_devices()
+        except BaseException:
+            client.close()
+            raise
         _default_client = client
 
 

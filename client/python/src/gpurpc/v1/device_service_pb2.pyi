@@ -11,16 +11,58 @@ class ListDevicesRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class ListDevicesResponse(_message.Message):
-    __slots__ = ("devices", "backend", "driver_version", "nvrtc_version")
+    __slots__ = ("devices", "backend", "driver_version", "nvrtc_version", "compile_sandbox")
     DEVICES_FIELD_NUMBER: _ClassVar[int]
     BACKEND_FIELD_NUMBER: _ClassVar[int]
     DRIVER_VERSION_FIELD_NUMBER: _ClassVar[int]
     NVRTC_VERSION_FIELD_NUMBER: _ClassVar[int]
+    COMPILE_SANDBOX_FIELD_NUMBER: _ClassVar[int]
     devices: _containers.RepeatedCompositeFieldContainer[DeviceInfo]
     backend: str
     driver_version: int
     nvrtc_version: int
-    def __init__(self, devices: _Optional[_Iterable[_Union[DeviceInfo, _Mapping]]] = ..., backend: _Optional[str] = ..., driver_version: _Optional[int] = ..., nvrtc_version: _Optional[int] = ...) -> None: ...
+    compile_sandbox: str
+    def __init__(self, devices: _Optional[_Iterable[_Union[DeviceInfo, _Mapping]]] = ..., backend: _Optional[str] = ..., driver_version: _Optional[int] = ..., nvrtc_version: _Optional[int] = ..., compile_sandbox: _Optional[str] = ...) -> None: ...
+
+class GetServerInfoRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class TenantQuota(_message.Message):
+    __slots__ = ("max_sessions", "max_device_memory_bytes", "max_streams_per_session", "max_events_per_session", "max_modules_per_session", "max_concurrent_compiles")
+    MAX_SESSIONS_FIELD_NUMBER: _ClassVar[int]
+    MAX_DEVICE_MEMORY_BYTES_FIELD_NUMBER: _ClassVar[int]
+    MAX_STREAMS_PER_SESSION_FIELD_NUMBER: _ClassVar[int]
+    MAX_EVENTS_PER_SESSION_FIELD_NUMBER: _ClassVar[int]
+    MAX_MODULES_PER_SESSION_FIELD_NUMBER: _ClassVar[int]
+    MAX_CONCURRENT_COMPILES_FIELD_NUMBER: _ClassVar[int]
+    max_sessions: int
+    max_device_memory_bytes: int
+    max_streams_per_session: int
+    max_events_per_session: int
+    max_modules_per_session: int
+    max_concurrent_compiles: int
+    def __init__(self, max_sessions: _Optional[int] = ..., max_device_memory_bytes: _Optional[int] = ..., max_streams_per_session: _Optional[int] = ..., max_events_per_session: _Optional[int] = ..., max_modules_per_session: _Optional[int] = ..., max_concurrent_compiles: _Optional[int] = ...) -> None: ...
+
+class GetServerInfoResponse(_message.Message):
+    __slots__ = ("version", "tenant", "auth_method", "admin", "quota", "sessions_open", "device_memory_bytes", "compile_sandbox")
+    VERSION_FIELD_NUMBER: _ClassVar[int]
+    TENANT_FIELD_NUMBER: _ClassVar[int]
+    AUTH_METHOD_FIELD_NUMBER: _ClassVar[int]
+    ADMIN_FIELD_NUMBER: _ClassVar[int]
+    QUOTA_FIELD_NUMBER: _ClassVar[int]
+    SESSIONS_OPEN_FIELD_NUMBER: _ClassVar[int]
+    DEVICE_MEMORY_BYTES_FIELD_NUMBER: _ClassVar[int]
+    COMPILE_SANDBOX_FIELD_NUMBER: _ClassVar[int]
+    version: str
+    tenant: str
+    auth_method: str
+    admin: bool
+    quota: TenantQuota
+    sessions_open: int
+    device_memory_bytes: int
+    compile_sandbox: str
+    def __init__(self, version: _Optional[str] = ..., tenant: _Optional[str] = ..., auth_method: _Optional[str] = ..., admin: bool = ..., quota: _Optional[_Union[TenantQuota, _Mapping]] = ..., sessions_open: _Optional[int] = ..., device_memory_bytes: _Optional[int] = ..., compile_sandbox: _Optional[str] = ...) -> None: ...
 
 class GetDeviceRequest(_message.Message):
     __slots__ = ("ordinal",)

@@ -50,6 +50,11 @@ class DeviceServiceStub(object):
                 request_serializer=gpurpc_dot_v1_dot_device__service__pb2.GetDeviceRequest.SerializeToString,
                 response_deserializer=gpurpc_dot_v1_dot_device__service__pb2.GetDeviceResponse.FromString,
                 _registered_method=True)
+        self.GetServerInfo = channel.unary_unary(
+                '/gpurpc.v1.DeviceService/GetServerInfo',
+                request_serializer=gpurpc_dot_v1_dot_device__service__pb2.GetServerInfoRequest.SerializeToString,
+                response_deserializer=gpurpc_dot_v1_dot_device__service__pb2.GetServerInfoResponse.FromString,
+                _registered_method=True)
 
 
 class DeviceServiceServicer(object):
@@ -74,6 +79,17 @@ class DeviceServiceServicer(object):
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def GetServerInfo(self, request, context):
+        """Describes the daemon as the caller sees it: who the caller is (its tenant and how it
+        was authenticated), the caller's quotas and current use, and the protections in force
+        (e.g. which compile sandbox confines NVRTC).
+        Codes: OK; UNAUTHENTICATED without valid credentials.
+        Retry: safe (read only).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_DeviceServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -86,6 +102,11 @@ def add_DeviceServiceServicer_to_server(servicer, server):
                     servicer.GetDevice,
                     request_deserializer=gpurpc_dot_v1_dot_device__service__pb2.GetDeviceRequest.FromString,
                     response_serializer=gpurpc_dot_v1_dot_device__service__pb2.GetDeviceResponse.SerializeToString,
+            ),
+            'GetServerInfo': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetServerInfo,
+                    request_deserializer=gpurpc_dot_v1_dot_device__service__pb2.GetServerInfoRequest.FromString,
+                    response_serializer=gpurpc_dot_v1_dot_device__service__pb2.GetServerInfoResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -142,6 +163,33 @@ class DeviceService(object):
             '/gpurpc.v1.DeviceService/GetDevice',
             gpurpc_dot_v1_dot_device__service__pb2.GetDeviceRequest.SerializeToString,
             gpurpc_dot_v1_dot_device__service__pb2.GetDeviceResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetServerInfo(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/gpurpc.v1.DeviceService/GetServerInfo',
+            gpurpc_dot_v1_dot_device__service__pb2.GetServerInfoRequest.SerializeToString,
+            gpurpc_dot_v1_dot_device__service__pb2.GetServerInfoResponse.FromString,
             options,
             channel_credentials,
             insecure,
