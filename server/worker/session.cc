@@ -371,13 +371,17 @@ absl::StatusOr<v1::CompileResponse> Session::Compile(const v1::CompileRequest& r
   if (!result.success) return response;
   response.mutable_image()->assign(result.image.begin(), result.image.end());
   if (!request.compile_only()) {
-    GPURPC_ASSIGN_OR_RETURN(uint64_t module_id, LoadModule(response.image()));
+    uint64_t device_memory_bytes = 0;
+    GPURPC_ASSIGN_OR_RETURN(uint64_t module_id,
+                            LoadModule(response.image(), &device_memory_bytes));
     response.set_module_id(module_id);
+    response.set_device_memory_bytes(device_memory_bytes);
   }
   return response;
 }
 
-absl::StatusOr<uint64_t> Session::LoadModule(const std::string& image) {
+absl::StatusOr<uint64_t> Session::LoadModule(const std::string& image,
+                                             uint64_t* device_memory_bytes) {
   GPURPC_RETURN_IF_ERROR(fault());
   if (image.empty()) return absl::InvalidArgumentError("LoadModule: the image is empty");
   {
@@ -389,6 +393,7 @@ absl::StatusOr<uint64_t> Session::LoadModule(const std::string& image) {
       std::unique_ptr<backend::Module> module,
       Check(context_->LoadModule(absl::Span<const uint8_t>(
           reinterpret_cast<const uint8_t*>(image.data()), image.size()))));
+  const uint64_t footprint = module->device_memory_bytes();
   auto entry = std::make_shared<ModuleEntry>();
   entry->module = std::move(module);
   std::lock_guard<std::mutex> lock(mu_);
@@ -397,6 +402,7 @@ absl::StatusOr<uint64_t> Session::LoadModule(const std::string& image) {
                                           "max_modules_per_session"));
   const uint64_t id = NewIdLocked();
   modules_[id] = std::move(entry);
+  if (device_memory_bytes != nullptr) *device_memory_bytes = footprint;
   return id;
 }
 

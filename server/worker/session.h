@@ -82,8 +82,14 @@ class Session {
   absl::Status Copy(const v1::CopyCommand& command);
 
   // Modules.
+  // Compiles and, unless compile_only, loads the result; the response's module_id and
+  // device_memory_bytes are set when it was loaded.
   absl::StatusOr<v1::CompileResponse> Compile(const v1::CompileRequest& request);
-  absl::StatusOr<uint64_t> LoadModule(const std::string& image);
+  // Loads `image` and returns the module id. When `device_memory_bytes` is not null it is
+  // set to the device memory the module's globals take (backend::Module::
+  // device_memory_bytes: UINT64_MAX when unbounded), for LoadModuleResponse.
+  absl::StatusOr<uint64_t> LoadModule(const std::string& image,
+                                      uint64_t* device_memory_bytes = nullptr);
   absl::Status UnloadModule(uint64_t module_id);
   absl::StatusOr<v1::GetFunctionResponse> GetFunction(uint64_t module_id,
                                                      const std::string& name);

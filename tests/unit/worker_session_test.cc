@@ -187,6 +187,26 @@ TEST_F(SessionTest, GlobalsAreAddressableLikeBuffers) {
   EXPECT_THAT(session_->Resolve(pointer, 4, "test"), StatusIs(absl::StatusCode::kNotFound));
 }
 
+TEST(SessionFootprintTest, LoadModuleReportsTheDeviceMemoryOfItsGlobals) {
+  // Large enough for the 3 GiB global: the fake backs it with untouched calloc pages.
+  std::unique_ptr<backend::Backend> backend = backend::MakeFakeBackend(4ull << 30);
+  auto context = backend->OpenContext(0);
+  ASSERT_THAT(context, IsOk());
+  Session session(std::move(*context), nullptr, absl::UnavailableError("no NVRTC"));
+  const std::string ptx = ".version 8.0\n.target sm_75\n.address_size 64\n"
+                          ".visible .global .align 1 .b8 big[3221225472];\n";
+  uint64_t device_memory_bytes = 0;
+  auto module = session.LoadModule(ptx, &device_memory_bytes);
+  ASSERT_THAT(module, IsOk());
+  EXPECT_EQ(device_memory_bytes, 3ull << 30);
+  auto global = session.GetGlobal(*module, "big");
+  ASSERT_THAT(global, IsOk());
+  EXPECT_EQ(global->size_bytes(), 3ull << 30);
+
+  ASSERT_THAT(session.LoadModule("fake image", &device_memory_bytes), IsOk());
+  EXPECT_EQ(device_memory_bytes, 0u);
+}
+
 TEST_F(SessionTest, CompileWithoutNvrtcIsUnavailableWithTheReason) {
   v1::CompileRequest request;
   request.set_source("__global__ void k() {}");

@@ -123,6 +123,10 @@ class Module {
   };
   // NOT_FOUND when the module has no global of that name.
   virtual absl::StatusOr<Global> GetGlobal(const std::string& name) = 0;
+  // The device memory the module's globals take, as ModuleFootprintBytes
+  // (module_footprint.h) computed it from the image before loading; UINT64_MAX when that
+  // cannot be bounded. Fixed for the module's life.
+  virtual uint64_t device_memory_bytes() const = 0;
 };
 
 // One context on one device. `stream == nullptr` everywhere means the context's default
@@ -154,6 +158,9 @@ class Context {
                                           uint64_t size_bytes, Stream* stream) = 0;
 
   // Modules: PTX, cubin or fatbin. A rejected image is INVALID_ARGUMENT with the JIT log.
+  // The CUDA backend also refuses, before the driver sees them, images whose footprint
+  // ModuleFootprintBytes refuses (malformed binaries, compressed fatbins); the fake accepts
+  // any image and reports UINT64_MAX for those.
   virtual absl::StatusOr<std::unique_ptr<Module>> LoadModule(
       absl::Span<const uint8_t> image) = 0;
 

@@ -39,6 +39,7 @@
 #include "server/worker/backend/cuda/cuda_status.h"
 #include "server/worker/backend/cuda/driver_api.h"
 #include "server/worker/backend/cuda/module_image.h"
+#include "server/worker/backend/module_footprint.h"
 #include "spdlog/spdlog.h"
 
 namespace gpurpc::backend {
@@ -208,8 +209,8 @@ class CudaFunction final : public Function {
 
 class CudaModule final : public Module {
  public:
-  CudaModule(std::shared_ptr<ContextCore> core, CUmodule module)
-      : core_(std::move(core)), module_(module) {}
+  CudaModule(std::shared_ptr<ContextCore> core, CUmodule module, uint64_t device_memory_bytes)
+      : core_(std::move(core)), module_(module), device_memory_bytes_(device_memory_bytes) {}
 
   ~CudaModule() override {
     functions_.clear();  // Handles only; the driver frees them with the module.
@@ -306,9 +307,12 @@ class CudaModule final : public Module {
     return Global{static_cast<DevicePtr>(address), static_cast<uint64_t>(size)};
   }
 
+  uint64_t device_memory_bytes() const override { return device_memory_bytes_; }
+
  private:
   const std::shared_ptr<ContextCore> core_;
   const CUmodule module_;
+  const uint64_t device_memory_bytes_;
   std::mutex mu_;
   // Stable addresses: Function pointers are handed out. Guarded by mu_.
   std::map<std::string, std::unique_ptr<CudaFunction>> functions_;
@@ -646,6 +650,9 @@ class CudaContext final : public Context {
 
   absl::StatusOr<std::unique_ptr<Module>> LoadModule(absl::Span<const uint8_t> image) override {
     GPURPC_ASSIGN_OR_RETURN(ModuleImage prepared, ModuleImage::Prepare(image));
+    // Before the driver allocates the globals: an image whose footprint cannot be known is
+    // refused here.
+    GPURPC_ASSIGN_OR_RETURN(const uint64_t device_memory_bytes, ModuleFootprintBytes(image));
     GPURPC_RETURN_IF_ERROR(core_->MakeCurrent());
     std::string error_log(kJitLogBytes, '\0');
     std::string info_log(kJitLogBytes, '\0');
@@ -686,7 +693,7 @@ class CudaContext final : public Context {
       }
     }
     if (!info_log.empty()) spdlog::debug("cuModuleLoadDataEx info log: {}", info_log);
-    return std::unique_ptr<Module>(std::make_unique<CudaModule>(core_, module));
+    return std::unique_ptr<Module>(std::make_unique<CudaModule>(core_, module, device_memory_bytes));
   }
 
   absl::Status Launch(Function* function, const LaunchConfig& config,

@@ -6,7 +6,7 @@
 // truncated or hostile image is rejected here instead of making the driver read past the
 // buffer. Binary images are also copied when they are not 8-byte aligned.
 //
-// No CUDA headers here: this is plain byte checking.
+// No CUDA headers here: this is plain byte checking (module_footprint.h's checks).
 #ifndef GPURPC_SERVER_WORKER_BACKEND_CUDA_MODULE_IMAGE_H_
 #define GPURPC_SERVER_WORKER_BACKEND_CUDA_MODULE_IMAGE_H_
 

@@ -35,7 +35,8 @@
 #include "absl/types/span.h"
 #include "common/status_macros.h"
 #include "server/worker/backend/backend.h"
-#include "server/worker/backend/fake/ptx_globals.h"
+#include "server/worker/backend/module_footprint.h"
+#include "server/worker/backend/ptx_globals.h"
 
 namespace gpurpc::backend {
 namespace {
@@ -740,7 +741,8 @@ class DeviceState {
 
 class FakeModule final : public Module {
  public:
-  explicit FakeModule(std::shared_ptr<DeviceState> state) : state_(std::move(state)) {
+  FakeModule(std::shared_ptr<DeviceState> state, uint64_t device_memory_bytes)
+      : state_(std::move(state)), device_memory_bytes_(device_memory_bytes) {
     for (const BuiltinKernel& kernel : BuiltinKernels()) {
       functions_.push_back(std::make_unique<FakeFunction>(state_.get(), kernel));
     }
@@ -751,7 +753,7 @@ class FakeModule final : public Module {
   }
 
   // Module loading only; the map is read-only once the module is handed out.
-  absl::Status AddGlobal(const fake::PtxGlobal& global) {
+  absl::Status AddGlobal(const PtxGlobal& global) {
     // A zero-length global still needs an address of its own, and Alloc refuses 0 bytes.
     GPURPC_ASSIGN_OR_RETURN(
         const DevicePtr address,
@@ -780,8 +782,11 @@ class FakeModule final : public Module {
     return it->second;
   }
 
+  uint64_t device_memory_bytes() const override { return device_memory_bytes_; }
+
  private:
   const std::shared_ptr<DeviceState> state_;
+  const uint64_t device_memory_bytes_;
   std::vector<std::unique_ptr<FakeFunction>> functions_;
   std::map<std::string, Global> globals_;
 };
@@ -828,12 +833,16 @@ class FakeContext final : public Context {
       return absl::InvalidArgumentError(
           absl::StrCat(kCall, ": ", kInvalidImage, ": the image is empty"));
     }
-    auto module = std::make_unique<FakeModule>(state_);
+    // Reported as the CUDA backend would; an image the CUDA backend would refuse for its
+    // footprint loads here anyway (the fake accepts any image) and counts as unbounded.
+    const uint64_t device_memory_bytes =
+        ModuleFootprintBytes(image).value_or(std::numeric_limits<uint64_t>::max());
+    auto module = std::make_unique<FakeModule>(state_, device_memory_bytes);
     const absl::string_view text(reinterpret_cast<const char*>(image.data()), image.size());
     // Cubins and fatbins are accepted too, but only PTX text declares globals the fake can
     // read. On failure the module's destructor frees the globals allocated so far.
-    if (fake::LooksLikePtxText(text)) {
-      for (const fake::PtxGlobal& global : fake::ParsePtxGlobals(text)) {
+    if (LooksLikePtxText(text)) {
+      for (const PtxGlobal& global : ParsePtxGlobals(text)) {
         GPURPC_RETURN_IF_ERROR(module->AddGlobal(global));
       }
     }

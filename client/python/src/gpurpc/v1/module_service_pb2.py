@@ -14,7 +14,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1egpurpc/v1/module_service.proto\x12\tgpurpc.v1\"\'\n\x06Header\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0f\n\x07\x63ontent\x18\x02 \x01(\t\"\x9b\x01\n\x0e\x43ompileRequest\x12\x0e\n\x06source\x18\x01 \x01(\t\x12\x14\n\x0cprogram_name\x18\x02 \x01(\t\x12\x0f\n\x07options\x18\x03 \x03(\t\x12\"\n\x07headers\x18\x04 \x03(\x0b\x32\x11.gpurpc.v1.Header\x12\x18\n\x10name_expressions\x18\x05 \x03(\t\x12\x14\n\x0c\x63ompile_only\x18\x06 \x01(\x08\"<\n\x0bLoweredName\x12\x17\n\x0fname_expression\x18\x01 \x01(\t\x12\x14\n\x0clowered_name\x18\x02 \x01(\t\"\xcf\x01\n\x0f\x43ompileResponse\x12\x0f\n\x07success\x18\x01 \x01(\x08\x12\x0b\n\x03log\x18\x02 \x01(\t\x12\x11\n\tmodule_id\x18\x03 \x01(\x04\x12-\n\rlowered_names\x18\x04 \x03(\x0b\x32\x16.gpurpc.v1.LoweredName\x12\x11\n\tcache_hit\x18\x05 \x01(\x08\x12\x19\n\x11\x65\x66\x66\x65\x63tive_options\x18\x06 \x03(\t\x12\x0c\n\x04\x61rch\x18\x07 \x01(\t\x12\r\n\x05image\x18\x08 \x01(\x0c\x12\x11\n\tcache_key\x18\t \x01(\t\"\"\n\x11LoadModuleRequest\x12\r\n\x05image\x18\x01 \x01(\x0c\"\'\n\x12LoadModuleResponse\x12\x11\n\tmodule_id\x18\x01 \x01(\x04\"(\n\x13UnloadModuleRequest\x12\x11\n\tmodule_id\x18\x01 \x01(\x04\"\x16\n\x14UnloadModuleResponse\"5\n\x12GetFunctionRequest\x12\x11\n\tmodule_id\x18\x01 \x01(\x04\x12\x0c\n\x04name\x18\x02 \x01(\t\"5\n\tParamInfo\x12\x14\n\x0coffset_bytes\x18\x01 \x01(\r\x12\x12\n\nsize_bytes\x18\x02 \x01(\r\"\xe8\x01\n\x12\x46unctionAttributes\x12\x10\n\x08num_regs\x18\x01 \x01(\x05\x12\x19\n\x11shared_size_bytes\x18\x02 \x01(\x05\x12\x18\n\x10\x63onst_size_bytes\x18\x03 \x01(\x05\x12\x18\n\x10local_size_bytes\x18\x04 \x01(\x05\x12\x1d\n\x15max_threads_per_block\x18\x05 \x01(\x05\x12\x13\n\x0bptx_version\x18\x06 \x01(\x05\x12\x16\n\x0e\x62inary_version\x18\x07 \x01(\x05\x12%\n\x1dmax_dynamic_shared_size_bytes\x18\x08 \x01(\x05\"\x83\x01\n\x13GetFunctionResponse\x12\x13\n\x0b\x66unction_id\x18\x01 \x01(\x04\x12$\n\x06params\x18\x02 \x03(\x0b\x32\x14.gpurpc.v1.ParamInfo\x12\x31\n\nattributes\x18\x03 \x01(\x0b\x32\x1d.gpurpc.v1.FunctionAttributes\"3\n\x10GetGlobalRequest\x12\x11\n\tmodule_id\x18\x01 \x01(\x04\x12\x0c\n\x04name\x18\x02 \x01(\t\"?\n\x11GetGlobalResponse\x12\x16\n\x0e\x64\x65vice_address\x18\x01 \x01(\x04\x12\x12\n\nsize_bytes\x18\x02 \x01(\x04\x32\x83\x03\n\rModuleService\x12@\n\x07\x43ompile\x12\x19.gpurpc.v1.CompileRequest\x1a\x1a.gpurpc.v1.CompileResponse\x12I\n\nLoadModule\x12\x1c.gpurpc.v1.LoadModuleRequest\x1a\x1d.gpurpc.v1.LoadModuleResponse\x12O\n\x0cUnloadModule\x12\x1e.gpurpc.v1.UnloadModuleRequest\x1a\x1f.gpurpc.v1.UnloadModuleResponse\x12L\n\x0bGetFunction\x12\x1d.gpurpc.v1.GetFunctionRequest\x1a\x1e.gpurpc.v1.GetFunctionResponse\x12\x46\n\tGetGlobal\x12\x1b.gpurpc.v1.GetGlobalRequest\x1a\x1c.gpurpc.v1.GetGlobalResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1egpurpc/v1/module_service.proto\x12\tgpurpc.v1\"\'\n\x06Header\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0f\n\x07\x63ontent\x18\x02 \x01(\t\"\x9b\x01\n\x0e\x43ompileRequest\x12\x0e\n\x06source\x18\x01 \x01(\t\x12\x14\n\x0cprogram_name\x18\x02 \x01(\t\x12\x0f\n\x07options\x18\x03 \x03(\t\x12\"\n\x07headers\x18\x04 \x03(\x0b\x32\x11.gpurpc.v1.Header\x12\x18\n\x10name_expressions\x18\x05 \x03(\t\x12\x14\n\x0c\x63ompile_only\x18\x06 \x01(\x08\"<\n\x0bLoweredName\x12\x17\n\x0fname_expression\x18\x01 \x01(\t\x12\x14\n\x0clowered_name\x18\x02 \x01(\t\"\xec\x01\n\x0f\x43ompileResponse\x12\x0f\n\x07success\x18\x01 \x01(\x08\x12\x0b\n\x03log\x18\x02 \x01(\t\x12\x11\n\tmodule_id\x18\x03 \x01(\x04\x12-\n\rlowered_names\x18\x04 \x03(\x0b\x32\x16.gpurpc.v1.LoweredName\x12\x11\n\tcache_hit\x18\x05 \x01(\x08\x12\x19\n\x11\x65\x66\x66\x65\x63tive_options\x18\x06 \x03(\t\x12\x0c\n\x04\x61rch\x18\x07 \x01(\t\x12\r\n\x05image\x18\x08 \x01(\x0c\x12\x11\n\tcache_key\x18\t \x01(\t\x12\x1b\n\x13\x64\x65vice_memory_bytes\x18\n \x01(\x04\"\"\n\x11LoadModuleRequest\x12\r\n\x05image\x18\x01 \x01(\x0c\"D\n\x12LoadModuleResponse\x12\x11\n\tmodule_id\x18\x01 \x01(\x04\x12\x1b\n\x13\x64\x65vice_memory_bytes\x18\x02 \x01(\x04\"(\n\x13UnloadModuleRequest\x12\x11\n\tmodule_id\x18\x01 \x01(\x04\"\x16\n\x14UnloadModuleResponse\"5\n\x12GetFunctionRequest\x12\x11\n\tmodule_id\x18\x01 \x01(\x04\x12\x0c\n\x04name\x18\x02 \x01(\t\"5\n\tParamInfo\x12\x14\n\x0coffset_bytes\x18\x01 \x01(\r\x12\x12\n\nsize_bytes\x18\x02 \x01(\r\"\xe8\x01\n\x12\x46unctionAttributes\x12\x10\n\x08num_regs\x18\x01 \x01(\x05\x12\x19\n\x11shared_size_bytes\x18\x02 \x01(\x05\x12\x18\n\x10\x63onst_size_bytes\x18\x03 \x01(\x05\x12\x18\n\x10local_size_bytes\x18\x04 \x01(\x05\x12\x1d\n\x15max_threads_per_block\x18\x05 \x01(\x05\x12\x13\n\x0bptx_version\x18\x06 \x01(\x05\x12\x16\n\x0e\x62inary_version\x18\x07 \x01(\x05\x12%\n\x1dmax_dynamic_shared_size_bytes\x18\x08 \x01(\x05\"\x83\x01\n\x13GetFunctionResponse\x12\x13\n\x0b\x66unction_id\x18\x01 \x01(\x04\x12$\n\x06params\x18\x02 \x03(\x0b\x32\x14.gpurpc.v1.ParamInfo\x12\x31\n\nattributes\x18\x03 \x01(\x0b\x32\x1d.gpurpc.v1.FunctionAttributes\"3\n\x10GetGlobalRequest\x12\x11\n\tmodule_id\x18\x01 \x01(\x04\x12\x0c\n\x04name\x18\x02 \x01(\t\"?\n\x11GetGlobalResponse\x12\x16\n\x0e\x64\x65vice_address\x18\x01 \x01(\x04\x12\x12\n\nsize_bytes\x18\x02 \x01(\x04\x32\x83\x03\n\rModuleService\x12@\n\x07\x43ompile\x12\x19.gpurpc.v1.CompileRequest\x1a\x1a.gpurpc.v1.CompileResponse\x12I\n\nLoadModule\x12\x1c.gpurpc.v1.LoadModuleRequest\x1a\x1d.gpurpc.v1.LoadModuleResponse\x12O\n\x0cUnloadModule\x12\x1e.gpurpc.v1.UnloadModuleRequest\x1a\x1f.gpurpc.v1.UnloadModuleResponse\x12L\n\x0bGetFunction\x12\x1d.gpurpc.v1.GetFunctionRequest\x1a\x1e.gpurpc.v1.GetFunctionResponse\x12\x46\n\tGetGlobal\x12\x1b.gpurpc.v1.GetGlobalRequest\x1a\x1c.gpurpc.v1.GetGlobalResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -28,27 +28,27 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_LOWEREDNAME']._serialized_start=244
   _globals['_LOWEREDNAME']._serialized_end=304
   _globals['_COMPILERESPONSE']._serialized_start=307
-  _globals['_COMPILERESPONSE']._serialized_end=514
-  _globals['_LOADMODULEREQUEST']._serialized_start=516
-  _globals['_LOADMODULEREQUEST']._serialized_end=550
-  _globals['_LOADMODULERESPONSE']._serialized_start=552
-  _globals['_LOADMODULERESPONSE']._serialized_end=591
-  _globals['_UNLOADMODULEREQUEST']._serialized_start=593
-  _globals['_UNLOADMODULEREQUEST']._serialized_end=633
-  _globals['_UNLOADMODULERESPONSE']._serialized_start=635
-  _globals['_UNLOADMODULERESPONSE']._serialized_end=657
-  _globals['_GETFUNCTIONREQUEST']._serialized_start=659
-  _globals['_GETFUNCTIONREQUEST']._serialized_end=712
-  _globals['_PARAMINFO']._serialized_start=714
-  _globals['_PARAMINFO']._serialized_end=767
-  _globals['_FUNCTIONATTRIBUTES']._serialized_start=770
-  _globals['_FUNCTIONATTRIBUTES']._serialized_end=1002
-  _globals['_GETFUNCTIONRESPONSE']._serialized_start=1005
-  _globals['_GETFUNCTIONRESPONSE']._serialized_end=1136
-  _globals['_GETGLOBALREQUEST']._serialized_start=1138
-  _globals['_GETGLOBALREQUEST']._serialized_end=1189
-  _globals['_GETGLOBALRESPONSE']._serialized_start=1191
-  _globals['_GETGLOBALRESPONSE']._serialized_end=1254
-  _globals['_MODULESERVICE']._serialized_start=1257
-  _globals['_MODULESERVICE']._serialized_end=1644
+  _globals['_COMPILERESPONSE']._serialized_end=543
+  _globals['_LOADMODULEREQUEST']._serialized_start=545
+  _globals['_LOADMODULEREQUEST']._serialized_end=579
+  _globals['_LOADMODULERESPONSE']._serialized_start=581
+  _globals['_LOADMODULERESPONSE']._serialized_end=649
+  _globals['_UNLOADMODULEREQUEST']._serialized_start=651
+  _globals['_UNLOADMODULEREQUEST']._serialized_end=691
+  _globals['_UNLOADMODULERESPONSE']._serialized_start=693
+  _globals['_UNLOADMODULERESPONSE']._serialized_end=715
+  _globals['_GETFUNCTIONREQUEST']._serialized_start=717
+  _globals['_GETFUNCTIONREQUEST']._serialized_end=770
+  _globals['_PARAMINFO']._serialized_start=772
+  _globals['_PARAMINFO']._serialized_end=825
+  _globals['_FUNCTIONATTRIBUTES']._serialized_start=828
+  _globals['_FUNCTIONATTRIBUTES']._serialized_end=1060
+  _globals['_GETFUNCTIONRESPONSE']._serialized_start=1063
+  _globals['_GETFUNCTIONRESPONSE']._serialized_end=1194
+  _globals['_GETGLOBALREQUEST']._serialized_start=1196
+  _globals['_GETGLOBALREQUEST']._serialized_end=1247
+  _globals['_GETGLOBALRESPONSE']._serialized_start=1249
+  _globals['_GETGLOBALRESPONSE']._serialized_end=1312
+  _globals['_MODULESERVICE']._serialized_start=1315
+  _globals['_MODULESERVICE']._serialized_end=1702
 # @@protoc_insertion_point(module_scope)

@@ -38,7 +38,7 @@ class LoweredName(_message.Message):
     def __init__(self, name_expression: _Optional[str] = ..., lowered_name: _Optional[str] = ...) -> None: ...
 
 class CompileResponse(_message.Message):
-    __slots__ = ("success", "log", "module_id", "lowered_names", "cache_hit", "effective_options", "arch", "image", "cache_key")
+    __slots__ = ("success", "log", "module_id", "lowered_names", "cache_hit", "effective_options", "arch", "image", "cache_key", "device_memory_bytes")
     SUCCESS_FIELD_NUMBER: _ClassVar[int]
     LOG_FIELD_NUMBER: _ClassVar[int]
     MODULE_ID_FIELD_NUMBER: _ClassVar[int]
@@ -48,6 +48,7 @@ class CompileResponse(_message.Message):
     ARCH_FIELD_NUMBER: _ClassVar[int]
     IMAGE_FIELD_NUMBER: _ClassVar[int]
     CACHE_KEY_FIELD_NUMBER: _ClassVar[int]
+    DEVICE_MEMORY_BYTES_FIELD_NUMBER: _ClassVar[int]
     success: bool
     log: str
     module_id: int
@@ -57,7 +58,8 @@ class CompileResponse(_message.Message):
     arch: str
     image: bytes
     cache_key: str
-    def __init__(self, success: bool = ..., log: _Optional[str] = ..., module_id: _Optional[int] = ..., lowered_names: _Optional[_Iterable[_Union[LoweredName, _Mapping]]] = ..., cache_hit: bool = ..., effective_options: _Optional[_Iterable[str]] = ..., arch: _Optional[str] = ..., image: _Optional[bytes] = ..., cache_key: _Optional[str] = ...) -> None: ...
+    device_memory_bytes: int
+    def __init__(self, success: bool = ..., log: _Optional[str] = ..., module_id: _Optional[int] = ..., lowered_names: _Optional[_Iterable[_Union[LoweredName, _Mapping]]] = ..., cache_hit: bool = ..., effective_options: _Optional[_Iterable[str]] = ..., arch: _Optional[str] = ..., image: _Optional[bytes] = ..., cache_key: _Optional[str] = ..., device_memory_bytes: _Optional[int] = ...) -> None: ...
 
 class LoadModuleRequest(_message.Message):
     __slots__ = ("image",)
@@ -66,10 +68,12 @@ class LoadModuleRequest(_message.Message):
     def __init__(self, image: _Optional[bytes] = ...) -> None: ...
 
 class LoadModuleResponse(_message.Message):
-    __slots__ = ("module_id",)
+    __slots__ = ("module_id", "device_memory_bytes")
     MODULE_ID_FIELD_NUMBER: _ClassVar[int]
+    DEVICE_MEMORY_BYTES_FIELD_NUMBER: _ClassVar[int]
     module_id: int
-    def __init__(self, module_id: _Optional[int] = ...) -> None: ...
+    device_memory_bytes: int
+    def __init__(self, module_id: _Optional[int] = ..., device_memory_bytes: _Optional[int] = ...) -> None: ...
 
 class UnloadModuleRequest(_message.Message):
     __slots__ = ("module_id",)

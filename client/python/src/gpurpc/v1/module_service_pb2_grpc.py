@@ -91,7 +91,8 @@ class ModuleServiceServicer(object):
     def LoadModule(self, request, context):
         """Loads a module from PTX, cubin or fatbin bytes.
         Codes: OK; INVALID_ARGUMENT for an image the driver rejects (the message has the JIT
-        log); RESOURCE_EXHAUSTED.
+        log), a malformed cubin or fatbin, or a fatbin with compressed entries (whose globals'
+        size cannot be known before loading: build with nvcc --no-compress); RESOURCE_EXHAUSTED.
         Retry: safe (loads a second module).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
