@@ -1,13 +1,20 @@
 // The compile cache through the Compiler, against the real NVRTC: hits and misses, what the
-// key covers, persistence across instances, integrity checks, the disk bound, the memory
-// layer and concurrency. Each test gets a fresh cache folder.
+// key covers, persistence across instances, integrity checks (a keyed MAC: planted and
+// foreign files are refused), the disk bound, the memory layer and concurrency; and the
+// rules for the cache folder and the MAC key file. Each test gets a fresh cache folder.
+#include "server/worker/compiler/compile_cache.h"
+
 #include <fcntl.h>
 #include <stdlib.h>
 #include <sys/stat.h>
+#include <sys/types.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
+#include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <iostream>
 #include <iterator>
 #include <memory>
 #include <set>
@@ -18,13 +25,20 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "server/worker/compiler/compiler.h"
+#include "server/worker/compiler/sha256.h"
 #include "tests/testing/status_matchers.h"
 
 namespace gpurpc::compiler {
 namespace {
 
 using ::gpurpc::testing::IsOk;
+using ::gpurpc::testing::StatusIs;
+using ::testing::AllOf;
 using ::testing::HasSubstr;
+
+// Two MAC keys of the right length, as two daemons would have.
+std::string MacKey() { return std::string(kCacheMacKeyBytes, '\x5a'); }
+std::string OtherMacKey() { return std::string(kCacheMacKeyBytes, '\xa5'); }
 
 CompileRequest Kernel(int variant = 0) {
   CompileRequest request;
@@ -51,6 +65,12 @@ bool Exists(const std::string& path) {
   return stat(path.c_str(), &st) == 0;
 }
 
+mode_t ModeOf(const std::string& path) {
+  struct stat st = {};
+  EXPECT_EQ(lstat(path.c_str(), &st), 0) << path;
+  return st.st_mode & 07777;
+}
+
 // Sets a file's mtime `age_seconds` into the past.
 void Age(const std::string& path, int age_seconds) {
   timespec times[2];
@@ -73,6 +93,7 @@ class CompileCacheTest : public ::testing::Test {
   CompilerOptions Options() const {
     CompilerOptions options;
     options.cache_dir = cache_dir_;
+    options.mac_key = MacKey();
     return options;
   }
 
@@ -235,6 +256,26 @@ TEST_P(DamagedFileTest, IsDetectedRecompiledAndRewritten) {
     auto compiler = DiskOnlyCompiler();
     ASSERT_OK_AND_ASSIGN(CompileResult other, compiler->Compile(Kernel(1)));
     data = ReadFile(PathFor(other));
+  } else if (damage == "plain checksum" || damage == "planted image") {
+    // What anyone who can write into the folder but does not know the MAC key can make:
+    // the right layout, ending in a correct plain SHA-256 instead of the MAC (the format
+    // of version 1), around the real entry or around an image of their own.
+    std::string body = data.substr(0, data.size() - 32);
+    if (damage == "planted image") body[body.size() - 10] ^= 0x01;  // the image is last
+    const Sha256Digest checksum = Sha256::Hash(body);
+    data = body + std::string(checksum.begin(), checksum.end());
+  } else if (damage == "another MAC key") {
+    // The same entry as another daemon (another key file) writes it.
+    CompilerOptions options = Options();
+    options.memory_cache_max_bytes = 0;
+    options.mac_key = OtherMacKey();
+    auto other = MakeCompiler(options);
+    ASSERT_NE(other, nullptr);
+    ASSERT_OK_AND_ASSIGN(CompileResult result, other->Compile(Kernel()));
+    EXPECT_FALSE(result.cache_hit) << "a file under another MAC key must not verify";
+    data = ReadFile(path);
+    ASSERT_EQ(data.size(), good.size());
+    ASSERT_NE(data, good);
   }
   WriteFile(path, data);
 
@@ -252,7 +293,8 @@ TEST_P(DamagedFileTest, IsDetectedRecompiledAndRewritten) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Damage, DamagedFileTest,
-                         ::testing::Values("flipped byte", "truncated", "empty", "another key"),
+                         ::testing::Values("flipped byte", "truncated", "empty", "another key",
+                                           "plain checksum", "planted image", "another MAC key"),
                          [](const auto& info) {
                            std::string name = info.param;
                            for (char& c : name) {
@@ -381,6 +423,357 @@ TEST_F(CompileCacheTest, ConcurrentCompilesFromManyThreadsSucceed) {
     ASSERT_OK_AND_ASSIGN(CompileResult result, restarted->Compile(Kernel(100 + t)));
     EXPECT_TRUE(result.cache_hit);
   }
+}
+
+// ---------------------------------------------------------------- the cache without NVRTC
+
+CacheEntry SomeEntry() {
+  CacheEntry entry;
+  entry.image = {'c', 'u', 'b', 'i', 'n', 0, 1, 2, 3};
+  entry.log = "a warning";
+  entry.arch = "sm_90";
+  entry.effective_options = {"-arch=sm_90"};
+  entry.lowered_names = {{"f<int>", "_Z1fIiEvv"}};
+  return entry;
+}
+
+Sha256Digest SomeKey() { return Sha256::Hash("some request"); }
+
+TEST_F(CompileCacheTest, GoodFileHitsInAnotherInstance) {
+  {
+    CompileCache cache({cache_dir_, 1ull << 30, 0, MacKey()});
+    ASSERT_TRUE(cache.disk_enabled());
+    cache.Insert(SomeKey(), std::make_shared<CacheEntry>(SomeEntry()));
+  }
+  CompileCache cache({cache_dir_, 1ull << 30, 0, MacKey()});
+  std::shared_ptr<const CacheEntry> hit = cache.Lookup(SomeKey());
+  ASSERT_NE(hit, nullptr);
+  EXPECT_EQ(hit->image, SomeEntry().image);
+  EXPECT_EQ(hit->log, SomeEntry().log);
+  EXPECT_EQ(hit->lowered_names, SomeEntry().lowered_names);
+}
+
+TEST_F(CompileCacheTest, PlantedFileIsRemovedAndMissed) {
+  CompileCache cache({cache_dir_, 1ull << 30, 0, MacKey()});
+  cache.Insert(SomeKey(), std::make_shared<CacheEntry>(SomeEntry()));
+  const std::string path = cache.PathFor(SomeKey());
+  const std::string good = ReadFile(path);
+  ASSERT_GT(good.size(), 32u);
+  // Another image in the right layout, with a correct plain SHA-256 where the MAC goes.
+  std::string body = good.substr(0, good.size() - 32);
+  body[body.size() - 1] ^= 0x7f;
+  const Sha256Digest checksum = Sha256::Hash(body);
+  WriteFile(path, body + std::string(checksum.begin(), checksum.end()));
+
+  EXPECT_EQ(cache.Lookup(SomeKey()), nullptr);
+  EXPECT_FALSE(Exists(path)) << "the planted file must be removed";
+}
+
+TEST_F(CompileCacheTest, FileUnderAnotherMacKeyIsRemovedAndMissed) {
+  {
+    CompileCache other({cache_dir_, 1ull << 30, 0, OtherMacKey()});
+    other.Insert(SomeKey(), std::make_shared<CacheEntry>(SomeEntry()));
+  }
+  CompileCache cache({cache_dir_, 1ull << 30, 0, MacKey()});
+  const std::string path = cache.PathFor(SomeKey());
+  ASSERT_TRUE(Exists(path));
+  EXPECT_EQ(cache.Lookup(SomeKey()), nullptr);
+  EXPECT_FALSE(Exists(path));
+}
+
+TEST_F(CompileCacheTest, FilesAndFoldersAreForThisUserOnly) {
+  CompileCache cache({cache_dir_, 1ull << 30, 0, MacKey()});
+  cache.Insert(SomeKey(), std::make_shared<CacheEntry>(SomeEntry()));
+  const std::string path = cache.PathFor(SomeKey());
+  EXPECT_EQ(ModeOf(cache_dir_), 0700u);
+  EXPECT_EQ(ModeOf(std::filesystem::path(path).parent_path().string()), 0700u);
+  EXPECT_EQ(ModeOf(path), 0600u);
+}
+
+TEST_F(CompileCacheTest, NoDiskLayerWithoutAFullMacKey) {
+  for (const std::string& key : {std::string(), std::string(kCacheMacKeyBytes - 1, 'k')}) {
+    CompileCache cache({cache_dir_, 1ull << 30, 64ull << 20, key});
+    EXPECT_FALSE(cache.disk_enabled()) << key.size() << "-byte key";
+    EXPECT_EQ(cache.PathFor(SomeKey()), "");
+    cache.Insert(SomeKey(), std::make_shared<CacheEntry>(SomeEntry()));
+    EXPECT_NE(cache.Lookup(SomeKey()), nullptr) << "memory still works";
+    EXPECT_TRUE(FilesInCache().empty());
+  }
+
+  // Through the compiler too.
+  CompilerOptions options = Options();
+  options.mac_key.clear();
+  auto compiler = MakeCompiler(options);
+  ASSERT_NE(compiler, nullptr);
+  ASSERT_OK_AND_ASSIGN(CompileResult first, compiler->Compile(Kernel()));
+  ASSERT_OK_AND_ASSIGN(CompileResult second, compiler->Compile(Kernel()));
+  EXPECT_TRUE(first.success);
+  EXPECT_TRUE(second.cache_hit);
+  EXPECT_TRUE(FilesInCache().empty());
+}
+
+TEST_F(CompileCacheTest, NoDiskLayerInAFolderOthersCanWrite) {
+  ASSERT_OK(PrepareCacheDirectory(cache_dir_));
+  ASSERT_EQ(chmod(cache_dir_.c_str(), 0770), 0);
+  CompileCache cache({cache_dir_, 1ull << 30, 64ull << 20, MacKey()});
+  EXPECT_FALSE(cache.disk_enabled());
+  cache.Insert(SomeKey(), std::make_shared<CacheEntry>(SomeEntry()));
+  EXPECT_TRUE(FilesInCache().empty());
+}
+
+// ----------------------------------------------------------------------- the cache folder
+
+class CacheDirectoryTest : public CompileCacheTest {};
+
+TEST_F(CacheDirectoryTest, IsCreatedWithMissingParentsForThisUserOnly) {
+  const std::string dir = dir_ + "/a/b/cache";
+  ASSERT_OK(PrepareCacheDirectory(dir));
+  EXPECT_EQ(ModeOf(dir_ + "/a"), 0700u);
+  EXPECT_EQ(ModeOf(dir_ + "/a/b"), 0700u);
+  EXPECT_EQ(ModeOf(dir), 0700u);
+  EXPECT_OK(PrepareCacheDirectory(dir)) << "an existing good folder is fine";
+  EXPECT_OK(PrepareCacheDirectory(dir + "/")) << "with a trailing slash too";
+}
+
+TEST_F(CacheDirectoryTest, ExistingReadableFolderIsKeptAsItIs) {
+  const std::string dir = dir_ + "/cache";
+  ASSERT_EQ(mkdir(dir.c_str(), 0755), 0);
+  ASSERT_EQ(chmod(dir.c_str(), 0755), 0);
+  EXPECT_OK(PrepareCacheDirectory(dir));
+  EXPECT_EQ(ModeOf(dir), 0755u);
+}
+
+class WritableCacheDirectoryTest : public CacheDirectoryTest,
+                                   public ::testing::WithParamInterface<mode_t> {};
+
+TEST_P(WritableCacheDirectoryTest, IsRefused) {
+  const std::string dir = dir_ + "/cache";
+  ASSERT_EQ(mkdir(dir.c_str(), 0700), 0);
+  ASSERT_EQ(chmod(dir.c_str(), GetParam()), 0);
+  EXPECT_THAT(PrepareCacheDirectory(dir),
+              StatusIs(absl::StatusCode::kFailedPrecondition,
+                       AllOf(HasSubstr(dir), HasSubstr("writable by group or others"))));
+}
+
+INSTANTIATE_TEST_SUITE_P(Modes, WritableCacheDirectoryTest,
+                         ::testing::Values(0770, 0730, 0707, 0702, 01777), [](const auto& info) {
+                           char name[16];
+                           std::snprintf(name, sizeof(name), "mode%04o", info.param);
+                           return std::string(name);
+                         });
+
+TEST_F(CacheDirectoryTest, SymbolicLinkIsRefused) {
+  const std::string real = dir_ + "/real";
+  const std::string link = dir_ + "/cache";
+  ASSERT_EQ(mkdir(real.c_str(), 0700), 0);
+  ASSERT_EQ(symlink(real.c_str(), link.c_str()), 0);
+  EXPECT_THAT(PrepareCacheDirectory(link),
+              StatusIs(absl::StatusCode::kFailedPrecondition,
+                       AllOf(HasSubstr(link), HasSubstr("symbolic link"))));
+  EXPECT_THAT(PrepareCacheDirectory(link + "/"),
+              StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("symbolic link")));
+}
+
+TEST_F(CacheDirectoryTest, RegularFileIsRefused) {
+  const std::string file = dir_ + "/cache";
+  WriteFile(file, "not a folder");
+  EXPECT_THAT(PrepareCacheDirectory(file),
+              StatusIs(absl::StatusCode::kFailedPrecondition,
+                       AllOf(HasSubstr(file), HasSubstr("not a directory"))));
+}
+
+TEST_F(CacheDirectoryTest, FolderOfAnotherUserIsRefused) {
+  if (geteuid() != 0) GTEST_SKIP() << "not root: cannot give a folder to another user";
+  const std::string dir = dir_ + "/cache";
+  ASSERT_EQ(mkdir(dir.c_str(), 0700), 0);
+  if (chown(dir.c_str(), 65534, 65534) != 0) {
+    GTEST_SKIP() << "cannot chown to 65534: " << std::strerror(errno);
+  }
+  EXPECT_THAT(PrepareCacheDirectory(dir),
+              StatusIs(absl::StatusCode::kFailedPrecondition,
+                       AllOf(HasSubstr(dir), HasSubstr("owned by uid 65534"))));
+}
+
+// ------------------------------------------------------------------------ the MAC key file
+
+class CacheKeyFileTest : public CompileCacheTest {
+ protected:
+  // Writes `data` to a new file `path` with exactly `mode`.
+  static void WriteWithMode(const std::string& path, const std::string& data, mode_t mode) {
+    WriteFile(path, data);
+    ASSERT_EQ(chmod(path.c_str(), mode), 0) << path;
+  }
+
+  // Names in `dir_` that look like leftover temporary files.
+  std::vector<std::string> Leftovers() const {
+    std::vector<std::string> names;
+    for (const auto& entry : std::filesystem::directory_iterator(dir_)) {
+      const std::string name = entry.path().filename().string();
+      if (name.find(".tmp.") != std::string::npos) names.push_back(name);
+    }
+    return names;
+  }
+};
+
+TEST_F(CacheKeyFileTest, IsCreatedForThisUserOnlyAndReused) {
+  const std::string path = dir_ + "/cache.key";
+  ASSERT_OK_AND_ASSIGN(std::string key, LoadOrCreateCacheKey(path));
+  EXPECT_EQ(key.size(), kCacheMacKeyBytes);
+  EXPECT_NE(key, std::string(kCacheMacKeyBytes, '\0'));
+  EXPECT_EQ(ModeOf(path), 0600u);
+  EXPECT_EQ(ReadFile(path), key);
+  ASSERT_OK_AND_ASSIGN(std::string again, LoadOrCreateCacheKey(path));
+  EXPECT_EQ(again, key);
+  EXPECT_TRUE(Leftovers().empty());
+
+  // Another file, another key.
+  ASSERT_OK_AND_ASSIGN(std::string other, LoadOrCreateCacheKey(dir_ + "/other.key"));
+  EXPECT_NE(other, key);
+}
+
+TEST_F(CacheKeyFileTest, DefaultPathIsBesideTheCacheFolder) {
+  EXPECT_EQ(DefaultCacheKeyPath("/var/cache/gpurpc"), "/var/cache/gpurpc.key");
+  EXPECT_EQ(DefaultCacheKeyPath("/var/cache/gpurpc//"), "/var/cache/gpurpc.key");
+  EXPECT_EQ(DefaultCacheKeyPath("cache"), "cache.key");
+  EXPECT_EQ(DefaultCacheKeyPath(""), "");
+}
+
+class SharedKeyFileTest : public CacheKeyFileTest, public ::testing::WithParamInterface<mode_t> {};
+
+TEST_P(SharedKeyFileTest, IsRefused) {
+  const std::string path = dir_ + "/cache.key";
+  WriteWithMode(path, std::string(kCacheMacKeyBytes, 'k'), GetParam());
+  EXPECT_THAT(LoadOrCreateCacheKey(path),
+              StatusIs(absl::StatusCode::kFailedPrecondition,
+                       AllOf(HasSubstr(path), HasSubstr("readable or writable by group or "
+                                                        "others"))));
+}
+
+INSTANTIATE_TEST_SUITE_P(Modes, SharedKeyFileTest,
+                         ::testing::Values(0640, 0620, 0604, 0602, 0644, 0666),
+                         [](const auto& info) {
+                           char name[16];
+                           std::snprintf(name, sizeof(name), "mode%04o", info.param);
+                           return std::string(name);
+                         });
+
+TEST_F(CacheKeyFileTest, FileOfAnotherUserIsRefused) {
+  if (geteuid() != 0) GTEST_SKIP() << "not root: cannot give a file to another user";
+  const std::string path = dir_ + "/cache.key";
+  WriteWithMode(path, std::string(kCacheMacKeyBytes, 'k'), 0600);
+  if (chown(path.c_str(), 65534, 65534) != 0) {
+    GTEST_SKIP() << "cannot chown to 65534: " << std::strerror(errno);
+  }
+  EXPECT_THAT(LoadOrCreateCacheKey(path),
+              StatusIs(absl::StatusCode::kFailedPrecondition,
+                       AllOf(HasSubstr(path), HasSubstr("owned by uid 65534"))));
+}
+
+TEST_F(CacheKeyFileTest, FileOfAnotherSizeIsRefused) {
+  const std::string path = dir_ + "/cache.key";
+  for (size_t size : {size_t{0}, kCacheMacKeyBytes - 1, kCacheMacKeyBytes + 1, size_t{4096}}) {
+    std::filesystem::remove(path);
+    WriteWithMode(path, std::string(size, 'k'), 0600);
+    EXPECT_THAT(LoadOrCreateCacheKey(path),
+                StatusIs(absl::StatusCode::kFailedPrecondition,
+                         AllOf(HasSubstr(path), HasSubstr("bytes long"))))
+        << size << " bytes";
+    EXPECT_EQ(ReadFile(path).size(), size) << "a refused file is left alone";
+  }
+}
+
+TEST_F(CacheKeyFileTest, SymbolicLinkIsRefused) {
+  const std::string real = dir_ + "/real.key";
+  const std::string link = dir_ + "/cache.key";
+  ASSERT_OK(LoadOrCreateCacheKey(real).status());
+  ASSERT_EQ(symlink(real.c_str(), link.c_str()), 0);
+  EXPECT_THAT(LoadOrCreateCacheKey(link),
+              StatusIs(absl::StatusCode::kFailedPrecondition,
+                       AllOf(HasSubstr(link), HasSubstr("symbolic link"))));
+
+  // A dangling link is not followed to create the file where it points.
+  const std::string target = dir_ + "/elsewhere.key";
+  const std::string dangling = dir_ + "/dangling.key";
+  ASSERT_EQ(symlink(target.c_str(), dangling.c_str()), 0);
+  EXPECT_THAT(LoadOrCreateCacheKey(dangling),
+              StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("symbolic link")));
+  EXPECT_FALSE(Exists(target));
+}
+
+TEST_F(CacheKeyFileTest, FolderIsRefused) {
+  const std::string path = dir_ + "/cache.key";
+  ASSERT_EQ(mkdir(path.c_str(), 0700), 0);
+  EXPECT_THAT(LoadOrCreateCacheKey(path),
+              StatusIs(absl::StatusCode::kFailedPrecondition,
+                       AllOf(HasSubstr(path), HasSubstr("not a regular file"))));
+}
+
+TEST_F(CacheKeyFileTest, MissingParentFolderIsAnError) {
+  const std::string path = dir_ + "/missing/cache.key";
+  EXPECT_THAT(LoadOrCreateCacheKey(path),
+              StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr(path)));
+}
+
+// Several processes (as the workers of one daemon starting at once) racing to create the
+// key file all end up with the same key, the one in the file.
+TEST_F(CacheKeyFileTest, ConcurrentCreatorsInSeveralProcessesAgree) {
+  constexpr int kRounds = 10;
+  constexpr int kProcesses = 8;
+  constexpr size_t kMessageBytes = 1 + kCacheMacKeyBytes;  // 'K' + key, or 'E' + error
+  for (int round = 0; round < kRounds; ++round) {
+    const std::string path = dir_ + "/race" + std::to_string(round) + ".key";
+    int go[2], results[2];
+    ASSERT_EQ(pipe(go), 0);
+    ASSERT_EQ(pipe(results), 0);
+    std::vector<pid_t> children;
+    for (int p = 0; p < kProcesses; ++p) {
+      const pid_t pid = fork();
+      ASSERT_GE(pid, 0);
+      if (pid == 0) {
+        close(go[1]);
+        close(results[0]);
+        char byte;
+        while (read(go[0], &byte, 1) < 0 && errno == EINTR) {
+        }  // EOF: everyone starts at once
+        absl::StatusOr<std::string> key = LoadOrCreateCacheKey(path);
+        std::string message = key.ok() ? "K" + *key : "E" + std::string(key.status().message());
+        message.resize(kMessageBytes, ' ');
+        // One write of less than PIPE_BUF bytes: never interleaved with another child's.
+        _exit(write(results[1], message.data(), message.size()) ==
+                      static_cast<ssize_t>(message.size())
+                  ? 0
+                  : 1);
+      }
+      children.push_back(pid);
+    }
+    close(go[0]);
+    close(results[1]);
+    close(go[1]);  // go
+
+    std::string all;
+    char buffer[512];
+    for (ssize_t got; (got = read(results[0], buffer, sizeof(buffer))) != 0;) {
+      if (got < 0 && errno == EINTR) continue;
+      ASSERT_GT(got, 0);
+      all.append(buffer, static_cast<size_t>(got));
+    }
+    close(results[0]);
+    for (pid_t pid : children) {
+      int status = 0;
+      ASSERT_EQ(waitpid(pid, &status, 0), pid);
+      EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+    }
+    ASSERT_EQ(all.size(), kProcesses * kMessageBytes);
+    const std::string in_file = ReadFile(path);
+    ASSERT_EQ(in_file.size(), kCacheMacKeyBytes);
+    for (int p = 0; p < kProcesses; ++p) {
+      const std::string message = all.substr(p * kMessageBytes, kMessageBytes);
+      ASSERT_EQ(message[0], 'K') << "round " << round << ": " << message.substr(1);
+      EXPECT_EQ(message.substr(1), in_file) << "round " << round << ", process " << p;
+    }
+    EXPECT_EQ(ModeOf(path), 0600u);
+  }
+  EXPECT_TRUE(Leftovers().empty());
 }
 
 }  // namespace

@@ -2,15 +2,26 @@
 // determines the output (see Compiler::Compile):
 //
 //  * memory: an LRU bounded by `memory_max_bytes`, private to this process;
-//  * disk (when `dir` is set): one file per key at `<dir>/<key hex[0:2]>/<key hex>.bin`,
-//    shared by every worker process of the host. Files are written to a unique temporary
-//    name in the same folder and rename()d into place, so a reader sees either nothing or
-//    a whole file. Each file carries a magic, a format version, its key and a trailing
-//    SHA-256 of everything before it; a file that fails any check is logged, removed and
-//    reported as a miss. A disk hit refreshes the file's mtime, and after every write the
-//    folder is trimmed, oldest mtime first, to 90% of `disk_max_bytes` whenever it holds
-//    more than `disk_max_bytes`. Other processes may delete or replace files at any time;
-//    every step tolerates that.
+//  * disk (when `dir` is set and `mac_key` holds at least kCacheMacKeyBytes bytes): one file
+//    per key at `<dir>/<key hex[0:2]>/<key hex>.bin`, shared by every worker process of the
+//    host, and so by every tenant. Files are written (mode 0600, subfolders 0700) to a
+//    unique temporary name in the same folder and rename()d into place, so a reader sees
+//    either nothing or a whole file. Each file carries a magic, a format version, its key
+//    and a trailing HMAC-SHA256, keyed with `mac_key`, of everything before it. The MAC key
+//    is a per-daemon secret kept outside the cache folder (LoadOrCreateCacheKey), so whoever
+//    can write into the folder but cannot read the key cannot make a file that verifies: a
+//    planted, damaged or foreign file (another MAC key, another format, another cache key)
+//    is logged (its path and the reason, never its contents), removed and reported as a
+//    miss, and the compile simply runs again. A disk hit refreshes the file's mtime, and
+//    after every write the folder is trimmed, oldest mtime first, to 90% of
+//    `disk_max_bytes` whenever it holds more than `disk_max_bytes`. Other processes may
+//    delete or replace files at any time; every step tolerates that.
+//
+// The folder itself must pass PrepareCacheDirectory (the constructor checks it, creating it
+// when missing): a directory, not a symlink, owned by this user, not writable by group or
+// others. When it does not, or when `mac_key` is empty or short, the disk layer is off for
+// this instance and the constructor logs why, once. The worker runs both checks at startup
+// and refuses to start rather than run without them (worker_main.cc).
 //
 // The cache is best effort: I/O failures are logged and never fail a compile.
 //
@@ -29,6 +40,9 @@
 #include <utility>
 #include <vector>
 
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "server/worker/compiler/sha256.h"
 
 namespace gpurpc::compiler {
@@ -45,16 +59,47 @@ struct CacheEntry {
   uint64_t SizeBytes() const;
 };
 
+// Length of the MAC key of cache files, and of the key file.
+inline constexpr size_t kCacheMacKeyBytes = 32;
+
 struct CompileCacheOptions {
   std::string dir;  // "" disables the disk layer
   uint64_t disk_max_bytes = 1ull << 30;
   uint64_t memory_max_bytes = 64ull << 20;
+  // Raw bytes (kCacheMacKeyBytes of them, from LoadOrCreateCacheKey) that key the HMAC of
+  // every cache file. A secret: never logged. Empty or shorter: the disk layer is off.
+  std::string mac_key;
 };
+
+// Makes sure `dir` can hold the shared cache: creates it and its missing parents with mode
+// 0700, and returns OK when it then is a directory (not a symbolic link) owned by this
+// process's effective user and not writable by group or others. Otherwise
+// FAILED_PRECONDITION naming `dir` and the reason (or the failing mkdir's errno). An
+// existing directory's mode is never changed.
+absl::Status PrepareCacheDirectory(const std::string& dir);
+
+// The MAC key of the cache, kept in the file at `path`:
+//  * when `path` exists, its content, provided it is a regular file (not a symbolic link)
+//    owned by this process's effective user, neither readable nor writable by group or
+//    others, and exactly kCacheMacKeyBytes long; otherwise FAILED_PRECONDITION naming
+//    `path` and the reason;
+//  * when it does not, kCacheMacKeyBytes from getrandom(), written (mode 0600, O_EXCL,
+//    O_NOFOLLOW, fsync'ed) to a temporary file beside it that is then hard-linked to
+//    `path`, so that a concurrent reader never sees a short file. Processes racing to
+//    create it all end up with the key of the one that linked first. A process killed
+//    meanwhile leaves its `<path>.tmp.*` file behind; nothing ever reads it.
+// The parent folder must exist. Errors name the path, never the key.
+absl::StatusOr<std::string> LoadOrCreateCacheKey(const std::string& path);
+
+// Where the key file is by default: `cache_dir` (trailing slashes dropped) with ".key"
+// appended, i.e. beside the cache folder, not inside it. "" for an empty `cache_dir`.
+std::string DefaultCacheKeyPath(absl::string_view cache_dir);
 
 class CompileCache {
  public:
-  // Creates `options.dir` (mkdir -p) when set. Never fails: a folder that cannot be
-  // created is logged, and every write retries.
+  // Checks `options.dir` with PrepareCacheDirectory (creating it when missing) and
+  // `options.mac_key`; when either fails, logs why once and keeps the disk layer off.
+  // Never fails.
   explicit CompileCache(CompileCacheOptions options);
 
   CompileCache(const CompileCache&) = delete;
@@ -68,6 +113,9 @@ class CompileCache {
 
   // Where the disk layer keeps `key` ("" when the disk layer is off).
   std::string PathFor(const Sha256Digest& key) const;
+
+  // Whether the disk layer is on (see the constructor).
+  bool disk_enabled() const { return disk_enabled_; }
 
  private:
   struct DigestHash {
@@ -87,6 +135,7 @@ class CompileCache {
   void EnforceDiskBound() const;
 
   const CompileCacheOptions options_;
+  bool disk_enabled_ = false;  // set once by the constructor
 
   std::mutex mu_;
   LruList lru_;  // most recently used first

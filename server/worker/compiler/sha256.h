@@ -1,8 +1,7 @@
-// SHA-256 (FIPS 180-4), used for compile-cache keys and for the integrity trailer of cache
-// files. A small self-contained implementation so that the compiler depends on no crypto
-// library; it is not constant-time and is not meant for secrets. On x86-64 CPUs with the
-// SHA extensions it uses them (about 10x faster), because every disk-cache hit hashes the
-// whole file and a cached compile must stay well under a millisecond.
+// SHA-256 (FIPS 180-4) for compile-cache keys, computed by OpenSSL's libcrypto (EVP), which
+// uses the CPU's SHA extensions where there are any: every cached compile hashes its whole
+// request, and a cache hit must stay well under a millisecond. The integrity of cache files
+// is not a plain digest but an HMAC (see compile_cache.h).
 #ifndef GPURPC_SERVER_WORKER_COMPILER_SHA256_H_
 #define GPURPC_SERVER_WORKER_COMPILER_SHA256_H_
 
@@ -13,22 +12,33 @@
 
 #include "absl/strings/string_view.h"
 
+// OpenSSL's EVP_MD_CTX (openssl/types.h), declared here so that callers need no OpenSSL
+// headers.
+struct evp_md_ctx_st;
+
 namespace gpurpc::compiler {
 
 using Sha256Digest = std::array<uint8_t, 32>;
 
 // Incremental hasher: Update() any number of times, then Finish() once.
-// Not thread-safe; one instance per computation.
+// Not thread-safe; one instance per computation. Not copyable.
 class Sha256 {
  public:
+  // Kept so that callers need not change. Both engines are OpenSSL's SHA-256, which picks
+  // the CPU's SHA extensions by itself when there are any; they always agree.
   enum class Engine {
-    kFastest,   // the SHA extensions when the CPU has them, else portable code
-    kPortable,  // plain C++ (for tests that compare the two)
+    kFastest,
+    kPortable,
   };
 
+  // Aborts the process if libcrypto cannot set up SHA-256 (a broken installation: no
+  // cache key could be computed at all).
   explicit Sha256(Engine engine = Engine::kFastest);
+  ~Sha256();
+  Sha256(const Sha256&) = delete;
+  Sha256& operator=(const Sha256&) = delete;
 
-  // Whether kFastest uses the CPU's SHA extensions on this machine.
+  // Whether this CPU has the SHA extensions (which OpenSSL's SHA-256 then uses).
   static bool HardwareAccelerated();
 
   void Update(const void* data, size_t size);
@@ -40,14 +50,7 @@ class Sha256 {
   static Sha256Digest Hash(absl::string_view data);
 
  private:
-  // Runs the compression function over `blocks` consecutive 64-byte blocks.
-  void Compress(const uint8_t* data, size_t blocks);
-
-  std::array<uint32_t, 8> state_;
-  std::array<uint8_t, 64> buffer_;
-  size_t buffered_ = 0;
-  uint64_t total_bytes_ = 0;
-  bool use_hardware_;
+  evp_md_ctx_st* context_;  // OpenSSL's EVP_MD_CTX, owned
 };
 
 // Lower-case hex of `digest` (64 characters).
