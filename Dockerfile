@@ -26,7 +26,8 @@ SHELL ["/bin/bash", "-o", "pipefail", "-c"]
 RUN apt-get update \
  && apt-get install -y --no-install-recommends \
       g++ make cmake pkg-config \
-      libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler \
+      libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler libseccomp-dev \
+      libssl-dev \
       libabsl-dev libspdlog-dev \
  && rm -rf /var/lib/apt/lists/*
 

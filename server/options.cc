@@ -1,5 +1,7 @@
 #include "server/options.h"
 
+#include <arpa/inet.h>
+#include <netinet/in.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -273,6 +275,58 @@ const std::vector<Flag>& Flags() {
          o.cuda_include_dir = v;
          return absl::OkStatus();
        }},
+      {"compile-sandbox", "auto|landlock|namespace|none",
+       "how the process that runs each NVRTC compile confines itself (default auto: "
+       "landlock, else namespace, else none); a forced mode that cannot work here makes "
+       "compiles fail with FAILED_PRECONDITION",
+       [](DaemonOptions& o, const std::string& v) {
+         if (v != "auto" && v != "landlock" && v != "namespace" && v != "none") {
+           return absl::InvalidArgumentError(absl::StrFormat(
+               "--compile-sandbox: '%s' is not one of auto, landlock, namespace, none", v));
+         }
+         o.compile_sandbox = v;
+         return absl::OkStatus();
+       }},
+      {"allow-unsandboxed-compile", "",
+       "run NVRTC unconfined when no compile sandbox works (or with --compile-sandbox=none); "
+       "without it such compiles fail with FAILED_PRECONDITION",
+       [](DaemonOptions& o, const std::string& v) {
+         return ParseBool("allow-unsandboxed-compile", v, &o.allow_unsandboxed_compile);
+       },
+       true},
+      {"compile-timeout", "DURATION",
+       "wall time one NVRTC compile may take before it is killed (DEADLINE_EXCEEDED) "
+       "(default 60s)",
+       [](DaemonOptions& o, const std::string& v) {
+         absl::Duration d;
+         if (!absl::ParseDuration(v, &d) || d <= absl::ZeroDuration()) {
+           return absl::InvalidArgumentError(absl::StrFormat(
+               "--compile-timeout: '%s' is not a positive duration such as 60s", v));
+         }
+         o.compile_timeout = d;
+         return absl::OkStatus();
+       }},
+      {"compile-cpu-seconds", "N",
+       "CPU time one NVRTC compile may use (RESOURCE_EXHAUSTED beyond) (default 60)",
+       [](DaemonOptions& o, const std::string& v) {
+         GPURPC_RETURN_IF_ERROR(ParseU64("compile-cpu-seconds", v, &o.compile_cpu_seconds));
+         if (o.compile_cpu_seconds == 0) {
+           return absl::InvalidArgumentError("--compile-cpu-seconds: must be at least 1");
+         }
+         return absl::OkStatus();
+       }},
+      {"compile-memory-bytes", "N",
+       "address space of the process running one NVRTC compile (RESOURCE_EXHAUSTED beyond); "
+       "a small kernel needs about 160 MiB, one including curand_kernel.h about 260 MiB "
+       "(default 8 GiB)",
+       [](DaemonOptions& o, const std::string& v) {
+         GPURPC_RETURN_IF_ERROR(ParseU64("compile-memory-bytes", v, &o.compile_memory_bytes));
+         if (o.compile_memory_bytes < (64ull << 20)) {
+           return absl::InvalidArgumentError(
+               "--compile-memory-bytes: must be at least 67108864 (64 MiB)");
+         }
+         return absl::OkStatus();
+       }},
       {"log-level", "LEVEL", "trace, debug, info, warn or error (default info)",
        [](DaemonOptions& o, const std::string& v) {
          static const char* kLevels[] = {"trace", "debug", "info", "warn", "error"};
@@ -288,6 +342,12 @@ const std::vector<Flag>& Flags() {
       {"internal-worker", nullptr, "",
        [](DaemonOptions& o, const std::string&) {
          o.internal_worker = true;
+         return absl::OkStatus();
+       },
+       true},
+      {"internal-compile-helper", nullptr, "",
+       [](DaemonOptions& o, const std::string&) {
+         o.internal_compile_helper = true;
          return absl::OkStatus();
        },
        true},
@@ -440,7 +500,8 @@ absl::StatusOr<DaemonOptions> ParseDaemonOptions(int argc, char** argv) {
   if (options.internal_worker && options.worker_fd < 0) {
     return absl::InvalidArgumentError("--internal-worker needs --worker-fd");
   }
-  if (options.internal_worker || options.help || !options.new_token_tenant.empty()) {
+  if (options.internal_worker || options.internal_compile_helper || options.help ||
+      !options.new_token_tenant.empty()) {
     return options;
   }
   if (options.listen.empty() && options.unix_socket.empty()) {
@@ -488,7 +549,11 @@ bool IsLoopbackAddress(const std::string& address) {
   } else if (size_t colon = host.rfind(':'); colon != std::string::npos) {
     host.resize(colon);
   }
-  return host == "localhost" || host == "::1" || absl::StartsWith(host, "127.");
+  if (host == "localhost") return true;
+  in_addr v4;
+  if (inet_pton(AF_INET, host.c_str(), &v4) == 1) return (ntohl(v4.s_addr) >> 24) == 127;
+  in6_addr v6;
+  return inet_pton(AF_INET6, host.c_str(), &v6) == 1 && IN6_IS_ADDR_LOOPBACK(&v6);
 }
 
 v1::TenantQuota DaemonOptions::DefaultQuota() {
@@ -538,6 +603,12 @@ std::vector<std::string> WorkerArgs(const DaemonOptions& options, int device, in
           absl::StrCat("--cache-max-bytes=", options.cache_max_bytes),
           absl::StrCat("--fake-memory-bytes=", options.fake_memory_bytes),
           absl::StrCat("--cuda-include-dir=", options.cuda_include_dir),
+          absl::StrCat("--compile-sandbox=", options.compile_sandbox),
+          absl::StrCat("--allow-unsandboxed-compile=",
+                       options.allow_unsandboxed_compile ? "true" : "false"),
+          absl::StrCat("--compile-timeout=", absl::FormatDuration(options.compile_timeout)),
+          absl::StrCat("--compile-cpu-seconds=", options.compile_cpu_seconds),
+          absl::StrCat("--compile-memory-bytes=", options.compile_memory_bytes),
           absl::StrCat("--log-level=", options.log_level)};
 }
 

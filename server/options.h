@@ -48,10 +48,19 @@ struct DaemonOptions {
   uint64_t cache_max_bytes = 1ull << 30;
   uint64_t fake_memory_bytes = 8ull << 30;
   std::string cuda_include_dir = "/usr/local/cuda/include";
+  // NVRTC compile helpers (server/worker/compiler/sandbox.h).
+  std::string compile_sandbox = "auto";  // auto | landlock | namespace | none
+  bool allow_unsandboxed_compile = false;
+  absl::Duration compile_timeout = absl::Seconds(60);
+  uint64_t compile_cpu_seconds = 60;
+  uint64_t compile_memory_bytes = 8ull << 30;
   // Internal: set when this process is a worker started by the front end.
   bool internal_worker = false;
   int worker_fd = -1;
   int device = -1;  // -1 = inventory worker (lists devices, opens no context)
+  // Internal: set when this process is a compile helper started by a worker (its socket is
+  // fd 3; everything else comes over it, see compile_helper.h).
+  bool internal_compile_helper = false;
 
   bool help = false;
 

@@ -19,6 +19,7 @@ apt_packages=(
   g++ make cmake pkg-config
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
   libabsl-dev libspdlog-dev libgtest-dev libgmock-dev
+  libseccomp-dev libssl-dev
   python3 python3-pip
 )
 python_modules=(grpc google.protobuf numpy pytest)

@@ -1,6 +1,7 @@
 #include "server/worker/service.h"
 
 #include <algorithm>
+#include <functional>
 #include <string>
 #include <utility>
 
@@ -32,8 +33,11 @@ grpc::Status Answer(absl::StatusOr<T> result, Fill fill) {
 
 class DeviceServiceImpl final : public v1::DeviceService::Service {
  public:
-  DeviceServiceImpl(backend::Backend* backend, int nvrtc_version)
-      : backend_(backend), nvrtc_version_(nvrtc_version) {}
+  DeviceServiceImpl(backend::Backend* backend, int nvrtc_version,
+                    std::function<std::string()> compile_sandbox)
+      : backend_(backend),
+        nvrtc_version_(nvrtc_version),
+        compile_sandbox_(std::move(compile_sandbox)) {}
 
   grpc::Status ListDevices(grpc::ServerContext*, const v1::ListDevicesRequest*,
                            v1::ListDevicesResponse* response) override {
@@ -43,6 +47,7 @@ class DeviceServiceImpl final : public v1::DeviceService::Service {
     response->set_backend(backend_->name());
     response->set_driver_version(backend_->driver_version());
     response->set_nvrtc_version(nvrtc_version_);
+    if (compile_sandbox_) response->set_compile_sandbox(compile_sandbox_());
     return grpc::Status::OK;
   }
 
@@ -64,6 +69,7 @@ class DeviceServiceImpl final : public v1::DeviceService::Service {
  private:
   backend::Backend* backend_;
   int nvrtc_version_;
+  std::function<std::string()> compile_sandbox_;
 };
 
 class MemoryServiceImpl final : public v1::MemoryService::Service {
@@ -228,8 +234,12 @@ class ModuleServiceImpl final : public v1::ModuleService::Service {
 
   grpc::Status LoadModule(grpc::ServerContext*, const v1::LoadModuleRequest* request,
                           v1::LoadModuleResponse* response) override {
-    return Answer(session_->LoadModule(request->image()),
-                  [&](uint64_t id) { response->set_module_id(id); });
+    uint64_t device_memory_bytes = 0;
+    return Answer(session_->LoadModule(request->image(), &device_memory_bytes),
+                  [&](uint64_t id) {
+                    response->set_module_id(id);
+                    response->set_device_memory_bytes(device_memory_bytes);
+                  });
   }
 
   grpc::Status UnloadModule(grpc::ServerContext*, const v1::UnloadModuleRequest* request,
@@ -375,11 +385,12 @@ void ToProto(const backend::DeviceInfo& info, v1::DeviceInfo* out) {
   out->set_is_fake(info.is_fake);
 }
 
-std::vector<std::unique_ptr<grpc::Service>> MakeWorkerServices(backend::Backend* backend,
-                                                               Session* session,
-                                                               int nvrtc_version) {
+std::vector<std::unique_ptr<grpc::Service>> MakeWorkerServices(
+    backend::Backend* backend, Session* session, int nvrtc_version,
+    std::function<std::string()> compile_sandbox) {
   std::vector<std::unique_ptr<grpc::Service>> services;
-  services.push_back(std::make_unique<DeviceServiceImpl>(backend, nvrtc_version));
+  services.push_back(
+      std::make_unique<DeviceServiceImpl>(backend, nvrtc_version, std::move(compile_sandbox)));
   if (session != nullptr) {
     services.push_back(std::make_unique<MemoryServiceImpl>(session));
     services.push_back(std::make_unique<ModuleServiceImpl>(session));

@@ -4,7 +4,9 @@
 #ifndef GPURPC_SERVER_WORKER_SERVICE_H_
 #define GPURPC_SERVER_WORKER_SERVICE_H_
 
+#include <functional>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "gpurpc/v1/device_service.pb.h"
@@ -19,10 +21,12 @@ namespace gpurpc::worker {
 void ToProto(const backend::DeviceInfo& info, v1::DeviceInfo* out);
 
 // Builds the services of one worker. `session` is null in inventory mode (device listing
-// only). Neither pointer is owned; both outlive the services.
-std::vector<std::unique_ptr<grpc::Service>> MakeWorkerServices(backend::Backend* backend,
-                                                               Session* session,
-                                                               int nvrtc_version);
+// only). Neither pointer is owned; both outlive the services. `compile_sandbox`, when set,
+// answers ListDevicesResponse.compile_sandbox (it may block until the worker's sandbox
+// probe is done); the inventory worker sets it, session workers leave it empty.
+std::vector<std::unique_ptr<grpc::Service>> MakeWorkerServices(
+    backend::Backend* backend, Session* session, int nvrtc_version,
+    std::function<std::string()> compile_sandbox = nullptr);
 
 }  // namespace gpurpc::worker
 

@@ -2,16 +2,24 @@
 
 #include <fcntl.h>
 #include <signal.h>
+#include <sys/prctl.h>
 #include <unistd.h>
 
 #include <chrono>
+#include <functional>
+#include <future>
 #include <memory>
+#include <string>
 #include <thread>
 
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
 #include "common/limits.h"
+#include "common/status_macros.h"
 #include "grpcpp/grpcpp.h"
 #include "grpcpp/server_posix.h"
 #include "server/worker/backend/backend.h"
+#include "server/worker/compiler/compile_cache.h"
 #include "server/worker/compiler/compiler.h"
 #include "server/worker/service.h"
 #include "server/worker/session.h"
@@ -19,8 +27,51 @@
 #include "spdlog/spdlog.h"
 
 namespace gpurpc::worker {
+namespace {
+
+// The disk cache is shared by every tenant, so its folder must be this user's alone and its
+// files are authenticated with a key kept outside it (compile_cache.h). Returns that key
+// ("" when there is no disk cache), read here from its file: never from the command line.
+absl::StatusOr<std::string> PrepareCompileCache(const DaemonOptions& options) {
+  if (options.cache_dir.empty()) return std::string();
+  GPURPC_RETURN_IF_ERROR(compiler::PrepareCacheDirectory(options.cache_dir));
+  return compiler::LoadOrCreateCacheKey(options.cache_key_file.empty()
+                                            ? compiler::DefaultCacheKeyPath(options.cache_dir)
+                                            : options.cache_key_file);
+}
+
+compiler::SandboxOptions CompileSandboxOptions(const DaemonOptions& options) {
+  compiler::SandboxOptions sandbox;
+  sandbox.mode =
+      compiler::ParseSandboxMode(options.compile_sandbox).value_or(compiler::SandboxMode::kAuto);
+  sandbox.allow_unsandboxed = options.allow_unsandboxed_compile;
+  sandbox.timeout = options.compile_timeout;
+  sandbox.cpu_seconds = options.compile_cpu_seconds;
+  sandbox.memory_bytes = options.compile_memory_bytes;
+  return sandbox;  // helper_path: this executable
+}
+
+// Probes the protection compiles run under, logs it and returns it for ListDevices.
+std::string ReportCompileSandbox(const compiler::Compiler* compiler,
+                                 const absl::Status& compiler_status) {
+  if (compiler == nullptr) {
+    return absl::StrCat("unavailable: NVRTC is not available: ", compiler_status.message());
+  }
+  const std::string report = compiler->ProbeSandbox();
+  if (absl::StartsWith(report, "unavailable")) {
+    spdlog::warn("compile sandbox: {}", report);
+  } else {
+    spdlog::info("compile sandbox: {}", report);
+  }
+  return report;
+}
+
+}  // namespace
 
 int WorkerMain(const DaemonOptions& options) {
+  // Workers of different tenants run as the same user: none may ptrace another, read its
+  // memory through /proc, or leave a core dump with a tenant's data behind.
+  prctl(PR_SET_DUMPABLE, 0, 0, 0, 0);
   // Die with the front end: an orphaned worker would hold a GPU context forever.
   // PR_SET_PDEATHSIG would fire when the front-end *thread* that spawned us ends, so watch
   // the parent process instead.
@@ -53,11 +104,28 @@ int WorkerMain(const DaemonOptions& options) {
   compiler_options.cache_dir = options.cache_dir;
   compiler_options.cache_max_bytes = options.cache_max_bytes;
   compiler_options.cuda_include_dir = options.cuda_include_dir;
+  compiler_options.sandbox = CompileSandboxOptions(options);
+  // Rather than run with a cache that others could write to, refuse to start (and so the
+  // daemon does too). Never log the key.
+  absl::StatusOr<std::string> mac_key = PrepareCompileCache(options);
+  if (!mac_key.ok()) {
+    spdlog::error("refusing to start: {}", mac_key.status().ToString());
+    return kExitCacheRefused;
+  }
+  compiler_options.mac_key = *std::move(mac_key);
   auto compiler = compiler::Compiler::Create(compiler_options);
   absl::Status compiler_status = compiler.status();
   if (!compiler.ok()) spdlog::warn("NVRTC unavailable: {}", compiler_status.ToString());
   compiler::Compiler* compiler_ptr = compiler.ok() ? compiler->get() : nullptr;
   const int nvrtc_version = compiler_ptr != nullptr ? compiler_ptr->nvrtc_version() : 0;
+  // The inventory worker reports the compile protection in ListDevices (and the log): it
+  // probes for it now, by confining a helper and compiling in it, while the rest starts.
+  std::shared_future<std::string> compile_sandbox;
+  if (options.device < 0) {
+    compile_sandbox = std::async(std::launch::async, [compiler_ptr, compiler_status] {
+                        return ReportCompileSandbox(compiler_ptr, compiler_status);
+                      }).share();
+  }
 
   std::unique_ptr<Session> session;
   if (options.device >= 0) {
@@ -70,7 +138,10 @@ int WorkerMain(const DaemonOptions& options) {
     session = std::make_unique<Session>(std::move(*context), compiler_ptr, compiler_status);
   }
 
-  auto services = MakeWorkerServices(backend.get(), session.get(), nvrtc_version);
+  std::function<std::string()> sandbox_report;
+  if (compile_sandbox.valid()) sandbox_report = [compile_sandbox] { return compile_sandbox.get(); };
+  auto services =
+      MakeWorkerServices(backend.get(), session.get(), nvrtc_version, std::move(sandbox_report));
   grpc::ServerBuilder builder;
   builder.SetMaxReceiveMessageSize(kMaxMessageBytes);
   builder.SetMaxSendMessageSize(kMaxMessageBytes);

@@ -53,6 +53,11 @@ TEST(OptionsTest, TcpNeedsCredentialsAndTlsOffLoopback) {
   EXPECT_THAT(Parse({"--listen=127.0.0.1:1", "--tokens-file=/x"}).status(), IsOk());
   EXPECT_THAT(Parse({"--listen=[::1]:1", "--tokens-file=/x"}).status(), IsOk());
   EXPECT_THAT(Parse({"--listen=localhost:1", "--tokens-file=/x"}).status(), IsOk());
+  EXPECT_THAT(Parse({"--listen=127.evil.example:1", "--tokens-file=/x"}).status(),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("not a loopback")));
+  EXPECT_THAT(Parse({"--listen=[::ffff:10.0.0.1]:1", "--tokens-file=/x"}).status(),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("not a loopback")));
+  EXPECT_THAT(Parse({"--listen=127.0.0.2:1", "--tokens-file=/x"}).status(), IsOk());
   EXPECT_THAT(Parse({"--listen=0.0.0.0:1", "--tokens-file=/x"}).status(),
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("not a loopback")));
   EXPECT_THAT(Parse({"--listen=10.1.2.3:1", "--tokens-file=/x", "--tls-cert=/c"}).status(),

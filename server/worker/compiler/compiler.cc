@@ -25,7 +25,7 @@ namespace {
 
 // Part of every cache key: bump it whenever what a key covers, or what a cached result
 // holds, changes, so that old entries are never mistaken for new ones.
-constexpr absl::string_view kKeyFormat = "gpurpc-nvrtc-cache-v1";
+constexpr absl::string_view kKeyFormat = "gpurpc-nvrtc-cache-v2";
 constexpr char kDefaultProgramName[] = "kernel.cu";
 constexpr size_t kMaxNameLength = 256;
 
@@ -158,22 +158,144 @@ std::string RejectedOption(const std::vector<std::string>& options, absl::string
   return absl::StrJoin(options, " ");
 }
 
+// A logical source line: continuations spliced, comments replaced by a blank, trigraphs
+// and the %: digraph read as what they stand for -- roughly what the preprocessor sees.
+struct LogicalLine {
+  int number;  // of its first physical line, from 1
+  std::string text;
+};
+
+// True when an R" after `before` starts a raw string: R, u8R, uR, UR or LR as a token of
+// its own (FOOR"( is the identifier FOOR and an ordinary string).
+bool IsRawStringPrefix(absl::string_view before) {
+  const auto is_identifier = [](char c) { return absl::ascii_isalnum(c) || c == '_'; };
+  size_t start = before.size();
+  while (start > 0 && is_identifier(before[start - 1])) --start;
+  const absl::string_view prefix = before.substr(start);
+  return prefix.empty() || prefix == "u8" || prefix == "u" || prefix == "U" || prefix == "L";
+}
+
+std::vector<LogicalLine> LogicalLines(absl::string_view raw) {
+  // Translation phase 1, for the two trigraphs that matter here.
+  std::string text(raw);
+  for (size_t at = 0; (at = text.find("??", at)) != std::string::npos;) {
+    if (at + 2 < text.size() && (text[at + 2] == '=' || text[at + 2] == '/')) {
+      text.replace(at, 3, text[at + 2] == '=' ? "#" : "\\");
+    } else {
+      ++at;
+    }
+  }
+  std::vector<LogicalLine> lines;
+  LogicalLine current{1, ""};
+  int physical = 1;
+  enum { kCode, kLineComment, kBlockComment, kString, kChar, kRaw } state = kCode;
+  std::string raw_end;  // ')delimiter"' of the raw string being read
+  for (size_t i = 0; i < text.size(); ++i) {
+    const char c = text[i];
+    // Phase 2: backslash-newline (also before CR LF) disappears everywhere but in raw strings.
+    if (c == '\\' && state != kRaw) {
+      size_t next = i + 1;
+      if (next < text.size() && text[next] == '\r') ++next;
+      if (next < text.size() && text[next] == '\n') {
+        ++physical;
+        i = next;
+        continue;
+      }
+    }
+    if (c == '\n') {
+      ++physical;
+      if (state == kBlockComment || state == kRaw) {
+        if (state == kRaw) current.text.push_back(c);
+        continue;
+      }
+      state = kCode;  // a newline ends a // comment and an unterminated literal
+      lines.push_back(std::move(current));
+      current = LogicalLine{physical, ""};
+      continue;
+    }
+    const char next = i + 1 < text.size() ? text[i + 1] : '\0';
+    switch (state) {
+      case kCode:
+        if (c == '/' && next == '/') {
+          state = kLineComment;
+          current.text.push_back(' ');
+          ++i;
+        } else if (c == '/' && next == '*') {
+          state = kBlockComment;
+          current.text.push_back(' ');
+          ++i;
+        } else if (c == 'R' && next == '"' && IsRawStringPrefix(current.text)) {
+          const size_t open = text.find('(', i + 2);
+          const size_t newline = text.find('\n', i + 2);
+          if (open != std::string::npos && open - i - 2 <= 16 && open < newline) {
+            raw_end = absl::StrCat(")", text.substr(i + 2, open - i - 2), "\"");
+            current.text.append(text, i, open - i + 1);
+            i = open;
+            state = kRaw;
+          } else {
+            current.text.push_back(c);
+          }
+        } else {
+          if (c == '"') state = kString;
+          if (c == '\'') state = kChar;
+          current.text.push_back(c);
+        }
+        break;
+      case kLineComment:
+        break;
+      case kBlockComment:
+        if (c == '*' && next == '/') {
+          state = kCode;
+          ++i;
+        }
+        break;
+      case kString:
+      case kChar:
+        current.text.push_back(c);
+        if (c == '\\' && next != '\0' && next != '\n') {
+          current.text.push_back(next);
+          ++i;
+        } else if (c == (state == kString ? '"' : '\'')) {
+          state = kCode;
+        }
+        break;
+      case kRaw:
+        current.text.push_back(c);
+        if (c == ')' && text.compare(i, raw_end.size(), raw_end) == 0) {
+          current.text.append(raw_end, 1, std::string::npos);
+          i += raw_end.size() - 1;
+          state = kCode;
+        }
+        break;
+    }
+  }
+  lines.push_back(std::move(current));
+  return lines;
+}
+
 // NVRTC resolves an absolute or "../" include name against the server's file system, and
 // no option turns that off: refuse such directives (and computed ones, whose name cannot be
-// checked) in everything the client sends. Toolkit headers are not scanned.
+// checked) in everything the client sends. Toolkit headers are not scanned. This is an
+// early, readable refusal, not the protection: the compile sandbox is (compile_helper.h).
 absl::Status CheckIncludes(absl::string_view what, absl::string_view text) {
-  int line_number = 0;
-  for (absl::string_view line : absl::StrSplit(text, '\n')) {
-    ++line_number;
+  for (const LogicalLine& logical : LogicalLines(text)) {
+    const absl::string_view line = logical.text;
     absl::string_view rest = absl::StripLeadingAsciiWhitespace(line);
     absl::string_view operand;
-    if (size_t at = line.find("__has_include"); at != absl::string_view::npos) {
-      operand = absl::StripLeadingAsciiWhitespace(line.substr(at + 13));
+    size_t has = line.find("__has_include");
+    if (has == absl::string_view::npos) has = line.find("__has_embed");
+    if (has != absl::string_view::npos) {
+      operand = line.substr(has);
+      while (!operand.empty() && (absl::ascii_isalnum(operand.front()) || operand.front() == '_')) {
+        operand.remove_prefix(1);
+      }
+      operand = absl::StripLeadingAsciiWhitespace(operand);
       if (!absl::ConsumePrefix(&operand, "(")) continue;
       operand = absl::StripLeadingAsciiWhitespace(operand);
-    } else if (absl::ConsumePrefix(&rest, "#")) {
+    } else if (absl::ConsumePrefix(&rest, "#") || absl::ConsumePrefix(&rest, "%:")) {
       rest = absl::StripLeadingAsciiWhitespace(rest);
-      if (!absl::ConsumePrefix(&rest, "include_next") && !absl::ConsumePrefix(&rest, "include")) {
+      if (!absl::ConsumePrefix(&rest, "include_next") && !absl::ConsumePrefix(&rest, "include") &&
+          !absl::ConsumePrefix(&rest, "import") && !absl::ConsumePrefix(&rest, "embed")) {
         continue;
       }
       operand = absl::StripLeadingAsciiWhitespace(rest);
@@ -182,7 +304,7 @@ absl::Status CheckIncludes(absl::string_view what, absl::string_view text) {
     }
     const auto refuse = [&](absl::string_view why) {
       return absl::InvalidArgumentError(absl::StrCat(
-          what, " line ", line_number, ": '", absl::StripAsciiWhitespace(line), "' ", why,
+          what, " line ", logical.number, ": '", absl::StripAsciiWhitespace(line), "' ", why,
           "; include headers sent with the request or toolkit headers by relative name"));
     };
     if (operand.empty() || (operand.front() != '"' && operand.front() != '<')) {
@@ -213,28 +335,6 @@ absl::Status NvrtcError(const NvrtcLibrary& nvrtc, absl::string_view call, nvrtc
   }
 }
 
-// Owns one nvrtcProgram; destroying it never fails the compile.
-class Program {
- public:
-  explicit Program(const NvrtcLibrary& nvrtc) : nvrtc_(nvrtc) {}
-  ~Program() {
-    if (program_ == nullptr) return;
-    const nvrtcResult result = nvrtc_.DestroyProgram(&program_);
-    if (result != NVRTC_SUCCESS) {
-      spdlog::warn("nvrtcDestroyProgram failed: {}", nvrtc_.ErrorName(result));
-    }
-  }
-  Program(const Program&) = delete;
-  Program& operator=(const Program&) = delete;
-
-  nvrtcProgram* out() { return &program_; }
-  nvrtcProgram get() const { return program_; }
-
- private:
-  const NvrtcLibrary& nvrtc_;
-  nvrtcProgram program_ = nullptr;
-};
-
 // The checked request, with what the server derives from it.
 struct PreparedRequest {
   std::string program_name;
@@ -255,16 +355,21 @@ absl::StatusOr<std::unique_ptr<Compiler>> Compiler::Create(CompilerOptions optio
 Compiler::Compiler(CompilerOptions options, std::unique_ptr<const NvrtcLibrary> nvrtc)
     : options_(std::move(options)),
       nvrtc_(std::move(nvrtc)),
-      cache_(std::make_unique<CompileCache>(CompileCacheOptions{
-          options_.cache_dir, options_.cache_max_bytes, options_.memory_cache_max_bytes})) {
+      cache_(std::make_unique<CompileCache>(
+          CompileCacheOptions{options_.cache_dir, options_.cache_max_bytes,
+                              options_.memory_cache_max_bytes, options_.mac_key})) {
+  helper_settings_.sandbox = options_.sandbox;
+  helper_settings_.nvrtc_path = nvrtc_->path;
   const std::string& include_dir = options_.cuda_include_dir;
   struct stat st;
   if (!include_dir.empty() && stat(include_dir.c_str(), &st) == 0 && S_ISDIR(st.st_mode)) {
     server_options_.emplace_back("--include-path=" + include_dir);
+    helper_settings_.read_dirs.push_back(include_dir);
     // CUDA 13 moved libcu++ (<cuda/std/...>, used by curand_kernel.h) under cccl/.
     const std::string cccl = include_dir + "/cccl";
     if (stat(cccl.c_str(), &st) == 0 && S_ISDIR(st.st_mode)) {
       server_options_.emplace_back("--include-path=" + cccl);
+      helper_settings_.read_dirs.push_back(cccl);
     }
   } else if (!include_dir.empty()) {
     spdlog::warn(
@@ -280,6 +385,8 @@ Compiler::Compiler(CompilerOptions options, std::unique_ptr<const NvrtcLibrary> 
 Compiler::~Compiler() = default;
 
 int Compiler::nvrtc_version() const { return nvrtc_->major * 1000 + nvrtc_->minor * 10; }
+
+std::string Compiler::ProbeSandbox() const { return ProbeCompileSandbox(helper_settings_); }
 
 absl::StatusOr<CompileResult> Compiler::Compile(const CompileRequest& request) {
   // Checks run before the cache lookup so that a request is refused the same way whether
@@ -356,6 +463,7 @@ absl::StatusOr<CompileResult> Compiler::Compile(const CompileRequest& request) {
   Sha256 hasher;
   HashField(&hasher, kKeyFormat);
   HashField(&hasher, nvrtc_->build_identity);
+  HashField(&hasher, request.tenant);
   HashField(&hasher, prepared.arch);
   HashField(&hasher, prepared.program_name);
   HashField(&hasher, request.source);
@@ -385,44 +493,21 @@ absl::StatusOr<CompileResult> Compiler::Compile(const CompileRequest& request) {
     return result;
   }
 
+  // NVRTC runs in a confined helper process of its own (compile_helper.h).
   const NvrtcLibrary& nvrtc = *nvrtc_;
-  std::vector<const char*> header_contents, header_names;
-  header_contents.reserve(request.headers.size());
-  header_names.reserve(request.headers.size());
+  const bool cubin = absl::StartsWith(prepared.arch, "sm_");
+  NvrtcInvocation invocation;
+  invocation.source = request.source;
+  invocation.program_name = prepared.program_name;
+  invocation.options = prepared.effective_options;
   for (const Header& header : request.headers) {
-    header_contents.push_back(header.content.c_str());
-    header_names.push_back(header.name.c_str());
+    invocation.headers.emplace_back(header.name, header.content);
   }
-  Program program(nvrtc);
-  nvrtcResult status = nvrtc.CreateProgram(
-      program.out(), request.source.c_str(), prepared.program_name.c_str(),
-      static_cast<int>(request.headers.size()), header_contents.data(), header_names.data());
-  if (status != NVRTC_SUCCESS) return NvrtcError(nvrtc, "nvrtcCreateProgram", status);
-  for (const std::string& expression : request.name_expressions) {
-    status = nvrtc.AddNameExpression(program.get(), expression.c_str());
-    if (status != NVRTC_SUCCESS) {
-      return NvrtcError(nvrtc, absl::StrCat("nvrtcAddNameExpression('", expression, "')"), status);
-    }
-  }
-
-  std::vector<const char*> option_pointers;
-  option_pointers.reserve(prepared.effective_options.size());
-  for (const std::string& option : prepared.effective_options) {
-    option_pointers.push_back(option.c_str());
-  }
-  const nvrtcResult compiled = nvrtc.CompileProgram(
-      program.get(), static_cast<int>(option_pointers.size()), option_pointers.data());
-
-  // The log matters in every outcome: errors, warnings, rejected options.
-  size_t log_size = 0;
-  status = nvrtc.GetProgramLogSize(program.get(), &log_size);
-  if (status != NVRTC_SUCCESS) return NvrtcError(nvrtc, "nvrtcGetProgramLogSize", status);
-  std::string log(log_size, '\0');
-  if (log_size > 0) {
-    status = nvrtc.GetProgramLog(program.get(), log.data());
-    if (status != NVRTC_SUCCESS) return NvrtcError(nvrtc, "nvrtcGetProgramLog", status);
-  }
-  while (!log.empty() && log.back() == '\0') log.pop_back();
+  invocation.name_expressions = request.name_expressions;
+  invocation.cubin = cubin;
+  GPURPC_ASSIGN_OR_RETURN(NvrtcOutcome outcome, RunNvrtcInHelper(helper_settings_, invocation));
+  const nvrtcResult compiled = static_cast<nvrtcResult>(outcome.compile_result);
+  std::string log = std::move(outcome.log);
 
   if (compiled == NVRTC_ERROR_INVALID_OPTION) {
     return absl::InvalidArgumentError(absl::StrCat("NVRTC rejected option '",
@@ -441,36 +526,16 @@ absl::StatusOr<CompileResult> Compiler::Compile(const CompileRequest& request) {
     return absl::Status(error.code(), absl::StrCat(error.message(), log.empty() ? "" : ": ", log));
   }
 
-  auto entry = std::make_shared<CacheEntry>();
-  const bool cubin = absl::StartsWith(prepared.arch, "sm_");
-  size_t image_size = 0;
-  status = cubin ? nvrtc.GetCUBINSize(program.get(), &image_size)
-                 : nvrtc.GetPTXSize(program.get(), &image_size);
-  if (status != NVRTC_SUCCESS) {
-    return NvrtcError(nvrtc, cubin ? "nvrtcGetCUBINSize" : "nvrtcGetPTXSize", status);
-  }
   // NVRTC reports an empty cubin (and a PTX of just the NUL) when the options ask for
   // something else, e.g. LTO-IR with -dlto: nothing a device could load.
-  if (image_size <= 1) {
+  if (outcome.image.size() <= 1) {
     return absl::InvalidArgumentError(absl::StrCat(
         "the options produce no loadable ", cubin ? "cubin" : "PTX", " for ", prepared.arch,
         " (options: ", absl::StrJoin(prepared.effective_options, " "), ")"));
   }
-  entry->image.resize(image_size);
-  status = cubin ? nvrtc.GetCUBIN(program.get(), reinterpret_cast<char*>(entry->image.data()))
-                 : nvrtc.GetPTX(program.get(), reinterpret_cast<char*>(entry->image.data()));
-  if (status != NVRTC_SUCCESS) {
-    return NvrtcError(nvrtc, cubin ? "nvrtcGetCUBIN" : "nvrtcGetPTX", status);
-  }
-  for (const std::string& expression : request.name_expressions) {
-    const char* lowered = nullptr;
-    status = nvrtc.GetLoweredName(program.get(), expression.c_str(), &lowered);
-    if (status != NVRTC_SUCCESS || lowered == nullptr) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "name expression '", expression, "' has no lowered name: ", nvrtc.ErrorName(status)));
-    }
-    entry->lowered_names.emplace_back(expression, lowered);
-  }
+  auto entry = std::make_shared<CacheEntry>();
+  entry->image = std::move(outcome.image);
+  entry->lowered_names = std::move(outcome.lowered_names);
   entry->log = std::move(log);
   entry->effective_options = std::move(prepared.effective_options);
   entry->arch = std::move(prepared.arch);

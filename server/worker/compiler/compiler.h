@@ -9,12 +9,23 @@
 // `cuda_include_dir` are not hashed: they change only with the toolkit, and so with the
 // NVRTC build, which is (its include path is hashed too, as one of the options).
 //
-// Security: the server adds `--no-source-include` and the toolkit include folder itself,
-// and refuses options that would make NVRTC read or write files of the server (include
-// paths, pre-includes, precompiled headers, options files, timing reports, and any option
-// value that is an absolute path or contains "..", also inside -Xptxas=...). Sources and
-// headers may not #include (or __has_include) an absolute or "../" name, nor use a computed
-// #include; running workers as an unprivileged user remains the second line of defence.
+// Security: NVRTC never runs in the worker. Each compile that misses the cache runs in a
+// compile helper process of its own (compile_helper.h) that confines itself before it reads
+// the request (sandbox.h): with Landlock, or else user + mount namespaces, plus a seccomp
+// filter, NVRTC can read the toolkit's include folders and nothing else of the server -- no
+// file of the daemon's user, no /proc, /dev or /etc, no cache, whatever the source's
+// preprocessor does (line continuations, comments or digraphs in directives, computed
+// includes, __has_include, #pragma, #line) and whatever header names or options it gets. The
+// helper is bounded in wall time, CPU time and address space. Which protection is in force
+// is reported by ProbeSandbox() (and ListDevices); without any sandbox, compiles are refused
+// with FAILED_PRECONDITION unless the operator passed --allow-unsandboxed-compile.
+//
+// On top of that, as early and friendlier errors: the server adds `--no-source-include` and
+// the toolkit include folder itself, refuses options that would make NVRTC read or write
+// files of the server (include paths, pre-includes, precompiled headers, options files,
+// timing reports, and any option value that is an absolute path or contains "..", also
+// inside -Xptxas=...), and refuses sources and headers that #include (or __has_include) an
+// absolute or "../" name, or use a computed #include. That scan is not the guarantee.
 #ifndef GPURPC_SERVER_WORKER_COMPILER_COMPILER_H_
 #define GPURPC_SERVER_WORKER_COMPILER_COMPILER_H_
 
@@ -25,6 +36,8 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "server/worker/compiler/compile_helper.h"
+#include "server/worker/compiler/sandbox.h"
 
 namespace gpurpc::compiler {
 
@@ -44,6 +57,9 @@ struct CompileRequest {
   // The device's architecture: "sm_90" -> cubin, "compute_75" -> PTX. Ignored when the
   // options carry their own -arch / --gpu-architecture.
   std::string target;
+  // The tenant asking. Part of the cache key: a tenant never gets a hit (nor its timing)
+  // from another tenant's compile.
+  std::string tenant;
 };
 
 struct CompileResult {
@@ -62,12 +78,17 @@ struct CompilerOptions {
   std::string cache_dir;  // "" disables the disk cache; created (mkdir -p) when missing
   uint64_t cache_max_bytes = 1ull << 30;  // disk bound
   uint64_t memory_cache_max_bytes = 64ull << 20;
+  // MAC key of the disk cache's files (32 raw bytes, LoadOrCreateCacheKey in
+  // compile_cache.h). A secret, never logged. Empty or short: the disk cache is off.
+  std::string mac_key;
   // Toolkit headers (curand_kernel.h, cuda_fp16.h ...); its "cccl" subfolder is added too
   // when present, because CUDA 13's headers include <cuda/std/...> from there.
   std::string cuda_include_dir = "/usr/local/cuda/include";
   uint64_t max_source_bytes = 4ull << 20;
   uint64_t max_header_bytes = 4ull << 20;
   uint64_t max_total_header_bytes = 16ull << 20;
+  // How compiles are confined and bounded (sandbox.h).
+  SandboxOptions sandbox;
 };
 
 struct NvrtcLibrary;
@@ -92,12 +113,23 @@ class Compiler {
   // over its limit, NUL bytes in text fields, a missing or malformed target, and options
   // that yield no loadable image (e.g. -dlto). RESOURCE_EXHAUSTED when NVRTC runs out of
   // memory; INTERNAL for other NVRTC failures. Only those two may succeed on a retry.
+  // From the compile helper: FAILED_PRECONDITION when no sandbox can be applied as
+  // configured; DEADLINE_EXCEEDED over --compile-timeout; RESOURCE_EXHAUSTED over
+  // --compile-cpu-seconds or --compile-memory-bytes (each message names its limit).
   //
   // Thread-safe: any number of compiles may run at once.
   absl::StatusOr<CompileResult> Compile(const CompileRequest& request);
 
   // NVRTC's version as major * 1000 + minor * 10 (13.0 -> 13000).
   int nvrtc_version() const;
+
+  // Starts a helper that confines itself and compiles a trivial kernel, and describes the
+  // protection compiles run under (see ProbeCompileSandbox). Takes a spawn and a compile.
+  std::string ProbeSandbox() const;
+
+  // What this compiler starts helpers with; RunNvrtcInHelper(helper_settings(), ...) is the
+  // sandboxed NVRTC without any of Compile's checks (for tests of the sandbox itself).
+  const HelperSettings& helper_settings() const { return helper_settings_; }
 
  private:
   Compiler(CompilerOptions options, std::unique_ptr<const NvrtcLibrary> nvrtc);
@@ -107,6 +139,7 @@ class Compiler {
   // Options the server appends to every compile (toolkit include paths,
   // --no-source-include).
   std::vector<std::string> server_options_;
+  HelperSettings helper_settings_;
   const std::unique_ptr<CompileCache> cache_;
 };
 

@@ -1,6 +1,8 @@
 #include "server/worker/compiler/nvrtc_library.h"
 
 #include <dlfcn.h>
+#include <limits.h>
+#include <stdlib.h>
 #include <sys/stat.h>
 
 #include <vector>
@@ -19,19 +21,8 @@ void Resolve(void* handle, const char* name, Fn* fn, std::vector<std::string>* m
   if (*fn == nullptr) missing->push_back(name);
 }
 
-}  // namespace
-
-absl::StatusOr<std::unique_ptr<const NvrtcLibrary>> NvrtcLibrary::Load(
-    const std::string& cuda_include_dir) {
-  // The versioned name first: the unversioned symlink only exists with the toolkit's
-  // development files, and another major version would have a different ABI.
-  std::vector<std::string> candidates = {"libnvrtc.so.13"};
-  if (!cuda_include_dir.empty()) {
-    candidates.emplace_back(cuda_include_dir + "/../lib64/libnvrtc.so.13");
-  }
-  candidates.emplace_back("/usr/local/cuda/lib64/libnvrtc.so.13");
-  candidates.emplace_back("libnvrtc.so");
-
+absl::StatusOr<std::unique_ptr<const NvrtcLibrary>> LoadFirst(
+    const std::vector<std::string>& candidates) {
   std::vector<std::string> attempts;
   void* handle = nullptr;
   std::string loaded_path;
@@ -81,12 +72,37 @@ absl::StatusOr<std::unique_ptr<const NvrtcLibrary>> NvrtcLibrary::Load(
   if (dladdr(reinterpret_cast<void*>(library->Version), &info) != 0 && info.dli_fname != nullptr) {
     library->path = info.dli_fname;
   }
+  // Absolute and free of symlinks: the compile helper loads this very file, and its
+  // sandbox names the folder.
+  if (char resolved[PATH_MAX]; realpath(library->path.c_str(), resolved) != nullptr) {
+    library->path = resolved;
+  }
   library->build_identity = absl::StrCat(library->major, ".", library->minor);
   struct stat st;
   if (stat(library->path.c_str(), &st) == 0) {
     absl::StrAppend(&library->build_identity, "/", st.st_size);
   }
   return std::unique_ptr<const NvrtcLibrary>(std::move(library));
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<const NvrtcLibrary>> NvrtcLibrary::Load(
+    const std::string& cuda_include_dir) {
+  // The versioned name first: the unversioned symlink only exists with the toolkit's
+  // development files, and another major version would have a different ABI.
+  std::vector<std::string> candidates = {"libnvrtc.so.13"};
+  if (!cuda_include_dir.empty()) {
+    candidates.emplace_back(cuda_include_dir + "/../lib64/libnvrtc.so.13");
+  }
+  candidates.emplace_back("/usr/local/cuda/lib64/libnvrtc.so.13");
+  candidates.emplace_back("libnvrtc.so");
+  return LoadFirst(candidates);
+}
+
+absl::StatusOr<std::unique_ptr<const NvrtcLibrary>> NvrtcLibrary::LoadFile(
+    const std::string& path) {
+  return LoadFirst({path});
 }
 
 std::string NvrtcLibrary::ErrorName(nvrtcResult result) const {

@@ -22,11 +22,13 @@ struct NvrtcLibrary {
   // loads or a required symbol is missing.
   static absl::StatusOr<std::unique_ptr<const NvrtcLibrary>> Load(
       const std::string& cuda_include_dir);
+  // Loads exactly `path` (the compile helper loads the file its worker resolved).
+  static absl::StatusOr<std::unique_ptr<const NvrtcLibrary>> LoadFile(const std::string& path);
 
   // Name of an nvrtcResult ("NVRTC_ERROR_INVALID_OPTION"), for messages.
   std::string ErrorName(nvrtcResult result) const;
 
-  std::string path;  // the file that was loaded, as the dynamic loader found it
+  std::string path;  // the file that was loaded, as the dynamic loader found it (absolute)
   int major = 0;
   int minor = 0;
   // Distinguishes builds that report the same major.minor (patch releases change the
