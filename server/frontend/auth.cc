@@ -166,7 +166,18 @@ absl::Status Authenticator::ReloadTokens() {
 }
 
 void Authenticator::RegisterUnixPeer(int fd, uid_t uid, pid_t pid) {
-  UnixPeer peer{uid, pid, UserName(uid)};
+  std::string name;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (auto it = user_names_.find(uid); it != user_names_.end()) name = it->second;
+  }
+  if (name.empty()) {
+    // Asked once per uid: the name service may be slow, and this runs on the accept thread.
+    name = UserName(uid);
+    std::lock_guard<std::mutex> lock(mu_);
+    user_names_[uid] = name;
+  }
+  UnixPeer peer{uid, pid, std::move(name)};
   std::lock_guard<std::mutex> lock(mu_);
   // A reused fd number replaces the entry of a connection gRPC has already closed: a call
   // keeps its connection (and so its fd) open while it is being served.

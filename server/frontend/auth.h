@@ -98,7 +98,11 @@ class Authenticator {
 
   mutable std::mutex mu_;
   std::shared_ptr<const TokenTable> tokens_;           // guarded by mu_
-  std::unordered_map<int, UnixPeer> unix_peers_;       // by fd; guarded by mu_
+  // By fd. gRPC 1.51 keeps a connection's fd open while any call on it is being served,
+  // so the fd of a call names its connection; a gRPC that closed fds under live calls would
+  // break this (tests/service/tenancy_test.cc kills clients mid-call to watch for it).
+  std::unordered_map<int, UnixPeer> unix_peers_;       // guarded by mu_
+  std::unordered_map<uid_t, std::string> user_names_;  // guarded by mu_
   // Verified tokens by their SHA-256, so that a call costs one hash, not one per entry.
   mutable std::unordered_map<std::string, std::string> token_cache_;  // guarded by mu_
 };

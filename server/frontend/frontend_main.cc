@@ -8,6 +8,7 @@
 #include <cstring>
 #include <fstream>
 #include <iostream>
+#include <algorithm>
 #include <memory>
 #include <sstream>
 
@@ -17,6 +18,9 @@
 #include "grpcpp/ext/proto_server_reflection_plugin.h"
 #include "grpcpp/grpcpp.h"
 #include "grpcpp/health_check_service_interface.h"
+#include "grpcpp/impl/server_builder_option.h"
+#include "grpcpp/impl/server_builder_plugin.h"
+#include "grpcpp/resource_quota.h"
 #include "server/frontend/auth.h"
 #include "server/frontend/proxy.h"
 #include "server/frontend/services.h"
@@ -87,6 +91,27 @@ std::string Describe(const DaemonOptions& options) {
   return out;
 }
 
+// Takes the reflection plugin off a builder. libgrpc++_reflection registers its plugin for
+// every ServerBuilder when it is loaded, and reflection must not answer without credentials
+// on the main listener.
+class WithoutReflection final : public grpc::ServerBuilderOption {
+ public:
+  void UpdateArguments(grpc::ChannelArguments*) override {}
+  void UpdatePlugins(std::vector<std::unique_ptr<grpc::ServerBuilderPlugin>>* plugins) override {
+    plugins->erase(std::remove_if(plugins->begin(), plugins->end(),
+                                  [](const std::unique_ptr<grpc::ServerBuilderPlugin>& plugin) {
+                                    return plugin->name() == "proto_server_reflection";
+                                  }),
+                   plugins->end());
+  }
+};
+
+// Bounds on what clients can make the front end hold before a call is authenticated (and
+// after): memory for buffered messages, threads, streams per connection.
+constexpr size_t kFrontendMemoryBytes = 2ull << 30;
+constexpr int kFrontendMaxThreads = 512;
+constexpr int kMaxConcurrentStreamsPerConnection = 256;
+
 }  // namespace
 
 int FrontendMain(const DaemonOptions& options) {
@@ -144,10 +169,16 @@ int FrontendMain(const DaemonOptions& options) {
   AdminServiceImpl admin_service(&sessions, &auth);
   SessionProxy proxy(&sessions, &auth);
 
-  // The main server: authenticated services only. Its builder is made before the
-  // reflection plugin is registered, and built with the default health service off, so that
-  // neither answers here without credentials.
+  // The main server: authenticated services only: the reflection plugin is taken off its
+  // builder, and it is built with the default health service off, so that neither answers
+  // here without credentials.
   grpc::ServerBuilder builder;
+  builder.SetOption(std::make_unique<WithoutReflection>());
+  grpc::ResourceQuota quota("gpurpcd-frontend");
+  quota.Resize(kFrontendMemoryBytes);
+  quota.SetMaxThreads(kFrontendMaxThreads);
+  builder.SetResourceQuota(quota);
+  builder.AddChannelArgument(GRPC_ARG_MAX_CONCURRENT_STREAMS, kMaxConcurrentStreamsPerConnection);
   builder.SetMaxReceiveMessageSize(kMaxMessageBytes);
   builder.SetMaxSendMessageSize(kMaxMessageBytes);
   // Find clients that vanished without closing their connection (a command stream would

@@ -3,12 +3,14 @@
 #include <memory>
 #include <mutex>
 #include <string>
+#include <thread>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "common/grpc_status.h"
 #include "gpurpc/v1/memory_service.pb.h"
+#include "gpurpc/v1/module_service.grpc.pb.h"
 #include "grpcpp/support/byte_buffer.h"
 #include "grpcpp/impl/codegen/proto_utils.h"
 #include "spdlog/spdlog.h"
@@ -28,15 +30,36 @@ constexpr char kCommandStreamMethod[] = "/gpurpc.v1.ExecutionService/CommandStre
 constexpr char kAllocateMethod[] = "/gpurpc.v1.MemoryService/Allocate";
 constexpr char kFreeMethod[] = "/gpurpc.v1.MemoryService/Free";
 constexpr char kCompileMethod[] = "/gpurpc.v1.ModuleService/Compile";
+constexpr char kLoadModuleMethod[] = "/gpurpc.v1.ModuleService/LoadModule";
+constexpr char kUnloadModuleMethod[] = "/gpurpc.v1.ModuleService/UnloadModule";
 
 // Calls the ledger reads on the way through.
-enum class Ledger { kNone, kAllocate, kFree, kCompile };
+enum class Ledger { kNone, kAllocate, kFree, kCompile, kLoadModule, kUnloadModule };
 
 Ledger LedgerFor(const std::string& method) {
   if (method == kAllocateMethod) return Ledger::kAllocate;
   if (method == kFreeMethod) return Ledger::kFree;
   if (method == kCompileMethod) return Ledger::kCompile;
+  if (method == kLoadModuleMethod) return Ledger::kLoadModule;
+  if (method == kUnloadModuleMethod) return Ledger::kUnloadModule;
   return Ledger::kNone;
+}
+
+// Unloads a module the tenant's quota cannot hold, off the gRPC threads (rare).
+void UnloadInBackground(std::shared_ptr<SessionRecord> session, uint64_t module_id) {
+  std::thread([session = std::move(session), module_id] {
+    v1::UnloadModuleRequest request;
+    request.set_module_id(module_id);
+    v1::UnloadModuleResponse response;
+    grpc::ClientContext context;
+    context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(30));
+    const grpc::Status status = v1::ModuleService::NewStub(session->worker().channel())
+                                    ->UnloadModule(&context, request, &response);
+    if (!status.ok()) {
+      spdlog::warn("session {}: cannot unload over-quota module {}: {}", session->id(),
+                   module_id, status.error_message());
+    }
+  }).detach();
 }
 
 // Parses a relayed message without consuming the buffer.
@@ -89,7 +112,10 @@ class RelayReactor final : public grpc::ServerGenericBidiReactor {
     } else {
       session_->Touch();
     }
-    worker_context_.set_deadline(context_->deadline());
+    // A ledger call runs to its end in the worker even when the client cancels or its
+    // deadline passes: the ledger must see what the worker really did (an allocation made
+    // after the client gave up still holds memory; a compile still holds a CPU).
+    if (ledger_ == Ledger::kNone) worker_context_.set_deadline(context_->deadline());
     session_->stub().PrepareBidiStreamingCall(&worker_context_, context_->method(),
                                               grpc::StubOptions(), &worker_half_);
     worker_half_.AddMultipleHolds(2);  // one per pump
@@ -124,14 +150,17 @@ class RelayReactor final : public grpc::ServerGenericBidiReactor {
     if (ok) {
       worker_half_.StartRead(&from_worker_);  // the read pump's hold is still held here
     } else {
-      // The client is gone: stop the worker call and read nothing more from it.
-      worker_context_.TryCancel();
+      // The client is gone: stop the worker call (a ledger call has already answered) and
+      // read nothing more from it.
+      if (ledger_ == Ledger::kNone) worker_context_.TryCancel();
       CloseFromWorkerLocked();
     }
     MaybeFinishLocked();
   }
 
-  void OnCancel() override { worker_context_.TryCancel(); }
+  void OnCancel() override {
+    if (ledger_ == Ledger::kNone) worker_context_.TryCancel();
+  }
 
   void OnDone() override {
     bool last;
@@ -157,6 +186,12 @@ class RelayReactor final : public grpc::ServerGenericBidiReactor {
 
   void OnWorkerReadDone(bool ok) {
     std::lock_guard<std::mutex> lock(mu_);
+    if (ok && (ledger_ == Ledger::kLoadModule || ledger_ == Ledger::kCompile) &&
+        !ChargeModuleLocked()) {
+      // Over quota: the client does not get the module; read the worker call to its end.
+      worker_half_.StartRead(&from_worker_);
+      return;
+    }
     if (ok && ledger_ == Ledger::kAllocate && reserved_bytes_ > 0) {
       v1::AllocateResponse response;
       if (ParseRelayed(from_worker_, &response)) {
@@ -258,12 +293,39 @@ class RelayReactor final : public grpc::ServerGenericBidiReactor {
         }
         reserved_bytes_ = request.size_bytes();
       }
+    } else if (ledger_ == Ledger::kUnloadModule && !request_seen_) {
+      request_seen_ = true;
+      v1::UnloadModuleRequest request;
+      if (ParseRelayed(from_client_, &request)) unloaded_module_ = request.module_id();
     } else if (ledger_ == Ledger::kFree && !request_seen_) {
       request_seen_ = true;
       v1::FreeRequest request;
       if (ParseRelayed(from_client_, &request)) freed_buffer_ = request.buffer_id();
     }
     return true;
+  }
+
+  // Charges the globals of the module a LoadModule or Compile answer carries. False when they
+  // are over quota (refusal_ says why, and the module is being unloaded).
+  bool ChargeModuleLocked() {
+    uint64_t module_id = 0, bytes = 0;
+    if (ledger_ == Ledger::kLoadModule) {
+      v1::LoadModuleResponse response;
+      if (!ParseRelayed(from_worker_, &response)) return true;
+      module_id = response.module_id();
+      bytes = response.device_memory_bytes();
+    } else {
+      v1::CompileResponse response;
+      if (!ParseRelayed(from_worker_, &response)) return true;
+      module_id = response.module_id();
+      bytes = response.device_memory_bytes();
+    }
+    if (module_id == 0) return true;  // nothing loaded (compile_only, or a failed compile)
+    absl::Status charged = sessions_->ChargeModule(*session_, module_id, bytes);
+    if (charged.ok()) return true;
+    refusal_ = ToGrpcStatus(charged);
+    UnloadInBackground(session_, module_id);
+    return false;
   }
 
   void LedgerAfterWorkerLocked(const grpc::Status& status) {
@@ -278,6 +340,12 @@ class RelayReactor final : public grpc::ServerGenericBidiReactor {
       case Ledger::kCompile:
         sessions_->EndCompile(session_->tenant());
         break;
+      case Ledger::kUnloadModule:
+        if (status.ok() && unloaded_module_ != 0) {
+          sessions_->ReleaseModule(*session_, unloaded_module_);
+        }
+        break;
+      case Ledger::kLoadModule:
       case Ledger::kNone:
         break;
     }
@@ -309,6 +377,7 @@ class RelayReactor final : public grpc::ServerGenericBidiReactor {
   bool request_seen_ = false;
   uint64_t reserved_bytes_ = 0;
   uint64_t freed_buffer_ = 0;
+  uint64_t unloaded_module_ = 0;
   grpc::Status refusal_;
   grpc::ClientContext worker_context_;
   WorkerHalf worker_half_;

@@ -3,10 +3,14 @@
 // streaming alike), authenticates the caller and checks that the session is the caller
 // tenant's first, and turns a worker's death or fault into the session's FAULTED state.
 //
-// Three calls are also read on the way through, for the tenant's ledger: Allocate (the
+// Some calls are also read on the way through, for the tenant's ledger: Allocate (the
 // size is reserved against max_device_memory_bytes before the worker sees the request,
 // and the answer's buffer id is recorded), Free (the buffer's bytes are released once the
-// worker confirms) and Compile (a slot of max_concurrent_compiles is held while it runs).
+// worker confirms), Compile (a slot of max_concurrent_compiles is held while it runs),
+// Compile and LoadModule (the loaded module's globals, as the worker reports them, are
+// charged; a module over quota is unloaded and the call answers RESOURCE_EXHAUSTED) and
+// UnloadModule (its globals are released). These ledger calls run to their end in the
+// worker even when the client cancels, so that the ledger sees what really happened.
 #ifndef GPURPC_SERVER_FRONTEND_PROXY_H_
 #define GPURPC_SERVER_FRONTEND_PROXY_H_
 

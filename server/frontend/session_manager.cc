@@ -261,6 +261,7 @@ absl::StatusOr<std::shared_ptr<SessionRecord>> SessionManager::Open(
         session->memory_gone_ = true;
         session->memory_bytes_ = 0;
         session->buffer_bytes_.clear();
+        session->module_bytes_.clear();
       }
       session->MarkFaulted(absl::StrCat("its worker process ", description));
     }
@@ -269,9 +270,10 @@ absl::StatusOr<std::shared_ptr<SessionRecord>> SessionManager::Open(
     std::lock_guard<std::mutex> lock(mu_);
     sessions_[id] = record;
   }
+  // The label is the client's text: escaped, so that it cannot forge log lines.
   spdlog::info("session {} opened on device {} for tenant {} ({}, worker pid {}){}{}", id,
                device_ordinal, tenant, peer, record->worker().pid(),
-               client_label.empty() ? "" : ", client ", client_label);
+               client_label.empty() ? "" : ", client ", absl::CHexEscape(client_label));
   return record;
 }
 
@@ -286,6 +288,7 @@ absl::Status SessionManager::Close(uint64_t session_id) {
     record->memory_gone_ = true;
     record->memory_bytes_ = 0;
     record->buffer_bytes_.clear();
+    record->module_bytes_.clear();
   }
   ReleaseSlot(record->tenant());
   record->MarkClosing();
@@ -301,8 +304,15 @@ absl::StatusOr<std::shared_ptr<SessionRecord>> SessionManager::Find(uint64_t ses
   auto it = sessions_.find(session_id);
   if (it == sessions_.end()) return NoSuchSession(session_id);
   if (it->second->tenant() != tenant) {
-    spdlog::warn("tenant {} named session {} of tenant {}; answered NOT_FOUND", tenant,
-                 session_id, it->second->tenant());
+    // Worth an operator's attention, but at most once a second: a tenant must not be able
+    // to flood the log.
+    static std::atomic<int64_t> last_warning_ns{0};
+    const int64_t now = absl::GetCurrentTimeNanos();
+    int64_t last = last_warning_ns.load();
+    if (now - last > 1'000'000'000 && last_warning_ns.compare_exchange_strong(last, now)) {
+      spdlog::warn("tenant {} named session {} of tenant {}; answered NOT_FOUND", tenant,
+                   session_id, it->second->tenant());
+    }
     return NoSuchSession(session_id);
   }
   return it->second;
@@ -354,7 +364,10 @@ uint64_t SessionManager::MemoryBytes(const SessionRecord& session) const {
 uint64_t SessionManager::TenantMemoryLocked(const std::string& tenant) const {
   uint64_t total = 0;
   for (const auto& [id, session] : sessions_) {
-    if (session->tenant() == tenant) total += session->memory_bytes_;
+    if (session->tenant() == tenant) {
+      total = session->memory_bytes_ > UINT64_MAX - total ? UINT64_MAX
+                                                          : total + session->memory_bytes_;
+    }
   }
   return total;
 }
@@ -397,6 +410,36 @@ void SessionManager::ReleaseBuffer(SessionRecord& session, uint64_t buffer_id) {
   if (it == session.buffer_bytes_.end()) return;
   session.memory_bytes_ -= std::min(session.memory_bytes_, it->second);
   session.buffer_bytes_.erase(it);
+}
+
+absl::Status SessionManager::ChargeModule(SessionRecord& session, uint64_t module_id,
+                                          uint64_t bytes) {
+  const uint64_t limit = options_.QuotaFor(session.tenant()).max_device_memory_bytes();
+  std::lock_guard<std::mutex> lock(mu_);
+  if (session.memory_gone_ || bytes == 0) return absl::OkStatus();
+  if (limit != 0) {
+    const uint64_t used = TenantMemoryLocked(session.tenant());
+    if (bytes > limit || used > limit - bytes) {
+      return absl::ResourceExhaustedError(absl::StrFormat(
+          "quota max_device_memory_bytes of tenant '%s' is %s: the tenant holds %s, and this "
+          "module's globals (__device__ variables) take %s more; the module was not kept",
+          session.tenant(), Bytes(limit), Bytes(used),
+          bytes == UINT64_MAX ? std::string("an amount the server cannot bound") : Bytes(bytes)));
+    }
+  }
+  session.memory_bytes_ = bytes > UINT64_MAX - session.memory_bytes_
+                              ? UINT64_MAX
+                              : session.memory_bytes_ + bytes;
+  session.module_bytes_[module_id] = bytes;
+  return absl::OkStatus();
+}
+
+void SessionManager::ReleaseModule(SessionRecord& session, uint64_t module_id) {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = session.module_bytes_.find(module_id);
+  if (it == session.module_bytes_.end()) return;
+  session.memory_bytes_ -= std::min(session.memory_bytes_, it->second);
+  session.module_bytes_.erase(it);
 }
 
 absl::Status SessionManager::BeginCompile(const std::string& tenant) {

@@ -101,6 +101,7 @@ class SessionRecord {
   friend class SessionManager;
   // Device memory ledger, guarded by the manager's mutex.
   std::unordered_map<uint64_t, uint64_t> buffer_bytes_;  // buffer id -> size
+  std::unordered_map<uint64_t, uint64_t> module_bytes_;  // module id -> its globals' size
   uint64_t memory_bytes_ = 0;                            // buffers + reservations
   bool memory_gone_ = false;  // the worker ended: its memory is free, accounts nothing
 };
@@ -160,6 +161,11 @@ class SessionManager {
                     uint64_t buffer_bytes);
   void CancelReservation(SessionRecord& session, uint64_t bytes);
   void ReleaseBuffer(SessionRecord& session, uint64_t buffer_id);
+  // A loaded module's globals (as the worker computed them, UINT64_MAX when it could not):
+  // charged after the load; RESOURCE_EXHAUSTED naming the quota when they do not fit, and
+  // then nothing is charged (the caller unloads the module).
+  absl::Status ChargeModule(SessionRecord& session, uint64_t module_id, uint64_t bytes);
+  void ReleaseModule(SessionRecord& session, uint64_t module_id);
   // Compile slots: RESOURCE_EXHAUSTED when the tenant's max_concurrent_compiles run.
   absl::Status BeginCompile(const std::string& tenant);
   void EndCompile(const std::string& tenant);

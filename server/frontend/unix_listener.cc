@@ -3,6 +3,7 @@
 #include <fcntl.h>
 #include <poll.h>
 #include <sys/eventfd.h>
+#include <sys/random.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/un.h>
@@ -45,9 +46,13 @@ absl::Status PrepareParent(const std::string& dir) {
         "folder of the daemon's user",
         dir, st.st_uid));
   }
-  if ((st.st_mode & S_IWOTH) != 0 && (st.st_mode & S_ISVTX) == 0) {
+  if ((st.st_mode & (S_IWOTH | S_IWGRP)) != 0) {
+    // Even with the sticky bit: another user could create the socket's name first and
+    // receive the clients (and their tokens).
     return absl::FailedPreconditionError(absl::StrFormat(
-        "the socket's folder %s is writable by everyone without the sticky bit", dir));
+        "the socket's folder %s is writable by others (mode %04o); use a folder only the "
+        "daemon's user may write, e.g. %s/gpurpc",
+        dir, st.st_mode & 07777, dir));
   }
   return absl::OkStatus();
 }
@@ -95,8 +100,9 @@ absl::StatusOr<std::unique_ptr<UnixListener>> UnixListener::Open(const std::stri
         probe >= 0 && connect(probe, reinterpret_cast<sockaddr*>(&address), sizeof(address)) == 0;
     if (probe >= 0) close(probe);
     if (live) {
-      return absl::FailedPreconditionError(
-          absl::StrFormat("another daemon is serving on %s", path));
+      return absl::FailedPreconditionError(absl::StrFormat(
+          "another process of uid %d is serving on %s%s", st.st_uid, path,
+          st.st_uid == geteuid() ? " (another gpurpcd?)" : " - not ours: refusing to start"));
     }
     unlink(path.c_str());
   }
@@ -104,8 +110,9 @@ absl::StatusOr<std::unique_ptr<UnixListener>> UnixListener::Open(const std::stri
   const int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
   if (fd < 0) return absl::UnavailableError(Errno("socket(AF_UNIX)"));
   // Bound under a name nobody else can guess-and-race, given its mode, then moved into place.
-  const std::string temp = absl::StrCat(path, ".", getpid(), ".tmp");
-  unlink(temp.c_str());
+  uint64_t nonce = 0;
+  if (getrandom(&nonce, sizeof(nonce), 0) != sizeof(nonce)) nonce = getpid();
+  const std::string temp = absl::StrFormat("%s.%016x.tmp", path, nonce);
   absl::Status status = Bind(fd, temp);
   if (status.ok() && chmod(temp.c_str(), mode) != 0) {
     status = absl::UnavailableError(Errno(absl::StrCat("chmod ", temp)));
@@ -172,10 +179,44 @@ void UnixListener::AcceptLoop(grpc::Server* server) {
       close(fd);
       continue;
     }
+    if (absl::Status admitted = Admit(fd, cred.uid); !admitted.ok()) {
+      spdlog::warn("unix socket: refused a connection of uid {}: {}", cred.uid,
+                   std::string(admitted.message()));
+      close(fd);
+      continue;
+    }
     auth_->RegisterUnixPeer(fd, cred.uid, cred.pid);
     // gRPC owns the fd from here on (and closes it).
     grpc::AddInsecureChannelFromFd(server, fd);
   }
+}
+
+absl::Status UnixListener::Admit(int fd, uid_t uid) {
+  // Forget connections gRPC has closed: their fd is gone or now names another socket.
+  size_t of_uid = 0;
+  for (auto it = live_.begin(); it != live_.end();) {
+    struct stat st;
+    if (fstat(it->first, &st) != 0 || st.st_ino != it->second.inode ||
+        st.st_dev != it->second.device) {
+      it = live_.erase(it);
+      continue;
+    }
+    if (it->second.uid == uid) ++of_uid;
+    ++it;
+  }
+  if (live_.size() >= kMaxConnections) {
+    return absl::ResourceExhaustedError(
+        absl::StrFormat("%d connections are open, the most the socket takes", live_.size()));
+  }
+  if (of_uid >= kMaxConnectionsPerUser) {
+    return absl::ResourceExhaustedError(absl::StrFormat(
+        "the user holds %d connections, the most one user may (%d)", of_uid,
+        kMaxConnectionsPerUser));
+  }
+  struct stat st;
+  if (fstat(fd, &st) != 0) return absl::UnavailableError(Errno("fstat"));
+  live_[fd] = Connection{st.st_dev, st.st_ino, uid};
+  return absl::OkStatus();
 }
 
 }  // namespace gpurpc::frontend

@@ -9,6 +9,11 @@
 // 0755; a parent that another user (other than root) owns is refused, because that user
 // could replace the socket.
 //
+// Connections are bounded: at most kMaxConnectionsPerUser per peer uid and kMaxConnections
+// in all, so that one user cannot take the daemon's file descriptors; a connection over a
+// bound is closed at once (and logged). A connection counts until gRPC has closed its fd
+// (seen by the fd no longer naming the same socket).
+//
 // Thread safety: Start and the destructor are called from one thread; accepting runs on a
 // thread of its own.
 #ifndef GPURPC_SERVER_FRONTEND_UNIX_LISTENER_H_
@@ -16,6 +21,9 @@
 
 #include <sys/types.h>
 
+#include <sys/stat.h>
+
+#include <map>
 #include <memory>
 #include <string>
 #include <thread>
@@ -28,6 +36,9 @@ namespace gpurpc::frontend {
 
 class UnixListener {
  public:
+  static constexpr size_t kMaxConnectionsPerUser = 256;
+  static constexpr size_t kMaxConnections = 4096;
+
   // Binds and listens on `path` with permissions `mode`. FAILED_PRECONDITION when the
   // path or its folder is unsafe or taken by something that is not a socket;
   // UNAVAILABLE for other socket errors.
@@ -43,12 +54,21 @@ class UnixListener {
  private:
   UnixListener(std::string path, int listen_fd, int wake_fd, Authenticator* auth);
   void AcceptLoop(grpc::Server* server);
+  // Counts `fd` (of `uid`) against the bounds; RESOURCE_EXHAUSTED when over one.
+  absl::Status Admit(int fd, uid_t uid);
+
+  struct Connection {
+    dev_t device;
+    ino_t inode;
+    uid_t uid;
+  };
 
   const std::string path_;
   const int listen_fd_;
   const int wake_fd_;  // eventfd that ends the accept loop
   Authenticator* auth_;
   std::thread thread_;
+  std::map<int, Connection> live_;  // by fd; accept thread only
 };
 
 }  // namespace gpurpc::frontend

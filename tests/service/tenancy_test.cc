@@ -8,10 +8,13 @@
 #include <pwd.h>
 #include <signal.h>
 #include <sys/socket.h>
+#include <poll.h>
 #include <sys/stat.h>
+#include <sys/un.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <condition_variable>
 #include <atomic>
 #include <cstdio>
 #include <fstream>
@@ -376,6 +379,55 @@ tenant_quotas { key: "alice" value { max_device_memory_bytes: 67108864 } }
   EXPECT_EQ(info->device_memory_bytes(), 512 * kMiB);
 }
 
+// A module's __device__ globals are device memory too: charged, refused over quota (the
+// module is unloaded), released on unload.
+TEST_F(TenancyTest, ModuleGlobalsCountAgainstTheMemoryQuota) {
+  StartDaemon({}, R"(
+tenant_quotas { key: "alice" value { max_device_memory_bytes: 67108864 } }
+)");
+  auto alice = ConnectTcp(alice_token_);
+  ASSERT_THAT(alice.status(), IsOk());
+  auto session = alice->OpenSession(0);
+  ASSERT_THAT(session.status(), IsOk());
+  // 16 MiB of globals fit.
+  const std::string small_ptx =
+      ".version 8.0\n.target sm_90\n.address_size 64\n"
+      ".visible .global .align 4 .b8 small_buffer[16777216];\n";
+  auto small = session->LoadModule(small_ptx);
+  ASSERT_THAT(small.status(), IsOk());
+  auto info = alice->GetServerInfo();
+  ASSERT_THAT(info.status(), IsOk());
+  EXPECT_EQ(info->device_memory_bytes(), 16 * kMiB);
+  // 256 MiB do not, loaded or compiled (on a GPU, 16 GiB would go the same way).
+  const std::string big_ptx =
+      ".version 8.0\n.target sm_90\n.address_size 64\n"
+      ".visible .global .align 4 .b8 big_buffer[268435456];\n";
+  EXPECT_THAT(session->LoadModule(big_ptx).status(),
+              StatusIs(absl::StatusCode::kResourceExhausted,
+                       HasSubstr("max_device_memory_bytes")));
+  CompileOptions compile;
+  compile.source =
+      "__device__ char big_global[1ull << 28];\n"
+      "extern \"C\" __global__ void touch(int i) { big_global[i] = 1; }\n";
+  EXPECT_THAT(session->Compile(compile).status(),
+              StatusIs(absl::StatusCode::kResourceExhausted,
+                       HasSubstr("max_device_memory_bytes")));
+  info = alice->GetServerInfo();
+  ASSERT_THAT(info.status(), IsOk());
+  EXPECT_EQ(info->device_memory_bytes(), 16 * kMiB);
+  // The session carries on; unloading gives the bytes back.
+  *small = Module();
+  ASSERT_THAT(session->Synchronize(), IsOk());
+  for (int attempt = 0; attempt < 50; ++attempt) {
+    info = alice->GetServerInfo();
+    ASSERT_THAT(info.status(), IsOk());
+    if (info->device_memory_bytes() == 0) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  EXPECT_EQ(info->device_memory_bytes(), 0u);
+  EXPECT_THAT(session->Allocate(60 * kMiB).status(), IsOk());
+}
+
 TEST_F(TenancyTest, PerSessionCountsAreCapped) {
   StartDaemon({"--tenant-max-streams-per-session=2", "--tenant-max-events-per-session=3"});
   auto local = ConnectUnix();
@@ -668,9 +720,113 @@ TEST_F(TenancyTest, HealthListenerServesHealthOnlyAndTheMainListenerNoHealth) {
             grpc::StatusCode::UNIMPLEMENTED);
   EXPECT_EQ(check(health_channel, "/gpurpc.v1.MemoryService/Allocate").error_code(),
             grpc::StatusCode::UNIMPLEMENTED);
-  // The main listener has no unauthenticated health service (nor reflection).
+  // The main listener has no unauthenticated health service, nor reflection.
   const grpc::Status main_health = check(RawTcpChannel(), "/grpc.health.v1.Health/Check");
   EXPECT_FALSE(main_health.ok());
+  for (const char* reflection : {"/grpc.reflection.v1alpha.ServerReflection/ServerReflectionInfo",
+                                 "/grpc.reflection.v1.ServerReflection/ServerReflectionInfo"}) {
+    EXPECT_EQ(check(RawTcpChannel(), reflection).error_code(), grpc::StatusCode::UNIMPLEMENTED)
+        << reflection;
+  }
+  // Reflection answers on the health listener (a list_services request, field 7 = "").
+  {
+    grpc::GenericStub stub(health_channel);
+    grpc::ClientContext context;
+    context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
+    const char list_services[] = {0x3a, 0x00};
+    grpc::Slice slice(list_services, sizeof(list_services));
+    grpc::ByteBuffer request(&slice, 1), response;
+    std::mutex mu;
+    std::condition_variable cv;
+    bool done = false;
+    grpc::Status result;
+    stub.UnaryCall(&context, "/grpc.reflection.v1alpha.ServerReflection/ServerReflectionInfo",
+                   grpc::StubOptions(), &request, &response, [&](grpc::Status status) {
+                     std::lock_guard<std::mutex> lock(mu);
+                     result = status;
+                     done = true;
+                     cv.notify_all();
+                   });
+    std::unique_lock<std::mutex> lock(mu);
+    cv.wait(lock, [&] { return done; });
+    EXPECT_TRUE(result.ok()) << result.error_message();
+  }
+}
+
+// A client that gives up on an Allocate (deadline, cancel) must not leave memory the ledger
+// does not see: the worker still allocates, and the ledger must count it.
+TEST_F(TenancyTest, AbandonedAllocationsStayCounted) {
+  StartDaemon({});
+  auto alice = ConnectTcp(alice_token_);
+  ASSERT_THAT(alice.status(), IsOk());
+  auto session = alice->OpenSession(0);
+  ASSERT_THAT(session.status(), IsOk());
+  auto stub = v1::MemoryService::NewStub(RawTcpChannel());
+  for (int i = 0; i < 40; ++i) {
+    grpc::ClientContext context;
+    context.set_deadline(std::chrono::system_clock::now() + std::chrono::microseconds(i * 50));
+    context.AddMetadata(kSessionMetadataKey, std::to_string(session->id()));
+    context.AddMetadata("authorization", "Bearer " + alice_token_);
+    v1::AllocateRequest request;
+    request.set_size_bytes(4 * kMiB);
+    v1::AllocateResponse response;
+    stub->Allocate(&context, request, &response).IgnoreError();
+  }
+  // Whatever the worker allocated, the ledger counts: it equals the session's used memory.
+  absl::StatusOr<v1::GetServerInfoResponse> info;
+  absl::StatusOr<MemInfo> memory;
+  for (int attempt = 0; attempt < 50; ++attempt) {  // the last answers may still be in flight
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    info = alice->GetServerInfo();
+    memory = session->GetMemInfo();
+    ASSERT_THAT(info.status(), IsOk());
+    ASSERT_THAT(memory.status(), IsOk());
+    if (info->device_memory_bytes() == memory->total_bytes - memory->free_bytes) break;
+  }
+  EXPECT_EQ(info->device_memory_bytes(), memory->total_bytes - memory->free_bytes);
+}
+
+// One user cannot take the daemon's file descriptors through the Unix socket.
+TEST_F(TenancyTest, UnixConnectionsPerUserAreBounded) {
+  StartDaemon({});
+  std::string path = daemon_->address();
+  if (path.rfind("unix:", 0) == 0) path = path.substr(5);
+  auto connect_raw = [&]() {
+    const int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    sockaddr_un address{};
+    address.sun_family = AF_UNIX;
+    std::snprintf(address.sun_path, sizeof(address.sun_path), "%s", path.c_str());
+    if (connect(fd, reinterpret_cast<sockaddr*>(&address), sizeof(address)) != 0) {
+      close(fd);
+      return -1;
+    }
+    return fd;
+  };
+  std::vector<int> held;
+  for (size_t i = 0; i < 300; ++i) held.push_back(connect_raw());
+  // Connections past the bound are closed by the daemon: reading them ends at once.
+  std::this_thread::sleep_for(std::chrono::milliseconds(500));
+  int closed_by_daemon = 0;
+  for (int fd : held) {
+    if (fd < 0) continue;
+    pollfd p{fd, POLLIN, 0};
+    char byte;
+    if (poll(&p, 1, 0) == 1 && (p.revents & POLLHUP || recv(fd, &byte, 1, MSG_PEEK) == 0)) {
+      ++closed_by_daemon;
+    }
+  }
+  EXPECT_GE(closed_by_daemon, 300 - 256 - 8);  // the test's own channels may hold a few
+  EXPECT_THAT(daemon_->Log(), HasSubstr("refused a connection"));
+  for (int fd : held) {
+    if (fd >= 0) close(fd);
+  }
+  // Once they are gone, the user connects again.
+  absl::Status again = absl::UnknownError("not tried");
+  for (int attempt = 0; attempt < 50 && !again.ok(); ++attempt) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    again = ConnectUnix().status();
+  }
+  EXPECT_THAT(again, IsOk());
 }
 
 // Secure by default: what the daemon refuses to start with.
@@ -684,6 +840,9 @@ TEST(TenancyStartupTest, RefusesUnsafeListeners) {
       {{absl::StrCat("--listen=0.0.0.0:", port), "--tokens-file=/nonexistent"},
        "not a loopback address"},
       {{"--tls-cert=/nonexistent"}, "--tls-cert and --tls-key go together"},
+      // A folder others may write (even sticky, like /tmp): another user could squat the name.
+      {{absl::StrCat("--unix-socket=/tmp/gpurpc-tenancy-", getpid(), ".sock")},
+       "writable by others"},
   };
   for (const Case& c : cases) {
     TestDaemon::Options options;

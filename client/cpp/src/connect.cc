@@ -203,8 +203,21 @@ absl::StatusOr<std::string> ResolveAddress(const std::string& address, bool use_
     return target;
   }
   const std::vector<std::string> paths = DefaultSocketPaths();
+  const std::string tmp_prefix = absl::StrCat("/tmp/gpurpc-", getuid(), "/");
   for (const std::string& path : paths) {
-    if (IsSocket(path)) return "unix:" + path;
+    if (!IsSocket(path)) continue;
+    // Anyone may create a folder in /tmp: the daemon's folder there counts only when it is
+    // the user's own and only the user may write it (else another user could squat it and
+    // receive this client's data).
+    if (absl::StartsWith(path, tmp_prefix)) {
+      struct stat st;
+      const std::string dir = path.substr(0, path.rfind('/'));
+      if (lstat(dir.c_str(), &st) != 0 || !S_ISDIR(st.st_mode) || st.st_uid != getuid() ||
+          (st.st_mode & (S_IWGRP | S_IWOTH)) != 0) {
+        continue;
+      }
+    }
+    return "unix:" + path;
   }
   return absl::UnavailableError(absl::StrCat(
       "no gpurpcd address given and no daemon socket found at ", absl::StrJoin(paths, ", "),

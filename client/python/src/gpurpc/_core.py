@@ -128,10 +128,19 @@ def resolve_address(address: Optional[str] = None) -> str:
     if target:
         return target
     paths = default_socket_paths()
+    tmp_prefix = f"/tmp/gpurpc-{os.getuid()}/"
     for path in paths:
         try:
-            if stat.S_ISSOCK(os.stat(path).st_mode):
-                return "unix:" + path
+            if not stat.S_ISSOCK(os.stat(path).st_mode):
+                continue
+            if path.startswith(tmp_prefix):
+                # Anyone may create a folder in /tmp: it counts only when it is the user's own
+                # and only the user may write it (else another user could squat it).
+                folder = os.lstat(os.path.dirname(path))
+                if (not stat.S_ISDIR(folder.st_mode) or folder.st_uid != os.getuid()
+                        or folder.st_mode & (stat.S_IWGRP | stat.S_IWOTH)):
+                    continue
+            return "unix:" + path
         except OSError:
             continue
     raise RuntimeError(
