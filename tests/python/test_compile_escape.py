@@ -93,6 +93,11 @@ def _binary() -> Path:
     return binary
 
 
+# GPURPC_ESCAPE_TEST_BACKEND=cuda runs the routes against workers that hold a real CUDA
+# context (the GPU run); the default is the fake backend.
+BACKEND = os.environ.get("GPURPC_ESCAPE_TEST_BACKEND") or "fake"
+
+
 def _start(secret: Secret, name: str, flags: List[str]) -> Daemon:
     folder = secret.dir / name
     folder.mkdir()
@@ -101,7 +106,7 @@ def _start(secret: Secret, name: str, flags: List[str]) -> Daemon:
     env = dict(os.environ, **{SECRET_ENV: secret.marker})
     with open(log, "wb") as out:
         proc = subprocess.Popen(
-            [str(_binary()), "--backend=fake", f"--unix-socket={socket_path}",
+            [str(_binary()), f"--backend={BACKEND}", f"--unix-socket={socket_path}",
              f"--cache-dir={folder / 'cache'}", *flags],
             stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,
             cwd=secret.dir, pass_fds=(SECRET_FD,))

@@ -1,5 +1,5 @@
 // The compile sandbox seen from a client (ctest label `service`): a real gpurpcd with real
-// worker processes on the fake backend, through the C++ client's Session::Compile. A secret
+// worker processes on the fake backend (or GPURPC_ESCAPE_TEST_BACKEND), through the C++ client's Session::Compile. A secret
 // with a random marker is planted beside the test (tests/testing/compile_escape.h); the
 // daemon is started in the secret's folder, with the marker in its environment and the
 // secret's file open on an inherited descriptor, and every route we know is tried,
@@ -11,6 +11,7 @@
 
 #include <unistd.h>
 
+#include <cstdlib>
 #include <filesystem>
 #include <iostream>
 #include <memory>
@@ -52,6 +53,12 @@ const EscapeSecret& TheSecret() {
 absl::StatusOr<std::unique_ptr<TestDaemon>> StartDaemon(std::vector<std::string> flags) {
   const EscapeSecret& secret = TheSecret();
   TestDaemon::Options options;
+  // GPURPC_ESCAPE_TEST_BACKEND=cuda runs the same routes against workers that hold a real
+  // CUDA context (the GPU run); the default is the fake backend.
+  if (const char* backend = std::getenv("GPURPC_ESCAPE_TEST_BACKEND");
+      backend != nullptr && *backend != '\0') {
+    options.backend = backend;
+  }
   options.extra_flags = std::move(flags);
   options.env = {absl::StrCat(::gpurpc::testing::kEscapeSecretEnv, "=", secret.marker)};
   const std::filesystem::path previous = std::filesystem::current_path();
