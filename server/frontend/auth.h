@@ -98,9 +98,10 @@ class Authenticator {
 
   mutable std::mutex mu_;
   std::shared_ptr<const TokenTable> tokens_;           // guarded by mu_
-  // By fd. gRPC 1.51 keeps a connection's fd open while any call on it is being served,
-  // so the fd of a call names its connection; a gRPC that closed fds under live calls would
-  // break this (tests/service/tenancy_test.cc kills clients mid-call to watch for it).
+  // By fd. gRPC 1.51 keeps a connection's fd open while any call on it is being served
+  // (checked by an attacker's review: a call outliving its client kept the fd until it
+  // ended), so the fd of a call names its connection. Newer gRPC releases close the fd when
+  // the connection drops; building against one needs another way to tie calls to peers.
   std::unordered_map<int, UnixPeer> unix_peers_;       // guarded by mu_
   std::unordered_map<uid_t, std::string> user_names_;  // guarded by mu_
   // Verified tokens by their SHA-256, so that a call costs one hash, not one per entry.

@@ -1,5 +1,6 @@
 #include "server/frontend/proxy.h"
 
+#include <algorithm>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -32,9 +33,18 @@ constexpr char kFreeMethod[] = "/gpurpc.v1.MemoryService/Free";
 constexpr char kCompileMethod[] = "/gpurpc.v1.ModuleService/Compile";
 constexpr char kLoadModuleMethod[] = "/gpurpc.v1.ModuleService/LoadModule";
 constexpr char kUnloadModuleMethod[] = "/gpurpc.v1.ModuleService/UnloadModule";
+constexpr char kGetFunctionMethod[] = "/gpurpc.v1.ModuleService/GetFunction";
 
 // Calls the ledger reads on the way through.
-enum class Ledger { kNone, kAllocate, kFree, kCompile, kLoadModule, kUnloadModule };
+enum class Ledger {
+  kNone,
+  kAllocate,
+  kFree,
+  kCompile,
+  kLoadModule,
+  kUnloadModule,
+  kGetFunction
+};
 
 Ledger LedgerFor(const std::string& method) {
   if (method == kAllocateMethod) return Ledger::kAllocate;
@@ -42,6 +52,7 @@ Ledger LedgerFor(const std::string& method) {
   if (method == kCompileMethod) return Ledger::kCompile;
   if (method == kLoadModuleMethod) return Ledger::kLoadModule;
   if (method == kUnloadModuleMethod) return Ledger::kUnloadModule;
+  if (method == kGetFunctionMethod) return Ledger::kGetFunction;
   return Ledger::kNone;
 }
 
@@ -186,6 +197,19 @@ class RelayReactor final : public grpc::ServerGenericBidiReactor {
 
   void OnWorkerReadDone(bool ok) {
     std::lock_guard<std::mutex> lock(mu_);
+    if (ok && ledger_ == Ledger::kGetFunction) {
+      v1::GetFunctionResponse response;
+      if (ParseRelayed(from_worker_, &response)) {
+        absl::Status charged = sessions_->ChargeLocalMemory(
+            *session_, static_cast<uint64_t>(std::max(0, response.attributes().local_size_bytes())));
+        if (!charged.ok()) {
+          // The client never learns the function's id, so it cannot launch it.
+          refusal_ = ToGrpcStatus(charged);
+          worker_half_.StartRead(&from_worker_);
+          return;
+        }
+      }
+    }
     if (ok && (ledger_ == Ledger::kLoadModule || ledger_ == Ledger::kCompile) &&
         !ChargeModuleLocked()) {
       // Over quota: the client does not get the module; read the worker call to its end.
@@ -346,6 +370,7 @@ class RelayReactor final : public grpc::ServerGenericBidiReactor {
         }
         break;
       case Ledger::kLoadModule:
+      case Ledger::kGetFunction:
       case Ledger::kNone:
         break;
     }

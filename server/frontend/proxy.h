@@ -9,7 +9,9 @@
 // worker confirms), Compile (a slot of max_concurrent_compiles is held while it runs),
 // Compile and LoadModule (the loaded module's globals, as the worker reports them, are
 // charged; a module over quota is unloaded and the call answers RESOURCE_EXHAUSTED) and
-// UnloadModule (its globals are released). These ledger calls run to their end in the
+// UnloadModule (its globals are released) and GetFunction (the local memory the driver will
+// reserve to launch the kernel is charged, the largest per session; over quota the call
+// answers RESOURCE_EXHAUSTED and the function's id is never given out). These ledger calls run to their end in the
 // worker even when the client cancels, so that the ledger sees what really happened.
 #ifndef GPURPC_SERVER_FRONTEND_PROXY_H_
 #define GPURPC_SERVER_FRONTEND_PROXY_H_

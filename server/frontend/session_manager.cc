@@ -262,6 +262,7 @@ absl::StatusOr<std::shared_ptr<SessionRecord>> SessionManager::Open(
         session->memory_bytes_ = 0;
         session->buffer_bytes_.clear();
         session->module_bytes_.clear();
+        session->local_memory_bytes_ = 0;
       }
       session->MarkFaulted(absl::StrCat("its worker process ", description));
     }
@@ -289,6 +290,7 @@ absl::Status SessionManager::Close(uint64_t session_id) {
     record->memory_bytes_ = 0;
     record->buffer_bytes_.clear();
     record->module_bytes_.clear();
+    record->local_memory_bytes_ = 0;
   }
   ReleaseSlot(record->tenant());
   record->MarkClosing();
@@ -440,6 +442,44 @@ void SessionManager::ReleaseModule(SessionRecord& session, uint64_t module_id) {
   if (it == session.module_bytes_.end()) return;
   session.memory_bytes_ -= std::min(session.memory_bytes_, it->second);
   session.module_bytes_.erase(it);
+}
+
+absl::Status SessionManager::ChargeLocalMemory(SessionRecord& session,
+                                               uint64_t local_bytes_per_thread) {
+  if (local_bytes_per_thread == 0) return absl::OkStatus();
+  // Every thread the device can hold at once: multiprocessors x threads per multiprocessor
+  // (CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_MULTIPROCESSOR = 39).
+  uint64_t threads = 0;
+  for (const v1::DeviceInfo& device : inventory_.devices()) {
+    if (device.ordinal() != session.device()) continue;
+    auto it = device.attributes().find(39);
+    const uint64_t per_multiprocessor =
+        it != device.attributes().end() && it->second > 0 ? it->second : 2048;
+    threads = static_cast<uint64_t>(std::max(device.multiprocessor_count(), 1)) *
+              per_multiprocessor;
+  }
+  const uint64_t reservation = local_bytes_per_thread > UINT64_MAX / std::max<uint64_t>(threads, 1)
+                                   ? UINT64_MAX
+                                   : local_bytes_per_thread * threads;
+  const uint64_t limit = options_.QuotaFor(session.tenant()).max_device_memory_bytes();
+  std::lock_guard<std::mutex> lock(mu_);
+  if (session.memory_gone_ || reservation <= session.local_memory_bytes_) return absl::OkStatus();
+  const uint64_t more = reservation - session.local_memory_bytes_;
+  if (limit != 0) {
+    const uint64_t used = TenantMemoryLocked(session.tenant());
+    if (more > limit || used > limit - more) {
+      return absl::ResourceExhaustedError(absl::StrFormat(
+          "quota max_device_memory_bytes of tenant '%s' is %s: the tenant holds %s, and "
+          "launching this kernel makes the driver reserve %s more (%d bytes of local memory "
+          "per thread for each of the device's %d resident threads); use less local memory "
+          "(smaller per-thread arrays, fewer spills)",
+          session.tenant(), Bytes(limit), Bytes(used), Bytes(more), local_bytes_per_thread,
+          threads));
+    }
+  }
+  session.memory_bytes_ += more;
+  session.local_memory_bytes_ = reservation;
+  return absl::OkStatus();
 }
 
 absl::Status SessionManager::BeginCompile(const std::string& tenant) {

@@ -103,6 +103,7 @@ class SessionRecord {
   std::unordered_map<uint64_t, uint64_t> buffer_bytes_;  // buffer id -> size
   std::unordered_map<uint64_t, uint64_t> module_bytes_;  // module id -> its globals' size
   uint64_t memory_bytes_ = 0;                            // buffers + reservations
+  uint64_t local_memory_bytes_ = 0;  // the largest launch reservation charged so far
   bool memory_gone_ = false;  // the worker ended: its memory is free, accounts nothing
 };
 
@@ -166,6 +167,11 @@ class SessionManager {
   // then nothing is charged (the caller unloads the module).
   absl::Status ChargeModule(SessionRecord& session, uint64_t module_id, uint64_t bytes);
   void ReleaseModule(SessionRecord& session, uint64_t module_id);
+  // The local memory the driver reserves for launches of a kernel: its per-thread local
+  // size for every thread the device can hold at once. A context keeps the largest
+  // reservation it made, so a session is charged the largest over the kernels it obtained
+  // (GetFunction); RESOURCE_EXHAUSTED naming the quota when that does not fit.
+  absl::Status ChargeLocalMemory(SessionRecord& session, uint64_t local_bytes_per_thread);
   // Compile slots: RESOURCE_EXHAUSTED when the tenant's max_concurrent_compiles run.
   absl::Status BeginCompile(const std::string& tenant);
   void EndCompile(const std::string& tenant);

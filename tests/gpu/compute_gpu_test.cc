@@ -659,5 +659,47 @@ TEST_F(ComputeGpuTest, HundredThousandAsyncLaunchesThenSync) {
   EXPECT_THAT(FromBytes<uint32_t>(bytes), ElementsAre(static_cast<uint32_t>(kLaunches)));
 }
 
+// The device-memory quota on a real GPU: buffers, a module's __device__ globals and the
+// local memory the driver reserves for a kernel all count, and what does not fit is refused
+// before the GPU holds it (a 4 GiB global, a kernel whose local memory would take ~17 GiB).
+TEST(GpuQuotaTest, GlobalsAndLocalMemoryCountAgainstTheQuota) {
+  if (absl::Status cuda = CudaAvailable(); !cuda.ok()) GTEST_SKIP() << cuda;
+  TestDaemon::Options options;
+  options.backend = "cuda";
+  options.extra_flags = {"--tenant-max-device-memory-bytes=2147483648"};  // 2 GiB
+  auto daemon = TestDaemon::Start(options);
+  ASSERT_TRUE(daemon.ok()) << daemon.status();
+  ASSERT_OK_AND_ASSIGN(Client client, Client::Connect((*daemon)->address()));
+  ASSERT_OK_AND_ASSIGN(Session session, client.OpenSession());
+  ASSERT_OK_AND_ASSIGN(MemInfo before, session.GetMemInfo());
+
+  CompileOptions big_global;
+  big_global.source =
+      "__device__ char huge[1ull << 32];\n"
+      "extern \"C\" __global__ void touch(unsigned long long i) { huge[i] = 1; }\n";
+  EXPECT_THAT(session.Compile(big_global).status(),
+              StatusIs(absl::StatusCode::kResourceExhausted, HasSubstr("max_device_memory_bytes")));
+
+  CompileOptions big_local;
+  big_local.source =
+      "extern \"C\" __global__ void spill(int* out, int n) {\n"
+      "  volatile int scratch[16384];\n"  // 64 KiB of local memory per thread
+      "  for (int i = 0; i < 16384; ++i) scratch[i] = i * n;\n"
+      "  out[threadIdx.x] = scratch[(threadIdx.x * 7919) % 16384];\n"
+      "}\n";
+  ASSERT_OK_AND_ASSIGN(CompileResult compiled, session.Compile(big_local));
+  ASSERT_TRUE(compiled.success()) << compiled.log();
+  EXPECT_THAT(compiled.module.GetFunction("spill").status(),
+              StatusIs(absl::StatusCode::kResourceExhausted, HasSubstr("local memory")));
+
+  // Neither reached the GPU: the device's free memory did not drop by gigabytes.
+  ASSERT_OK_AND_ASSIGN(MemInfo after, session.GetMemInfo());
+  EXPECT_LT(before.free_bytes - std::min(before.free_bytes, after.free_bytes), 1ull << 30);
+  // And the session still works within its quota.
+  ASSERT_OK_AND_ASSIGN(Buffer buffer, session.Allocate(1ull << 30));
+  EXPECT_THAT(session.Allocate(3ull << 29).status(),
+              StatusIs(absl::StatusCode::kResourceExhausted, HasSubstr("max_device_memory_bytes")));
+}
+
 }  // namespace
 }  // namespace gpurpc
