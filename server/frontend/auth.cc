@@ -19,6 +19,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
+#include "common/grpc_status.h"
 #include "spdlog/spdlog.h"
 
 namespace gpurpc::frontend {
@@ -220,9 +221,19 @@ absl::StatusOr<Identity> Authenticator::Authenticate(
     return absl::UnauthenticatedError("unknown local connection");
   }
 
+  std::shared_ptr<const grpc::AuthContext> auth = context.auth_context();
+  auto tcp = AuthenticateTcp(auth.get(), context.client_metadata());
+  if (!tcp.ok()) return tcp.status();
+  tcp->peer = identity.peer;
+  return tcp;
+}
+
+absl::StatusOr<Identity> Authenticator::AuthenticateTcp(
+    const grpc::AuthContext* auth,
+    const std::multimap<grpc::string_ref, grpc::string_ref>& metadata) const {
+  Identity identity;
   std::string cert_tenant;
-  if (std::shared_ptr<const grpc::AuthContext> auth = context.auth_context();
-      auth != nullptr && auth->IsPeerAuthenticated()) {
+  if (auth != nullptr && auth->IsPeerAuthenticated()) {
     for (const grpc::string_ref& cn : auth->FindPropertyValues("x509_common_name")) {
       cert_tenant.assign(cn.data(), cn.size());
     }
@@ -233,7 +244,6 @@ absl::StatusOr<Identity> Authenticator::Authenticate(
     }
   }
   std::string token_tenant;
-  const auto& metadata = context.client_metadata();
   if (auto it = metadata.find("authorization"); it != metadata.end()) {
     const absl::string_view value(it->second.data(), it->second.size());
     if (!absl::StartsWith(value, kBearerPrefix)) {
@@ -268,6 +278,33 @@ absl::StatusOr<Identity> Authenticator::Authenticate(
         "connect with a client certificate, or use the daemon's Unix socket");
   }
   return identity;
+}
+
+namespace {
+
+class EarlyCheckProcessor final : public grpc::AuthMetadataProcessor {
+ public:
+  explicit EarlyCheckProcessor(const Authenticator* auth) : auth_(auth) {}
+  bool IsBlocking() const override { return false; }  // a table lookup, no I/O
+  grpc::Status Process(const InputMetadata& metadata, grpc::AuthContext* context,
+                       OutputMetadata*, OutputMetadata*) override {
+    return ToGrpcStatus(auth_->EarlyCheckStatus(context, metadata));
+  }
+
+ private:
+  const Authenticator* auth_;
+};
+
+}  // namespace
+
+absl::Status Authenticator::EarlyCheckStatus(
+    const grpc::AuthContext* auth,
+    const std::multimap<grpc::string_ref, grpc::string_ref>& metadata) const {
+  return AuthenticateTcp(auth, metadata).status();
+}
+
+std::shared_ptr<grpc::AuthMetadataProcessor> Authenticator::EarlyCheck() const {
+  return std::make_shared<EarlyCheckProcessor>(this);
 }
 
 }  // namespace gpurpc::frontend

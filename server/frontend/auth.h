@@ -29,6 +29,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "grpcpp/security/auth_metadata_processor.h"
 #include "grpcpp/server_context.h"
 #include "server/options.h"
 
@@ -83,6 +84,14 @@ class Authenticator {
   // quoting a token).
   absl::StatusOr<Identity> Authenticate(const grpc::ServerContextBase& context) const;
 
+  // For TLS listeners: a check gRPC runs on each call's metadata before it reads the
+  // request, so that a caller without valid credentials cannot make the daemon buffer a
+  // large message first. The handlers still call Authenticate. Must not outlive this.
+  std::shared_ptr<grpc::AuthMetadataProcessor> EarlyCheck() const;
+  absl::Status EarlyCheckStatus(
+      const grpc::AuthContext* auth,
+      const std::multimap<grpc::string_ref, grpc::string_ref>& metadata) const;
+
   bool IsAdmin(const std::string& tenant) const { return admins_.count(tenant) > 0; }
 
  private:
@@ -92,6 +101,10 @@ class Authenticator {
     std::string tenant;
   };
   std::string TenantForToken(absl::string_view token) const;
+  // The TCP rules of Authenticate, from the parts of a call.
+  absl::StatusOr<Identity> AuthenticateTcp(
+      const grpc::AuthContext* auth,
+      const std::multimap<grpc::string_ref, grpc::string_ref>& metadata) const;
 
   const DaemonOptions options_;
   const std::set<std::string> admins_;

@@ -54,7 +54,7 @@ absl::StatusOr<std::string> ReadFile(const std::string& flag, const std::string&
 // verifying client certificates when a client CA is), else plaintext (loopback or
 // --insecure; options.cc refuses the rest).
 absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> TcpCredentials(
-    const DaemonOptions& options) {
+    const DaemonOptions& options, const Authenticator& auth) {
   if (options.tls_cert.empty()) return grpc::InsecureServerCredentials();
   auto cert = ReadFile("tls-cert", options.tls_cert);
   if (!cert.ok()) return cert.status();
@@ -71,7 +71,9 @@ absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> TcpCredentials(
   } else {
     ssl.client_certificate_request = GRPC_SSL_DONT_REQUEST_CLIENT_CERTIFICATE;
   }
-  return grpc::SslServerCredentials(ssl);
+  std::shared_ptr<grpc::ServerCredentials> credentials = grpc::SslServerCredentials(ssl);
+  credentials->SetAuthMetadataProcessor(auth.EarlyCheck());
+  return credentials;
 }
 
 std::string Describe(const DaemonOptions& options) {
@@ -141,7 +143,7 @@ int FrontendMain(const DaemonOptions& options) {
     spdlog::critical("{}", std::string(status.message()));
     return 1;
   }
-  auto tcp_credentials = TcpCredentials(options);
+  auto tcp_credentials = TcpCredentials(options, auth);
   if (!tcp_credentials.ok()) {
     spdlog::critical("{}", std::string(tcp_credentials.status().message()));
     return 1;
