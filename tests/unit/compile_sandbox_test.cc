@@ -23,6 +23,9 @@
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
+#include <sys/inotify.h>
+#include <sys/resource.h>
+#include <sys/xattr.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -300,6 +303,8 @@ extern "C" __global__ void uniform(float* out, __half* h, unsigned long long see
 // process: what a compromised NVRTC could try.
 TEST_P(SandboxModeTest, ConfinedProcessIsRefused) {
   const EscapeSecret& secret = TheSecret();
+  struct stat secret_before;
+  ASSERT_EQ(stat(secret.file.c_str(), &secret_before), 0);
   int pipe_fds[2];
   ASSERT_EQ(pipe2(pipe_fds, O_CLOEXEC), 0);
   const pid_t child = fork();
@@ -349,6 +354,26 @@ TEST_P(SandboxModeTest, ConfinedProcessIsRefused) {
     report("thread", created == 0 && ran == 1 ? 0 : -1);
     char* const argv[] = {const_cast<char*>("/bin/true"), nullptr};
     report("execve", execve("/bin/true", argv, nullptr));
+    // Metadata of the daemon user's files (Landlock has no rights for it).
+    report("chmod_secret", chmod(secret.file.c_str(), 0666));
+    report("chown_secret", chown(secret.file.c_str(), getuid(), getgid()));
+    report("utimensat_secret", utimensat(AT_FDCWD, secret.file.c_str(), nullptr, 0));
+    report("setxattr_secret", setxattr(secret.file.c_str(), "user.x", "y", 1, 0));
+    // No children: they would outlive the wall-time kill.
+    const long forked = syscall(SYS_clone, SIGCHLD, nullptr, nullptr, nullptr, 0);
+    if (forked == 0) _exit(0);
+    report("fork", forked);
+    // Nothing done to other processes of the same user.
+    struct rlimit one_second = {1, 1};
+    report("prlimit_parent", prlimit(getppid(), RLIMIT_CPU, &one_second, nullptr));
+    report("setpriority_parent", setpriority(PRIO_PROCESS, getppid(), 19));
+    cpu_set_t cpus;
+    CPU_ZERO(&cpus);
+    CPU_SET(0, &cpus);
+    report("affinity_parent", sched_setaffinity(getppid(), sizeof(cpus), &cpus));
+    report("inotify", inotify_init1(0));
+    struct rlimit own;
+    report("getrlimit_self", getrlimit(RLIMIT_NOFILE, &own));
     _exit(0);
   }
   close(pipe_fds[1]);
@@ -376,6 +401,16 @@ TEST_P(SandboxModeTest, ConfinedProcessIsRefused) {
   EXPECT_PRED1(denied, results["open_etc_passwd"]);
   EXPECT_PRED1(denied, results["create_in_tmp"]);
   EXPECT_LT(results["write_toolkit"], 0);
+  for (const char* name : {"chmod_secret", "chown_secret", "utimensat_secret", "setxattr_secret",
+                           "fork", "prlimit_parent", "setpriority_parent", "affinity_parent",
+                           "inotify"}) {
+    EXPECT_PRED1(denied, results[name]) << name;
+  }
+  EXPECT_EQ(results["getrlimit_self"], 0);
+  struct stat secret_stat;
+  ASSERT_EQ(stat(secret.file.c_str(), &secret_stat), 0);
+  EXPECT_EQ(secret_stat.st_mode, secret_before.st_mode)
+      << "the confined child changed the secret's mode";
   EXPECT_EQ(results["socket_inet"], -EPERM);
   EXPECT_EQ(results["socket_unix"], -EPERM);
   EXPECT_EQ(results["socketpair"], -EPERM);

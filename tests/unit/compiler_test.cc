@@ -124,6 +124,26 @@ TEST_F(CompilerTest, SyntaxErrorIsAFailedResultWithTheLog) {
   EXPECT_TRUE(result.image.empty());
 }
 
+// A few hundred bytes of macros can make NVRTC print megabytes; what reaches the worker,
+// the client and the shared cache is capped at 1 MiB, with a note saying so.
+TEST_F(CompilerTest, HugeLogsAreCapped) {
+  const std::string source = R"(
+#define A0 "xxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxx"
+#define A1 A0 A0 A0 A0 A0 A0 A0 A0
+#define A2 A1 A1 A1 A1 A1 A1 A1 A1
+#define A3 A2 A2 A2 A2 A2 A2 A2 A2
+#define A4 A3 A3 A3 A3 A3 A3 A3 A3
+#define DO_PRAGMA(x) _Pragma(#x)
+#define W DO_PRAGMA(message(A4))
+W W W W W W W W
+extern "C" __global__ void k() {}
+)";
+  ASSERT_OK_AND_ASSIGN(CompileResult result, compiler_->Compile(Request(source, "compute_75")));
+  EXPECT_TRUE(result.success);
+  EXPECT_LE(result.log.size(), (1u << 20) + 200);
+  EXPECT_THAT(result.log, HasSubstr("only the first 1048576 are kept"));
+}
+
 TEST_F(CompilerTest, WarningShowsInTheLogOnSuccess) {
   ASSERT_OK_AND_ASSIGN(CompileResult result,
                        compiler_->Compile(Request("__global__ void k() { int unused; }")));

@@ -39,6 +39,18 @@ namespace {
 // headers (MiBs), a response the image and the log.
 constexpr uint32_t kMaxSmallFrame = 1u << 20;
 constexpr uint32_t kMaxLargeFrame = 256u << 20;
+// NVRTC's log as it reaches the worker, the client and the cache: a few hundred bytes of
+// macros can make NVRTC print ~100 MB (nested expansions in _Pragma(message)), which every
+// copy and the shared disk cache would otherwise carry.
+constexpr size_t kMaxLogBytes = 1u << 20;
+
+void CapLog(std::string* log) {
+  if (log->size() <= kMaxLogBytes) return;
+  const size_t full = log->size();
+  log->resize(kMaxLogBytes);
+  absl::StrAppend(log, "\n[gpurpc: NVRTC's log was ", full, " bytes; only the first ",
+                  kMaxLogBytes, " are kept]\n");
+}
 
 // Exit statuses of the helper (besides 0).
 constexpr int kExitProtocol = 2;     // no usable settings or request
@@ -139,8 +151,15 @@ absl::Status ReadFrame(int fd, google::protobuf::MessageLite* message, uint32_t 
     return absl::InternalError(absl::StrCat("a ", message->GetTypeName(), " of ", size,
                                             " bytes is over the limit of ", max_size));
   }
-  std::string bytes(size, '\0');
-  GPURPC_RETURN_IF_ERROR(RecvAll(fd, bytes.data(), size, deadline));
+  // Grown as bytes arrive: a peer that announces a large frame and stalls holds no memory.
+  std::string bytes;
+  constexpr size_t kStep = 1u << 20;
+  while (bytes.size() < size) {
+    const size_t at = bytes.size();
+    const size_t step = std::min<size_t>(kStep, size - at);
+    bytes.resize(at + step);
+    GPURPC_RETURN_IF_ERROR(RecvAll(fd, bytes.data() + at, step, deadline));
+  }
   if (!message->ParseFromString(bytes)) {
     return absl::InternalError(absl::StrCat("malformed ", message->GetTypeName()));
   }
@@ -240,6 +259,7 @@ void RunNvrtc(const NvrtcLibrary& nvrtc, const helper::Request& request, uint64_
        absl::StrContains(log, "catastrophic error: out of memory"))) {
     return SetError(response, absl::ResourceExhaustedError(MemoryLimitMessage(memory_bytes)));
   }
+  CapLog(&log);
   response->set_log(std::move(log));
   if (compiled != NVRTC_SUCCESS) return;
 
@@ -482,6 +502,7 @@ absl::StatusOr<NvrtcOutcome> RunHelper(const HelperSettings& settings,
     }
     outcome.compile_result = response.compile_result();
     outcome.log = std::move(*response.mutable_log());
+    CapLog(&outcome.log);  // the helper is not trusted to have done it
     outcome.image.assign(response.image().begin(), response.image().end());
     for (const helper::LoweredName& name : response.lowered_names()) {
       outcome.lowered_names.emplace_back(name.expression(), name.lowered());

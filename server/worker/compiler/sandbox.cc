@@ -422,6 +422,42 @@ absl::Status ApplySeccomp() {
       "lookup_dcookie",
       "vhangup",
       "fanotify_init",
+      "fanotify_mark",
+      // Landlock has no rights for metadata: without these a confined helper could still
+      // chmod the cache key file readable for all, or touch the daemon's files' times.
+      "chmod",
+      "fchmod",
+      "fchmodat",
+      "fchmodat2",
+      "chown",
+      "fchown",
+      "lchown",
+      "fchownat",
+      "utime",
+      "utimes",
+      "futimesat",
+      "utimensat",
+      "setxattr",
+      "lsetxattr",
+      "fsetxattr",
+      "setxattrat",
+      "removexattr",
+      "lremovexattr",
+      "fremovexattr",
+      "removexattrat",
+      // no children (NVRTC needs threads only): a child would outlive the wall-time kill
+      // and start its CPU and memory limits afresh
+      "fork",
+      "vfork",
+      // watching the cache folder would show other tenants' activity
+      "inotify_init",
+      "inotify_init1",
+      "inotify_add_watch",
+      // other processes of the daemon's user: priorities, I/O priorities
+      "setpriority",
+      "ioprio_set",
+      "migrate_pages",
+      "move_pages",
   };
   const uint32_t eperm = SCMP_ACT_ERRNO(EPERM);
   for (const char* name : kDenied) {
@@ -432,6 +468,16 @@ absl::Status ApplySeccomp() {
   for (const char* name : {"kill", "tgkill", "rt_sigqueueinfo", "rt_tgsigqueueinfo"}) {
     if (absl::Status status = add(name, eperm, 1, not_self); !status.ok()) return status;
   }
+  // Limits and scheduling of this process only (pid 0); glibc's getrlimit/setrlimit use
+  // prlimit64(0, ...). Another pid could be the worker or the front end.
+  const scmp_arg_cmp other_pid[] = {SCMP_A0(SCMP_CMP_NE, 0)};
+  for (const char* name : {"prlimit64", "sched_setaffinity", "sched_setscheduler",
+                           "sched_setparam", "sched_setattr"}) {
+    if (absl::Status status = add(name, eperm, 1, other_pid); !status.ok()) return status;
+  }
+  // clone without CLONE_THREAD makes a process (fork), which is refused above.
+  const scmp_arg_cmp not_thread[] = {SCMP_A0(SCMP_CMP_MASKED_EQ, CLONE_THREAD, 0)};
+  if (absl::Status status = add("clone", eperm, 1, not_thread); !status.ok()) return status;
   const scmp_arg_cmp tiocsti[] = {SCMP_A1(SCMP_CMP_MASKED_EQ, 0xffffffffu, TIOCSTI)};
   if (absl::Status status = add("ioctl", eperm, 1, tiocsti); !status.ok()) return status;
   // Threads yes, namespaces no. clone3 passes its flags in memory, which a filter cannot
