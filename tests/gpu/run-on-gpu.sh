@@ -1,0 +1,57 @@
+#!/usr/bin/env bash
+# The GPU run, on a machine with the driver, a GPU and Python 3 with grpcio, protobuf, numpy
+# and pytest, from a relocatable install in dist/gpurpc (README.md) made on the build machine:
+#
+#   OUT=/some/dir bash tests/gpu/run-on-gpu.sh
+#
+# 1. every installed C++ test (unit, service on the fake backend, gpu on the GPU);
+# 2. the compile-escape test against workers that hold a real CUDA context;
+# 3. a daemon on the GPU (Unix socket, bearer tokens on loopback, health listener) and the
+#    Python suite against it (auth, quota and escape tests start their own daemons);
+# 4. the Python escape test against CUDA workers; a token-authenticated kernel over TCP;
+#    the daemon's log checked for the token.
+# Logs and gtest XML go to $OUT. Prints a summary line per step.
+set -u
+cd "$(dirname "$0")/../.."
+OUT=${OUT:-$(mktemp -d)}
+R=$PWD/dist/gpurpc
+echo "== machine"; uname -r; cat /sys/kernel/security/lsm; echo
+nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
+echo "== all installed C++ tests (unit, service on the fake backend, gpu on the H200)"
+L=$(mktemp -d)
+$R/bin/gpurpc-run-tests -o "$L/ctest" > "$OUT/run-tests.log" 2>&1; echo "rc=$?"
+tar czf "$OUT/ctest.tgz" -C "$L" ctest
+grep -E "passed|failed|FAILED" "$OUT/run-tests.log" | tail -25
+echo "== C++ escape test against CUDA workers"
+GPURPC_ESCAPE_TEST_BACKEND=cuda $R/bin/gpurpc-run-tests '*compile_escape*' > "$OUT/escape-cuda.log" 2>&1; echo "rc=$?"
+grep -E "^\[  |passed|failed" "$OUT/escape-cuda.log" | tail -14
+echo "== daemon on the GPU: unix socket + tokens on loopback + health"
+T=$(mktemp -d); chmod 755 "$T"
+$R/bin/gpurpcd --new-token=alice > "$T/alice"; sed -n 2p "$T/alice" > "$T/tokens"; chmod 600 "$T/tokens"
+$R/bin/gpurpcd --backend=cuda --unix-socket="$T/run/gpurpcd.sock" --listen=127.0.0.1:50551 \
+  --tokens-file="$T/tokens" --health-listen=127.0.0.1:50552 --cache-dir="$T/cache" \
+  --admin-tenants=root --tenant-max-sessions=64 > "$T/daemon.log" 2>&1 &
+D=$!
+for i in $(seq 100); do [ -S "$T/run/gpurpcd.sock" ] && break; sleep 0.2; done
+sleep 1; grep -E "sandbox|serving|device 0" "$T/daemon.log"
+echo "== Python suite against the GPU daemon (own fake daemons for auth/quota/escape)"
+export PYTHONPATH=$PWD/client/python/src
+GPURPC_ADDRESS=unix:$T/run/gpurpcd.sock GPURPCD_BIN=$R/bin/gpurpcd timeout 500 \
+  python3 -m pytest tests/python -q -p no:cacheprovider > "$OUT/pytest.log" 2>&1; echo "rc=$?"
+tail -4 "$OUT/pytest.log"
+echo "== Python escape test against CUDA workers"
+GPURPC_ESCAPE_TEST_BACKEND=cuda GPURPCD_BIN=$R/bin/gpurpcd timeout 300 \
+  python3 -m pytest tests/python/test_compile_escape.py -q -p no:cacheprovider 2>&1 | tail -2
+echo "== token over TCP on the GPU daemon, server info, quota"
+GPURPC_ADDRESS=127.0.0.1:50551 GPURPC_TOKEN=$(head -1 "$T/alice") timeout 120 python3 - <<'PY'
+import numpy as np, gpurpc.autoinit, gpurpc.admin as admin, gpurpc.driver as drv
+from gpurpc.compiler import SourceModule
+print(admin.server_info())
+mod = SourceModule("__global__ void twice(float* x){ x[threadIdx.x] *= 2; }")
+a = np.arange(32, dtype=np.float32); mod.get_function("twice")(drv.InOut(a), block=(32,1,1))
+print("kernel ok:", bool((a == 2*np.arange(32)).all()))
+PY
+GPURPC_ADDRESS=unix:$T/run/gpurpcd.sock timeout 60 python3 -c "import gpurpc.admin as a; print(a.server_info().compile_sandbox)"
+kill $D; wait $D; cp "$T/daemon.log" "$OUT/daemon.log"
+grep -c "alice\|gpurpc_" "$T/daemon.log" | sed 's/^/daemon log lines naming alice or a token prefix: /'
+grep -F "$(head -1 "$T/alice")" "$T/daemon.log" && echo "TOKEN LEAKED INTO LOG" || echo "token not in the daemon log"
