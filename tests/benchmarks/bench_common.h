@@ -4,12 +4,15 @@
 #ifndef GPURPC_TESTS_BENCHMARKS_BENCH_COMMON_H_
 #define GPURPC_TESTS_BENCHMARKS_BENCH_COMMON_H_
 
+#include <sys/stat.h>
+
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <memory>
 #include <string>
 
+#include "absl/status/status.h"
 #include "gpurpc/client.h"
 #include "server/worker/backend/cuda/driver_api.h"
 #include "tests/testing/daemon.h"
@@ -56,9 +59,29 @@ inline DaemonUnderTest StartDaemon(int argc, char** argv) {
       return out;
     }
   }
+  // The TCP listener authenticates with a bearer token, as a remote client's would: made by
+  // `gpurpcd --new-token`, and handed to the client through GPURPC_TOKEN.
+  char dir[] = "/tmp/gpurpc-bench-XXXXXX";
+  Check(mkdtemp(dir) != nullptr ? absl::OkStatus() : absl::InternalError("mkdtemp"), "mkdtemp");
+  const std::string command = testing::TestDaemon::Binary() + " --new-token=bench";
+  FILE* pipe = popen(command.c_str(), "r");
+  char token[256] = {}, line[512] = {};
+  const bool made = pipe != nullptr && fgets(token, sizeof(token), pipe) != nullptr &&
+                    fgets(line, sizeof(line), pipe) != nullptr;
+  if (pipe != nullptr) pclose(pipe);
+  Check(made ? absl::OkStatus() : absl::InternalError(command), "make a token");
+  std::string token_text(token);
+  while (!token_text.empty() && token_text.back() == '\n') token_text.pop_back();
+  const std::string tokens_file = std::string(dir) + "/tokens";
+  if (FILE* out = fopen(tokens_file.c_str(), "w")) {
+    fchmod(fileno(out), 0600);
+    fputs(line, out);
+    fclose(out);
+  }
+  setenv("GPURPC_TOKEN", token_text.c_str(), 1);
   testing::TestDaemon::Options options;
   options.backend = "cuda";
-  options.extra_flags = {"--listen=127.0.0.1:50777"};
+  options.extra_flags = {"--listen=127.0.0.1:50777", "--tokens-file=" + tokens_file};
   auto daemon = testing::TestDaemon::Start(options);
   Check(daemon.status(), "start gpurpcd");
   out.daemon = *std::move(daemon);
