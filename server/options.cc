@@ -18,9 +18,9 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "common/status_macros.h"
-#include "gpurpc/config/v1/daemon_config.pb.h"
 #include "google/protobuf/io/tokenizer.h"
 #include "google/protobuf/text_format.h"
+#include "gpurpc/config/v1/daemon_config.pb.h"
 
 namespace gpurpc {
 namespace {
@@ -336,8 +336,8 @@ const std::vector<Flag>& Flags() {
              return absl::OkStatus();
            }
          }
-         return absl::InvalidArgumentError(absl::StrFormat(
-             "--log-level: '%s' is not one of trace, debug, info, warn, error", v));
+         return absl::InvalidArgumentError(
+             absl::StrFormat("--log-level: '%s' is not one of trace, debug, info, warn, error", v));
        }},
       {"internal-worker", nullptr, "",
        [](DaemonOptions& o, const std::string&) {
@@ -356,9 +356,7 @@ const std::vector<Flag>& Flags() {
          return ParseInt("worker-fd", v, 0, &o.worker_fd);
        }},
       {"device", nullptr, "",
-       [](DaemonOptions& o, const std::string& v) {
-         return ParseInt("device", v, -1, &o.device);
-       }},
+       [](DaemonOptions& o, const std::string& v) { return ParseInt("device", v, -1, &o.device); }},
   };
   return *flags;
 }
@@ -477,8 +475,7 @@ absl::StatusOr<DaemonOptions> ParseDaemonOptions(int argc, char** argv) {
     }
     const Flag* flag = FindFlag(name);
     if (flag == nullptr) {
-      return absl::InvalidArgumentError(
-          absl::StrFormat("unknown flag --%s (see --help)", name));
+      return absl::InvalidArgumentError(absl::StrFormat("unknown flag --%s (see --help)", name));
     }
     if (!has_value && flag->boolean) {
       value = "true";
@@ -544,8 +541,8 @@ std::string DefaultUnixSocket() {
 bool IsLoopbackAddress(const std::string& address) {
   std::string host = address;
   if (absl::StartsWith(host, "[")) {
-    host = host.substr(1, host.find(']') == std::string::npos ? std::string::npos
-                                                              : host.find(']') - 1);
+    host = host.substr(
+        1, host.find(']') == std::string::npos ? std::string::npos : host.find(']') - 1);
   } else if (size_t colon = host.rfind(':'); colon != std::string::npos) {
     host.resize(colon);
   }
@@ -585,8 +582,7 @@ std::string DaemonUsage() {
     if (flag.boolean) {
       absl::StrAppendFormat(&out, "  --%s\n      %s\n", flag.name, flag.help);
     } else {
-      absl::StrAppendFormat(&out, "  --%s=%s\n      %s\n", flag.name, flag.value_name,
-                            flag.help);
+      absl::StrAppendFormat(&out, "  --%s=%s\n      %s\n", flag.name, flag.value_name, flag.help);
     }
   }
   out += "  --help\n      print this text\n";

@@ -39,8 +39,9 @@ std::string Sha256(absl::string_view a, absl::string_view b = {}) {
 
 bool IsTenantName(absl::string_view name) {
   return !name.empty() && name.size() <= 128 &&
-         name.find_first_not_of("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ"
-                                "0123456789._@+-=,") == absl::string_view::npos;
+         name.find_first_not_of(
+             "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ"
+             "0123456789._@+-=,") == absl::string_view::npos;
 }
 
 std::string RandomBytes(size_t n) {
@@ -78,13 +79,12 @@ std::string UserName(uid_t uid) {
 absl::StatusOr<std::shared_ptr<const TokenTable>> TokenTable::Load(const std::string& path) {
   struct stat st;
   if (stat(path.c_str(), &st) != 0) {
-    return absl::NotFoundError(
-        absl::StrFormat("--tokens-file %s: %s", path, std::strerror(errno)));
+    return absl::NotFoundError(absl::StrFormat("--tokens-file %s: %s", path, std::strerror(errno)));
   }
   if ((st.st_mode & (S_IWGRP | S_IWOTH | S_IROTH)) != 0) {
     return absl::FailedPreconditionError(absl::StrFormat(
-        "--tokens-file %s: others may read or write it (mode %04o); chmod o-rw,g-w it",
-        path, st.st_mode & 07777));
+        "--tokens-file %s: others may read or write it (mode %04o); chmod o-rw,g-w it", path,
+        st.st_mode & 07777));
   }
   std::ifstream in(path);
   if (!in) return absl::NotFoundError(absl::StrFormat("--tokens-file %s: cannot read", path));
@@ -97,17 +97,18 @@ absl::StatusOr<std::shared_ptr<const TokenTable>> TokenTable::Load(const std::st
     if (text.empty() || text.front() == '#') continue;
     std::vector<absl::string_view> parts = absl::StrSplit(text, ':');
     const auto bad = [&](absl::string_view why) {
-      return absl::InvalidArgumentError(absl::StrFormat(
-          "--tokens-file %s line %d: %s (expected tenant:salt_hex:sha256_hex, as "
-          "gpurpcd --new-token=TENANT prints)",
-          path, number, why));
+      return absl::InvalidArgumentError(
+          absl::StrFormat("--tokens-file %s line %d: %s (expected tenant:salt_hex:sha256_hex, as "
+                          "gpurpcd --new-token=TENANT prints)",
+                          path, number, why));
     };
     if (parts.size() != 3) return bad("not three ':'-separated fields");
     Entry entry;
     entry.tenant = std::string(parts[0]);
     if (!IsTenantName(entry.tenant)) {
-      return bad("the tenant name is empty, too long or has characters other than "
-                 "A-Z a-z 0-9 . _ @ + - = ,");
+      return bad(
+          "the tenant name is empty, too long or has characters other than "
+          "A-Z a-z 0-9 . _ @ + - = ,");
     }
     if (!IsHex(parts[1])) return bad("the salt is not hex");
     if (!IsHex(parts[2]) || parts[2].size() != 2 * SHA256_DIGEST_LENGTH) {
@@ -142,8 +143,7 @@ NewToken MakeToken(const std::string& tenant) {
 }
 
 Authenticator::Authenticator(const DaemonOptions& options)
-    : options_(options),
-      admins_(options.admin_tenants.begin(), options.admin_tenants.end()) {}
+    : options_(options), admins_(options.admin_tenants.begin(), options.admin_tenants.end()) {}
 
 absl::Status Authenticator::Start() {
   if (options_.tokens_file.empty()) return absl::OkStatus();
@@ -202,8 +202,7 @@ std::string Authenticator::TenantForToken(absl::string_view token) const {
   return tenant;
 }
 
-absl::StatusOr<Identity> Authenticator::Authenticate(
-    const grpc::ServerContextBase& context) const {
+absl::StatusOr<Identity> Authenticator::Authenticate(const grpc::ServerContextBase& context) const {
   Identity identity;
   identity.peer = context.peer();
   // Connections accepted by our Unix listener are handed to gRPC as "fd:N".
@@ -247,8 +246,7 @@ absl::StatusOr<Identity> Authenticator::AuthenticateTcp(
   if (auto it = metadata.find("authorization"); it != metadata.end()) {
     const absl::string_view value(it->second.data(), it->second.size());
     if (!absl::StartsWith(value, kBearerPrefix)) {
-      return absl::UnauthenticatedError(
-          "the authorization header is not 'Bearer <token>'");
+      return absl::UnauthenticatedError("the authorization header is not 'Bearer <token>'");
     }
     const absl::string_view token = value.substr(strlen(kBearerPrefix));
     if (token.empty() || token.size() > kMaxTokenBytes) {
@@ -286,8 +284,8 @@ class EarlyCheckProcessor final : public grpc::AuthMetadataProcessor {
  public:
   explicit EarlyCheckProcessor(const Authenticator* auth) : auth_(auth) {}
   bool IsBlocking() const override { return false; }  // a table lookup, no I/O
-  grpc::Status Process(const InputMetadata& metadata, grpc::AuthContext* context,
-                       OutputMetadata*, OutputMetadata*) override {
+  grpc::Status Process(const InputMetadata& metadata, grpc::AuthContext* context, OutputMetadata*,
+                       OutputMetadata*) override {
     return ToGrpcStatus(auth_->EarlyCheckStatus(context, metadata));
   }
 

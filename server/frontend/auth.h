@@ -110,7 +110,7 @@ class Authenticator {
   const std::set<std::string> admins_;
 
   mutable std::mutex mu_;
-  std::shared_ptr<const TokenTable> tokens_;           // guarded by mu_
+  std::shared_ptr<const TokenTable> tokens_;  // guarded by mu_
   // By fd. gRPC 1.51 keeps a connection's fd open while any call on it is being served
   // (checked by an attacker's review: a call outliving its client kept the fd until it
   // ended), so the fd of a call names its connection. Newer gRPC releases close the fd when

@@ -3,12 +3,12 @@
 #include <signal.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <climits>
 #include <cstring>
 #include <fstream>
 #include <iostream>
-#include <algorithm>
 #include <memory>
 #include <sstream>
 

@@ -12,8 +12,8 @@
 #include "common/grpc_status.h"
 #include "gpurpc/v1/memory_service.pb.h"
 #include "gpurpc/v1/module_service.grpc.pb.h"
-#include "grpcpp/support/byte_buffer.h"
 #include "grpcpp/impl/codegen/proto_utils.h"
+#include "grpcpp/support/byte_buffer.h"
 #include "spdlog/spdlog.h"
 
 namespace gpurpc::frontend {
@@ -36,15 +36,7 @@ constexpr char kUnloadModuleMethod[] = "/gpurpc.v1.ModuleService/UnloadModule";
 constexpr char kGetFunctionMethod[] = "/gpurpc.v1.ModuleService/GetFunction";
 
 // Calls the ledger reads on the way through.
-enum class Ledger {
-  kNone,
-  kAllocate,
-  kFree,
-  kCompile,
-  kLoadModule,
-  kUnloadModule,
-  kGetFunction
-};
+enum class Ledger { kNone, kAllocate, kFree, kCompile, kLoadModule, kUnloadModule, kGetFunction };
 
 Ledger LedgerFor(const std::string& method) {
   if (method == kAllocateMethod) return Ledger::kAllocate;
@@ -67,8 +59,8 @@ void UnloadInBackground(std::shared_ptr<SessionRecord> session, uint64_t module_
     const grpc::Status status = v1::ModuleService::NewStub(session->worker().channel())
                                     ->UnloadModule(&context, request, &response);
     if (!status.ok()) {
-      spdlog::warn("session {}: cannot unload over-quota module {}: {}", session->id(),
-                   module_id, status.error_message());
+      spdlog::warn("session {}: cannot unload over-quota module {}: {}", session->id(), module_id,
+                   status.error_message());
     }
   }).detach();
 }
@@ -201,7 +193,8 @@ class RelayReactor final : public grpc::ServerGenericBidiReactor {
       v1::GetFunctionResponse response;
       if (ParseRelayed(from_worker_, &response)) {
         absl::Status charged = sessions_->ChargeLocalMemory(
-            *session_, static_cast<uint64_t>(std::max(0, response.attributes().local_size_bytes())));
+            *session_,
+            static_cast<uint64_t>(std::max(0, response.attributes().local_size_bytes())));
         if (!charged.ok()) {
           // The client never learns the function's id, so it cannot launch it.
           refusal_ = ToGrpcStatus(charged);
@@ -267,8 +260,8 @@ class RelayReactor final : public grpc::ServerGenericBidiReactor {
         // The worker reported a sticky CUDA fault: its context is lost for good.
         session_->MarkFaulted(status.error_message());
         return grpc::Status(status.error_code(),
-                            absl::StrFormat("%s; session %d is now FAULTED",
-                                            status.error_message(), session_->id()));
+                            absl::StrFormat("%s; session %d is now FAULTED", status.error_message(),
+                                            session_->id()));
       case grpc::StatusCode::UNAVAILABLE:
       case grpc::StatusCode::INTERNAL:
       case grpc::StatusCode::UNKNOWN:
@@ -282,8 +275,8 @@ class RelayReactor final : public grpc::ServerGenericBidiReactor {
         if (worker.WaitExited(wait)) {
           if (session_->closing()) {
             return grpc::Status(grpc::StatusCode::CANCELLED,
-                                absl::StrFormat("session %d was closed during %s",
-                                                session_->id(), context_->method()));
+                                absl::StrFormat("session %d was closed during %s", session_->id(),
+                                                context_->method()));
           }
           if (!session_->MarkFaulted(
                   absl::StrCat("its worker process ", worker.exit_description()))) {
@@ -291,9 +284,8 @@ class RelayReactor final : public grpc::ServerGenericBidiReactor {
             return ToGrpcStatus(session_->CheckUsable());
           }
           return grpc::Status(grpc::StatusCode::ABORTED,
-                              absl::StrFormat("session %d FAULTED during %s: %s",
-                                              session_->id(), context_->method(),
-                                              session_->fault_cause()));
+                              absl::StrFormat("session %d FAULTED during %s: %s", session_->id(),
+                                              context_->method(), session_->fault_cause()));
         }
         return status;
       }
@@ -427,9 +419,9 @@ class RelayReactor final : public grpc::ServerGenericBidiReactor {
 grpc::ServerGenericBidiReactor* SessionProxy::CreateReactor(
     grpc::GenericCallbackServerContext* context) {
   if (!IsSessionMethod(context->method())) {
-    return new RejectReactor(grpc::Status(
-        grpc::StatusCode::UNIMPLEMENTED,
-        absl::StrFormat("gpurpcd has no method %s", context->method())));
+    return new RejectReactor(
+        grpc::Status(grpc::StatusCode::UNIMPLEMENTED,
+                     absl::StrFormat("gpurpcd has no method %s", context->method())));
   }
   auto identity = auth_->Authenticate(*context);
   if (!identity.ok()) return new RejectReactor(ToGrpcStatus(identity.status()));
@@ -448,4 +440,3 @@ grpc::ServerGenericBidiReactor* SessionProxy::CreateReactor(
 }
 
 }  // namespace gpurpc::frontend
-

@@ -11,8 +11,9 @@
 // charged; a module over quota is unloaded and the call answers RESOURCE_EXHAUSTED) and
 // UnloadModule (its globals are released) and GetFunction (the local memory the driver will
 // reserve to launch the kernel is charged, the largest per session; over quota the call
-// answers RESOURCE_EXHAUSTED and the function's id is never given out). These ledger calls run to their end in the
-// worker even when the client cancels, so that the ledger sees what really happened.
+// answers RESOURCE_EXHAUSTED and the function's id is never given out). These ledger calls run to
+// their end in the worker even when the client cancels, so that the ledger sees what really
+// happened.
 #ifndef GPURPC_SERVER_FRONTEND_PROXY_H_
 #define GPURPC_SERVER_FRONTEND_PROXY_H_
 
@@ -27,7 +28,8 @@ class SessionProxy final : public grpc::CallbackGenericService {
   SessionProxy(SessionManager* sessions, const Authenticator* auth)
       : sessions_(sessions), auth_(auth) {}
 
-  grpc::ServerGenericBidiReactor* CreateReactor(grpc::GenericCallbackServerContext* context) override;
+  grpc::ServerGenericBidiReactor* CreateReactor(
+      grpc::GenericCallbackServerContext* context) override;
 
  private:
   SessionManager* sessions_;

@@ -50,9 +50,9 @@ grpc::ServerUnaryReactor* DeviceServiceImpl::GetDevice(grpc::CallbackServerConte
                            absl::StrFormat("no device with ordinal %d", request->ordinal())));
 }
 
-grpc::ServerUnaryReactor* DeviceServiceImpl::GetServerInfo(
-    grpc::CallbackServerContext* context, const v1::GetServerInfoRequest*,
-    v1::GetServerInfoResponse* response) {
+grpc::ServerUnaryReactor* DeviceServiceImpl::GetServerInfo(grpc::CallbackServerContext* context,
+                                                           const v1::GetServerInfoRequest*,
+                                                           v1::GetServerInfoResponse* response) {
   auto* reactor = context->DefaultReactor();
   auto identity = auth_->Authenticate(*context);
   if (!identity.ok()) return Fail(reactor, identity.status());
@@ -179,8 +179,8 @@ grpc::ServerUnaryReactor* AdminServiceImpl::CloseSession(
     if (session->id() == request->session_id()) owner = session->tenant();
   }
   if (owner.empty()) {
-    return Fail(reactor, absl::NotFoundError(
-                             absl::StrFormat("no session %d", request->session_id())));
+    return Fail(reactor,
+                absl::NotFoundError(absl::StrFormat("no session %d", request->session_id())));
   }
   response->set_tenant(owner);
   const uint64_t id = request->session_id();

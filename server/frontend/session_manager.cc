@@ -3,14 +3,14 @@
 #include <utility>
 #include <vector>
 
-#include "absl/strings/numbers.h"
-#include "gpurpc/internal/v1/worker_control.grpc.pb.h"
-#include "grpcpp/grpcpp.h"
-#include "absl/strings/str_cat.h"
 #include "absl/strings/escaping.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "common/limits.h"
 #include "common/status_macros.h"
+#include "gpurpc/internal/v1/worker_control.grpc.pb.h"
+#include "grpcpp/grpcpp.h"
 #include "spdlog/spdlog.h"
 
 namespace gpurpc::frontend {
@@ -203,13 +203,13 @@ void SessionManager::ReleaseSlot(const std::string& tenant) {
   --total_slots_;
 }
 
-absl::StatusOr<std::shared_ptr<SessionRecord>> SessionManager::Open(
-    int device_ordinal, const std::string& client_label, const std::string& tenant,
-    const std::string& peer) {
+absl::StatusOr<std::shared_ptr<SessionRecord>> SessionManager::Open(int device_ordinal,
+                                                                    const std::string& client_label,
+                                                                    const std::string& tenant,
+                                                                    const std::string& peer) {
   if (pools_.count(device_ordinal) == 0) {
-    return absl::NotFoundError(absl::StrFormat(
-        "no device with ordinal %d (this daemon serves %d)", device_ordinal,
-        inventory_.devices_size()));
+    return absl::NotFoundError(absl::StrFormat("no device with ordinal %d (this daemon serves %d)",
+                                               device_ordinal, inventory_.devices_size()));
   }
   const v1::TenantQuota quota = options_.QuotaFor(tenant);
   {
@@ -217,9 +217,9 @@ absl::StatusOr<std::shared_ptr<SessionRecord>> SessionManager::Open(
     // of concurrent opens.
     std::lock_guard<std::mutex> lock(mu_);
     if (total_slots_ >= static_cast<uint32_t>(options_.max_sessions)) {
-      return absl::ResourceExhaustedError(absl::StrFormat(
-          "the daemon's limit of %d open sessions (--max-sessions) is reached",
-          options_.max_sessions));
+      return absl::ResourceExhaustedError(
+          absl::StrFormat("the daemon's limit of %d open sessions (--max-sessions) is reached",
+                          options_.max_sessions));
     }
     uint32_t& held = tenant_slots_[tenant];
     if (quota.max_sessions() != 0 && held >= quota.max_sessions()) {
@@ -235,9 +235,8 @@ absl::StatusOr<std::shared_ptr<SessionRecord>> SessionManager::Open(
   auto worker = TakeWarmWorker(device_ordinal);
   if (!worker.ok()) {
     ReleaseSlot(tenant);
-    return absl::UnavailableError(
-        absl::StrCat("cannot start a worker for device ", device_ordinal, ": ",
-                     worker.status().message()));
+    return absl::UnavailableError(absl::StrCat("cannot start a worker for device ", device_ordinal,
+                                               ": ", worker.status().message()));
   }
   uint64_t id;
   {
@@ -321,20 +320,19 @@ absl::StatusOr<std::shared_ptr<SessionRecord>> SessionManager::Find(uint64_t ses
 }
 
 absl::StatusOr<std::shared_ptr<SessionRecord>> SessionManager::FindFromMetadata(
-    const std::multimap<grpc::string_ref, grpc::string_ref>& metadata,
-    const std::string& tenant) {
+    const std::multimap<grpc::string_ref, grpc::string_ref>& metadata, const std::string& tenant) {
   auto it = metadata.find(kSessionMetadataKey);
   if (it == metadata.end()) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "this call is session-scoped: send the session id from OpenSession as '",
-        kSessionMetadataKey, "' metadata"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("this call is session-scoped: send the session id from OpenSession as '",
+                     kSessionMetadataKey, "' metadata"));
   }
   const std::string value(it->second.data(), std::min<size_t>(it->second.size(), 64));
   uint64_t id = 0;
   if (!absl::SimpleAtoi(value, &id) || id == 0) {
-    return absl::InvalidArgumentError(absl::StrFormat(
-        "'%s' metadata '%s' is not a session id (a decimal 64-bit number)",
-        kSessionMetadataKey, absl::CHexEscape(value)));
+    return absl::InvalidArgumentError(
+        absl::StrFormat("'%s' metadata '%s' is not a session id (a decimal 64-bit number)",
+                        kSessionMetadataKey, absl::CHexEscape(value)));
   }
   return Find(id, tenant);
 }
@@ -367,8 +365,8 @@ uint64_t SessionManager::TenantMemoryLocked(const std::string& tenant) const {
   uint64_t total = 0;
   for (const auto& [id, session] : sessions_) {
     if (session->tenant() == tenant) {
-      total = session->memory_bytes_ > UINT64_MAX - total ? UINT64_MAX
-                                                          : total + session->memory_bytes_;
+      total =
+          session->memory_bytes_ > UINT64_MAX - total ? UINT64_MAX : total + session->memory_bytes_;
     }
   }
   return total;
@@ -429,9 +427,8 @@ absl::Status SessionManager::ChargeModule(SessionRecord& session, uint64_t modul
           bytes == UINT64_MAX ? std::string("an amount the server cannot bound") : Bytes(bytes)));
     }
   }
-  session.memory_bytes_ = bytes > UINT64_MAX - session.memory_bytes_
-                              ? UINT64_MAX
-                              : session.memory_bytes_ + bytes;
+  session.memory_bytes_ =
+      bytes > UINT64_MAX - session.memory_bytes_ ? UINT64_MAX : session.memory_bytes_ + bytes;
   session.module_bytes_[module_id] = bytes;
   return absl::OkStatus();
 }
@@ -455,8 +452,8 @@ absl::Status SessionManager::ChargeLocalMemory(SessionRecord& session,
     auto it = device.attributes().find(39);
     const uint64_t per_multiprocessor =
         it != device.attributes().end() && it->second > 0 ? it->second : 2048;
-    threads = static_cast<uint64_t>(std::max(device.multiprocessor_count(), 1)) *
-              per_multiprocessor;
+    threads =
+        static_cast<uint64_t>(std::max(device.multiprocessor_count(), 1)) * per_multiprocessor;
   }
   const uint64_t reservation = local_bytes_per_thread > UINT64_MAX / std::max<uint64_t>(threads, 1)
                                    ? UINT64_MAX
@@ -545,8 +542,8 @@ void SessionManager::Maintain() {
     }
     lock.lock();
     if (refill.empty() || refill_failed) {
-      wake_.wait_for(lock, absl::ToChronoNanoseconds(refill_failed ? absl::Seconds(1)
-                                                                   : kMaintainInterval));
+      wake_.wait_for(
+          lock, absl::ToChronoNanoseconds(refill_failed ? absl::Seconds(1) : kMaintainInterval));
     }
   }
 }

@@ -41,8 +41,8 @@ namespace gpurpc::frontend {
 // One open session. Shared by the manager and the calls in flight on it.
 class SessionRecord {
  public:
-  SessionRecord(uint64_t id, int device, std::unique_ptr<WorkerProcess> worker,
-                std::string tenant, std::string peer, std::string client_label);
+  SessionRecord(uint64_t id, int device, std::unique_ptr<WorkerProcess> worker, std::string tenant,
+                std::string peer, std::string client_label);
   ~SessionRecord();
 
   uint64_t id() const { return id_; }
@@ -104,7 +104,7 @@ class SessionRecord {
   std::unordered_map<uint64_t, uint64_t> module_bytes_;  // module id -> its globals' size
   uint64_t memory_bytes_ = 0;                            // buffers + reservations
   uint64_t local_memory_bytes_ = 0;  // the largest launch reservation charged so far
-  bool memory_gone_ = false;  // the worker ended: its memory is free, accounts nothing
+  bool memory_gone_ = false;         // the worker ended: its memory is free, accounts nothing
 };
 
 // What one tenant holds now.
@@ -143,8 +143,7 @@ class SessionManager {
   // Parses the "gpurpc-session" metadata value: INVALID_ARGUMENT when missing or malformed,
   // else Find.
   absl::StatusOr<std::shared_ptr<SessionRecord>> FindFromMetadata(
-      const std::multimap<grpc::string_ref, grpc::string_ref>& metadata,
-      const std::string& tenant);
+      const std::multimap<grpc::string_ref, grpc::string_ref>& metadata, const std::string& tenant);
   // Every session, for the admin API.
   std::vector<std::shared_ptr<SessionRecord>> AllSessions() const;
 

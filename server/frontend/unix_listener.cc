@@ -37,8 +37,8 @@ absl::Status PrepareParent(const std::string& dir) {
     if (lstat(dir.c_str(), &st) != 0) return absl::UnavailableError(Errno(dir));
   }
   if (!S_ISDIR(st.st_mode)) {
-    return absl::FailedPreconditionError(absl::StrFormat(
-        "the socket's folder %s is not a directory (or is a symlink)", dir));
+    return absl::FailedPreconditionError(
+        absl::StrFormat("the socket's folder %s is not a directory (or is a symlink)", dir));
   }
   if (st.st_uid != geteuid() && st.st_uid != 0) {
     return absl::FailedPreconditionError(absl::StrFormat(
@@ -61,8 +61,8 @@ absl::Status Bind(int fd, const std::string& path) {
   sockaddr_un address{};
   address.sun_family = AF_UNIX;
   if (path.size() >= sizeof(address.sun_path)) {
-    return absl::InvalidArgumentError(absl::StrFormat(
-        "unix socket path %s is longer than %d bytes", path, sizeof(address.sun_path) - 1));
+    return absl::InvalidArgumentError(absl::StrFormat("unix socket path %s is longer than %d bytes",
+                                                      path, sizeof(address.sun_path) - 1));
   }
   std::memcpy(address.sun_path, path.c_str(), path.size() + 1);
   if (bind(fd, reinterpret_cast<sockaddr*>(&address), sizeof(address)) != 0) {
@@ -209,9 +209,9 @@ absl::Status UnixListener::Admit(int fd, uid_t uid) {
         absl::StrFormat("%d connections are open, the most the socket takes", live_.size()));
   }
   if (of_uid >= kMaxConnectionsPerUser) {
-    return absl::ResourceExhaustedError(absl::StrFormat(
-        "the user holds %d connections, the most one user may (%d)", of_uid,
-        kMaxConnectionsPerUser));
+    return absl::ResourceExhaustedError(
+        absl::StrFormat("the user holds %d connections, the most one user may (%d)", of_uid,
+                        kMaxConnectionsPerUser));
   }
   struct stat st;
   if (fstat(fd, &st) != 0) return absl::UnavailableError(Errno("fstat"));

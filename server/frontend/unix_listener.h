@@ -19,9 +19,8 @@
 #ifndef GPURPC_SERVER_FRONTEND_UNIX_LISTENER_H_
 #define GPURPC_SERVER_FRONTEND_UNIX_LISTENER_H_
 
-#include <sys/types.h>
-
 #include <sys/stat.h>
+#include <sys/types.h>
 
 #include <map>
 #include <memory>
@@ -42,8 +41,7 @@ class UnixListener {
   // Binds and listens on `path` with permissions `mode`. FAILED_PRECONDITION when the
   // path or its folder is unsafe or taken by something that is not a socket;
   // UNAVAILABLE for other socket errors.
-  static absl::StatusOr<std::unique_ptr<UnixListener>> Open(const std::string& path,
-                                                            uint32_t mode,
+  static absl::StatusOr<std::unique_ptr<UnixListener>> Open(const std::string& path, uint32_t mode,
                                                             Authenticator* auth);
   // Stops accepting and removes the socket file.
   ~UnixListener();

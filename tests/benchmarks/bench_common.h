@@ -31,15 +31,15 @@ inline void Check(const absl::Status& status, const char* what) {
   }
 }
 
-#define BENCH_CHECK_CU(api, call)                                             \
-  do {                                                                        \
-    CUresult bench_rc_ = (call);                                              \
-    if (bench_rc_ != CUDA_SUCCESS) {                                          \
-      const char* bench_name_ = "?";                                          \
-      (api)->cuGetErrorName(bench_rc_, &bench_name_);                         \
-      std::fprintf(stderr, "%s failed: %s\n", #call, bench_name_);            \
-      std::exit(1);                                                           \
-    }                                                                         \
+#define BENCH_CHECK_CU(api, call)                                  \
+  do {                                                             \
+    CUresult bench_rc_ = (call);                                   \
+    if (bench_rc_ != CUDA_SUCCESS) {                               \
+      const char* bench_name_ = "?";                               \
+      (api)->cuGetErrorName(bench_rc_, &bench_name_);              \
+      std::fprintf(stderr, "%s failed: %s\n", #call, bench_name_); \
+      std::exit(1);                                                \
+    }                                                              \
   } while (0)
 
 // The daemon under test: --address=ADDR uses a running one; otherwise one is started with

@@ -5,17 +5,17 @@
 // isolation here is an attempt to break it.
 #include <arpa/inet.h>
 #include <netinet/in.h>
+#include <poll.h>
 #include <pwd.h>
 #include <signal.h>
 #include <sys/socket.h>
-#include <poll.h>
 #include <sys/stat.h>
 #include <sys/un.h>
 #include <unistd.h>
 
 #include <algorithm>
-#include <condition_variable>
 #include <atomic>
+#include <condition_variable>
 #include <cstdio>
 #include <fstream>
 #include <map>
@@ -119,8 +119,8 @@ class TenancyTest : public ::testing::Test {
     auto [bob_token, bob_line] = NewToken("bob");
     alice_token_ = alice_token;
     bob_token_ = bob_token;
-    tokens_file_ = scratch_.Write("tokens", absl::StrCat("# test tenants\n", alice_line, "\n",
-                                                         bob_line, "\n"));
+    tokens_file_ = scratch_.Write(
+        "tokens", absl::StrCat("# test tenants\n", alice_line, "\n", bob_line, "\n"));
     port_ = FreePort();
     TestDaemon::Options options;
     options.extra_flags = {absl::StrCat("--listen=127.0.0.1:", port_),
@@ -249,8 +249,7 @@ TEST_F(TenancyTest, AnotherTenantsSessionIsNotFoundExactlyLikeAnUnknownOne) {
   EXPECT_EQ(bob_on_unknown.error_code(), grpc::StatusCode::NOT_FOUND);
   // Word for word, but for the id itself.
   EXPECT_EQ(absl::StrReplaceAll(bob_on_alice.error_message(), {{std::to_string(id), "N"}}),
-            absl::StrReplaceAll(bob_on_unknown.error_message(),
-                                {{std::to_string(unknown), "N"}}));
+            absl::StrReplaceAll(bob_on_unknown.error_message(), {{std::to_string(unknown), "N"}}));
 
   // Bob cannot download alice's bytes, keep her session alive, or close it.
   {
@@ -347,8 +346,7 @@ tenant_quotas { key: "alice" value { max_device_memory_bytes: 67108864 } }
   // Nothing was lost: the session works, and 24 MiB still fit.
   auto small = second->Allocate(24 * kMiB);
   ASSERT_THAT(small.status(), IsOk());
-  EXPECT_THAT(second->Allocate(1 * kMiB).status(),
-              StatusIs(absl::StatusCode::kResourceExhausted));
+  EXPECT_THAT(second->Allocate(1 * kMiB).status(), StatusIs(absl::StatusCode::kResourceExhausted));
   auto info = alice->GetServerInfo();
   ASSERT_THAT(info.status(), IsOk());
   EXPECT_EQ(info->device_memory_bytes(), 64 * kMiB);
@@ -403,15 +401,13 @@ tenant_quotas { key: "alice" value { max_device_memory_bytes: 67108864 } }
       ".version 8.0\n.target sm_90\n.address_size 64\n"
       ".visible .global .align 4 .b8 big_buffer[268435456];\n";
   EXPECT_THAT(session->LoadModule(big_ptx).status(),
-              StatusIs(absl::StatusCode::kResourceExhausted,
-                       HasSubstr("max_device_memory_bytes")));
+              StatusIs(absl::StatusCode::kResourceExhausted, HasSubstr("max_device_memory_bytes")));
   CompileOptions compile;
   compile.source =
       "__device__ char big_global[1ull << 28];\n"
       "extern \"C\" __global__ void touch(int i) { big_global[i] = 1; }\n";
   EXPECT_THAT(session->Compile(compile).status(),
-              StatusIs(absl::StatusCode::kResourceExhausted,
-                       HasSubstr("max_device_memory_bytes")));
+              StatusIs(absl::StatusCode::kResourceExhausted, HasSubstr("max_device_memory_bytes")));
   info = alice->GetServerInfo();
   ASSERT_THAT(info.status(), IsOk());
   EXPECT_EQ(info->device_memory_bytes(), 16 * kMiB);
@@ -441,8 +437,8 @@ TEST_F(TenancyTest, PerSessionCountsAreCapped) {
     streams.push_back(*std::move(stream));
   }
   auto refused = session->CreateStream();
-  ASSERT_THAT(refused.status(), StatusIs(absl::StatusCode::kResourceExhausted,
-                                         HasSubstr("max_streams_per_session")));
+  ASSERT_THAT(refused.status(),
+              StatusIs(absl::StatusCode::kResourceExhausted, HasSubstr("max_streams_per_session")));
   streams.pop_back();  // destroys it
   ASSERT_THAT(session->Synchronize(), IsOk());
   EXPECT_THAT(session->CreateStream().status(), IsOk());
@@ -552,7 +548,8 @@ TEST_F(TenancyTest, ConcurrentCompilesPerTenantAreCapped) {
       // Distinct, slow-ish sources: no cache hit, and they overlap in time.
       compile.source = absl::StrFormat(
           "#include <curand_kernel.h>\nextern \"C\" __global__ void k(float* x) {\n"
-          "  curandState s; curand_init(%d, threadIdx.x, 0, &s); x[threadIdx.x] = curand_uniform(&s);\n}\n",
+          "  curandState s; curand_init(%d, threadIdx.x, 0, &s); x[threadIdx.x] = "
+          "curand_uniform(&s);\n}\n",
           i + 1000);
       auto compiled = sessions[i].Compile(compile);
       if (compiled.ok()) {
@@ -615,8 +612,7 @@ TEST_F(TenancyTest, AdminsListAndCloseAnySessionOthersMayNot) {
   auto buffer = session->Allocate(3 * kMiB);
   ASSERT_THAT(buffer.status(), IsOk());
 
-  EXPECT_THAT(alice->AdminListSessions().status(),
-              StatusIs(absl::StatusCode::kPermissionDenied));
+  EXPECT_THAT(alice->AdminListSessions().status(), StatusIs(absl::StatusCode::kPermissionDenied));
   EXPECT_THAT(alice->AdminCloseSession(session->id()).status(),
               StatusIs(absl::StatusCode::kPermissionDenied));
 
@@ -852,8 +848,8 @@ TEST(TenancyStartupTest, RefusesUnsafeListeners) {
     EXPECT_THAT(std::string(daemon.status().message()), HasSubstr(c.message));
   }
   Scratch scratch;
-  const std::string tokens = scratch.Write("tokens", "alice:00:" + std::string(64, '0') + "\n",
-                                           0644);
+  const std::string tokens =
+      scratch.Write("tokens", "alice:00:" + std::string(64, '0') + "\n", 0644);
   TestDaemon::Options options;
   options.extra_flags = {absl::StrCat("--listen=127.0.0.1:", port),
                          absl::StrCat("--tokens-file=", tokens)};

@@ -160,7 +160,8 @@ TEST(OptionsTest, EveryConfigFieldIsAFlag) {
 
 // The shipped example configuration parses, with the meaning its comments claim.
 TEST(OptionsTest, ShippedExampleConfigParses) {
-  auto options = Parse({absl::StrCat("--config=", GPURPC_SOURCE_DIR, "/deploy/config/gpurpcd.conf")});
+  auto options =
+      Parse({absl::StrCat("--config=", GPURPC_SOURCE_DIR, "/deploy/config/gpurpcd.conf")});
   ASSERT_THAT(options.status(), IsOk());
   EXPECT_EQ(options->listen, "0.0.0.0:50051");
   EXPECT_FALSE(options->tls_client_ca.empty());
