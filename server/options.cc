@@ -53,11 +53,8 @@ absl::Status ParseU32(const std::string& name, const std::string& value, uint32_
   return absl::OkStatus();
 }
 
-// Tenant names appear in logs, metrics and the admin API: keep them printable and short.
 absl::Status CheckTenantName(const std::string& what, const std::string& name) {
-  if (name.empty() || name.size() > 128 ||
-      name.find_first_not_of("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789"
-                             "._@+-=,") != std::string::npos) {
+  if (!IsTenantName(name)) {
     return absl::InvalidArgumentError(absl::StrFormat(
         "%s: '%s' is not a tenant name (1 to 128 of A-Z a-z 0-9 . _ @ + - = ,)", what, name));
   }
@@ -528,6 +525,13 @@ absl::StatusOr<DaemonOptions> ParseDaemonOptions(int argc, char** argv) {
     }
   }
   return options;
+}
+
+bool IsTenantName(absl::string_view name) {
+  return !name.empty() && name.size() <= 128 &&
+         name.find_first_not_of(
+             "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789"
+             "._@+-=,") == absl::string_view::npos;
 }
 
 std::string DefaultUnixSocket() {

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "absl/time/time.h"
 #include "gpurpc/v1/device_service.pb.h"
 
@@ -74,6 +75,9 @@ struct DaemonOptions {
 // $XDG_RUNTIME_DIR/gpurpc/gpurpcd.sock, else /run/gpurpc/gpurpcd.sock for root, else
 // /tmp/gpurpc-<uid>/gpurpcd.sock. The clients look in the same places.
 std::string DefaultUnixSocket();
+// Tenant names appear in logs, metrics and the admin API: 1 to 128 of
+// A-Z a-z 0-9 . _ @ + - = , (so a user name, a token's tenant or a certificate's CN).
+bool IsTenantName(absl::string_view name);
 // True for "localhost:N", "127.x.y.z:N" and "[::1]:N".
 bool IsLoopbackAddress(const std::string& address);
 

@@ -37,13 +37,6 @@ std::string Sha256(absl::string_view a, absl::string_view b = {}) {
   return std::string(reinterpret_cast<const char*>(digest), sizeof(digest));
 }
 
-bool IsTenantName(absl::string_view name) {
-  return !name.empty() && name.size() <= 128 &&
-         name.find_first_not_of(
-             "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ"
-             "0123456789._@+-=,") == absl::string_view::npos;
-}
-
 std::string RandomBytes(size_t n) {
   std::string out(n, '\0');
   size_t done = 0;

@@ -189,33 +189,11 @@ class RelayReactor final : public grpc::ServerGenericBidiReactor {
 
   void OnWorkerReadDone(bool ok) {
     std::lock_guard<std::mutex> lock(mu_);
-    if (ok && ledger_ == Ledger::kGetFunction) {
-      v1::GetFunctionResponse response;
-      if (ParseRelayed(from_worker_, &response)) {
-        absl::Status charged = sessions_->ChargeLocalMemory(
-            *session_,
-            static_cast<uint64_t>(std::max(0, response.attributes().local_size_bytes())));
-        if (!charged.ok()) {
-          // The client never learns the function's id, so it cannot launch it.
-          refusal_ = ToGrpcStatus(charged);
-          worker_half_.StartRead(&from_worker_);
-          return;
-        }
-      }
-    }
-    if (ok && (ledger_ == Ledger::kLoadModule || ledger_ == Ledger::kCompile) &&
-        !ChargeModuleLocked()) {
-      // Over quota: the client does not get the module; read the worker call to its end.
+    if (ok && !LedgerOnAnswerLocked()) {
+      // Refused by the ledger: the client does not get the answer; read the worker call
+      // to its end, and refusal_ becomes the status.
       worker_half_.StartRead(&from_worker_);
       return;
-    }
-    if (ok && ledger_ == Ledger::kAllocate && reserved_bytes_ > 0) {
-      v1::AllocateResponse response;
-      if (ParseRelayed(from_worker_, &response)) {
-        sessions_->CommitBuffer(*session_, reserved_bytes_, response.buffer().buffer_id(),
-                                response.buffer().size_bytes());
-        reserved_bytes_ = 0;
-      }
     }
     if (ok) {
       server_write_pending_ = true;
@@ -302,11 +280,7 @@ class RelayReactor final : public grpc::ServerGenericBidiReactor {
       v1::AllocateRequest request;
       // An unparsable request goes on: the worker answers it with the right error.
       if (ParseRelayed(from_client_, &request) && request.size_bytes() > 0) {
-        absl::Status reserved = sessions_->ReserveMemory(*session_, request.size_bytes());
-        if (!reserved.ok()) {
-          refusal_ = ToGrpcStatus(reserved);
-          return false;
-        }
+        if (!Admitted(sessions_->ReserveMemory(*session_, request.size_bytes()))) return false;
         reserved_bytes_ = request.size_bytes();
       }
     } else if (ledger_ == Ledger::kUnloadModule && !request_seen_) {
@@ -321,26 +295,59 @@ class RelayReactor final : public grpc::ServerGenericBidiReactor {
     return true;
   }
 
-  // Charges the globals of the module a LoadModule or Compile answer carries. False when they
-  // are over quota (refusal_ says why, and the module is being unloaded).
-  bool ChargeModuleLocked() {
-    uint64_t module_id = 0, bytes = 0;
-    if (ledger_ == Ledger::kLoadModule) {
-      v1::LoadModuleResponse response;
-      if (!ParseRelayed(from_worker_, &response)) return true;
-      module_id = response.module_id();
-      bytes = response.device_memory_bytes();
-    } else {
-      v1::CompileResponse response;
-      if (!ParseRelayed(from_worker_, &response)) return true;
-      module_id = response.module_id();
-      bytes = response.device_memory_bytes();
+  // Reads the worker's answer of a ledger call before it goes on to the client: commits an
+  // Allocate's reservation to its buffer, charges the globals of a module that LoadModule or
+  // Compile loaded (unloading it when they are over quota) and the local memory of a kernel
+  // that GetFunction found. False when the answer is refused (refusal_ says why).
+  bool LedgerOnAnswerLocked() {
+    switch (ledger_) {
+      case Ledger::kAllocate: {
+        v1::AllocateResponse response;
+        if (reserved_bytes_ > 0 && ParseRelayed(from_worker_, &response)) {
+          sessions_->CommitBuffer(*session_, reserved_bytes_, response.buffer().buffer_id(),
+                                  response.buffer().size_bytes());
+          reserved_bytes_ = 0;
+        }
+        return true;
+      }
+      case Ledger::kGetFunction: {
+        v1::GetFunctionResponse response;
+        if (!ParseRelayed(from_worker_, &response)) return true;
+        // Refused, the client never learns the function's id, so it cannot launch it.
+        return Admitted(sessions_->ChargeLocalMemory(
+            *session_,
+            static_cast<uint64_t>(std::max(0, response.attributes().local_size_bytes()))));
+      }
+      case Ledger::kLoadModule: {
+        v1::LoadModuleResponse response;
+        if (!ParseRelayed(from_worker_, &response)) return true;
+        return ChargeModuleLocked(response.module_id(), response.device_memory_bytes());
+      }
+      case Ledger::kCompile: {
+        v1::CompileResponse response;
+        if (!ParseRelayed(from_worker_, &response)) return true;
+        return ChargeModuleLocked(response.module_id(), response.device_memory_bytes());
+      }
+      case Ledger::kFree:
+      case Ledger::kUnloadModule:
+      case Ledger::kNone:
+        return true;
     }
-    if (module_id == 0) return true;  // nothing loaded (compile_only, or a failed compile)
-    absl::Status charged = sessions_->ChargeModule(*session_, module_id, bytes);
-    if (charged.ok()) return true;
-    refusal_ = ToGrpcStatus(charged);
+    return true;
+  }
+
+  // module_id 0: nothing was loaded (compile_only, or a failed compile).
+  bool ChargeModuleLocked(uint64_t module_id, uint64_t bytes) {
+    if (module_id == 0) return true;
+    if (Admitted(sessions_->ChargeModule(*session_, module_id, bytes))) return true;
     UnloadInBackground(session_, module_id);
+    return false;
+  }
+
+  // True for OK; otherwise records the refusal and returns false.
+  bool Admitted(const absl::Status& status) {
+    if (status.ok()) return true;
+    refusal_ = ToGrpcStatus(status);
     return false;
   }
 

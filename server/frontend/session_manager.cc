@@ -257,11 +257,7 @@ absl::StatusOr<std::shared_ptr<SessionRecord>> SessionManager::Open(int device_o
       {
         // Its memory is free now, whatever the ledger says.
         std::lock_guard<std::mutex> lock(mu_);
-        session->memory_gone_ = true;
-        session->memory_bytes_ = 0;
-        session->buffer_bytes_.clear();
-        session->module_bytes_.clear();
-        session->local_memory_bytes_ = 0;
+        session->ForgetMemoryLocked();
       }
       session->MarkFaulted(absl::StrCat("its worker process ", description));
     }
@@ -285,11 +281,7 @@ absl::Status SessionManager::Close(uint64_t session_id) {
     if (it == sessions_.end()) return NoSuchSession(session_id);
     record = std::move(it->second);
     sessions_.erase(it);
-    record->memory_gone_ = true;
-    record->memory_bytes_ = 0;
-    record->buffer_bytes_.clear();
-    record->module_bytes_.clear();
-    record->local_memory_bytes_ = 0;
+    record->ForgetMemoryLocked();
   }
   ReleaseSlot(record->tenant());
   record->MarkClosing();
@@ -372,21 +364,29 @@ uint64_t SessionManager::TenantMemoryLocked(const std::string& tenant) const {
   return total;
 }
 
-absl::Status SessionManager::ReserveMemory(SessionRecord& session, uint64_t bytes) {
+absl::Status SessionManager::AddMemoryLocked(SessionRecord& session, uint64_t bytes,
+                                             absl::string_view what) {
   const uint64_t limit = options_.QuotaFor(session.tenant()).max_device_memory_bytes();
-  std::lock_guard<std::mutex> lock(mu_);
-  if (session.memory_gone_) return absl::OkStatus();  // the worker will answer
   if (limit != 0) {
     const uint64_t used = TenantMemoryLocked(session.tenant());
     if (bytes > limit || used > limit - bytes) {
-      return absl::ResourceExhaustedError(absl::StrFormat(
-          "quota max_device_memory_bytes of tenant '%s' is %s: the tenant holds %s, and this "
-          "allocation asks for %s more; free some first",
-          session.tenant(), Bytes(limit), Bytes(used), Bytes(bytes)));
+      return absl::ResourceExhaustedError(
+          absl::StrFormat("quota max_device_memory_bytes of tenant '%s' is %s: the tenant holds "
+                          "%s, and %s",
+                          session.tenant(), Bytes(limit), Bytes(used), what));
     }
   }
-  session.memory_bytes_ += bytes;
+  session.memory_bytes_ =
+      bytes > UINT64_MAX - session.memory_bytes_ ? UINT64_MAX : session.memory_bytes_ + bytes;
   return absl::OkStatus();
+}
+
+absl::Status SessionManager::ReserveMemory(SessionRecord& session, uint64_t bytes) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (session.memory_gone_) return absl::OkStatus();  // the worker will answer
+  return AddMemoryLocked(
+      session, bytes,
+      absl::StrFormat("this allocation asks for %s more; free some first", Bytes(bytes)));
 }
 
 void SessionManager::CommitBuffer(SessionRecord& session, uint64_t reserved_bytes,
@@ -414,21 +414,13 @@ void SessionManager::ReleaseBuffer(SessionRecord& session, uint64_t buffer_id) {
 
 absl::Status SessionManager::ChargeModule(SessionRecord& session, uint64_t module_id,
                                           uint64_t bytes) {
-  const uint64_t limit = options_.QuotaFor(session.tenant()).max_device_memory_bytes();
   std::lock_guard<std::mutex> lock(mu_);
   if (session.memory_gone_ || bytes == 0) return absl::OkStatus();
-  if (limit != 0) {
-    const uint64_t used = TenantMemoryLocked(session.tenant());
-    if (bytes > limit || used > limit - bytes) {
-      return absl::ResourceExhaustedError(absl::StrFormat(
-          "quota max_device_memory_bytes of tenant '%s' is %s: the tenant holds %s, and this "
-          "module's globals (__device__ variables) take %s more; the module was not kept",
-          session.tenant(), Bytes(limit), Bytes(used),
-          bytes == UINT64_MAX ? std::string("an amount the server cannot bound") : Bytes(bytes)));
-    }
-  }
-  session.memory_bytes_ =
-      bytes > UINT64_MAX - session.memory_bytes_ ? UINT64_MAX : session.memory_bytes_ + bytes;
+  GPURPC_RETURN_IF_ERROR(AddMemoryLocked(
+      session, bytes,
+      absl::StrFormat(
+          "this module's globals (__device__ variables) take %s more; the module was not kept",
+          bytes == UINT64_MAX ? std::string("an amount the server cannot bound") : Bytes(bytes))));
   session.module_bytes_[module_id] = bytes;
   return absl::OkStatus();
 }
@@ -458,23 +450,15 @@ absl::Status SessionManager::ChargeLocalMemory(SessionRecord& session,
   const uint64_t reservation = local_bytes_per_thread > UINT64_MAX / std::max<uint64_t>(threads, 1)
                                    ? UINT64_MAX
                                    : local_bytes_per_thread * threads;
-  const uint64_t limit = options_.QuotaFor(session.tenant()).max_device_memory_bytes();
   std::lock_guard<std::mutex> lock(mu_);
   if (session.memory_gone_ || reservation <= session.local_memory_bytes_) return absl::OkStatus();
   const uint64_t more = reservation - session.local_memory_bytes_;
-  if (limit != 0) {
-    const uint64_t used = TenantMemoryLocked(session.tenant());
-    if (more > limit || used > limit - more) {
-      return absl::ResourceExhaustedError(absl::StrFormat(
-          "quota max_device_memory_bytes of tenant '%s' is %s: the tenant holds %s, and "
-          "launching this kernel makes the driver reserve %s more (%d bytes of local memory "
-          "per thread for each of the device's %d resident threads); use less local memory "
-          "(smaller per-thread arrays, fewer spills)",
-          session.tenant(), Bytes(limit), Bytes(used), Bytes(more), local_bytes_per_thread,
-          threads));
-    }
-  }
-  session.memory_bytes_ += more;
+  GPURPC_RETURN_IF_ERROR(AddMemoryLocked(
+      session, more,
+      absl::StrFormat("launching this kernel makes the driver reserve %s more (%d bytes of local "
+                      "memory per thread for each of the device's %d resident threads); use "
+                      "less local memory (smaller per-thread arrays, fewer spills)",
+                      Bytes(more), local_bytes_per_thread, threads)));
   session.local_memory_bytes_ = reservation;
   return absl::OkStatus();
 }

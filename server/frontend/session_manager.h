@@ -28,6 +28,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "absl/time/time.h"
 #include "common/handle_ids.h"
 #include "gpurpc/v1/device_service.pb.h"
@@ -104,7 +105,15 @@ class SessionRecord {
   std::unordered_map<uint64_t, uint64_t> module_bytes_;  // module id -> its globals' size
   uint64_t memory_bytes_ = 0;                            // buffers + reservations
   uint64_t local_memory_bytes_ = 0;  // the largest launch reservation charged so far
-  bool memory_gone_ = false;         // the worker ended: its memory is free, accounts nothing
+  bool memory_gone_ = false;
+  // The worker is gone (closed or dead): its memory is free, and the ledger forgets it.
+  void ForgetMemoryLocked() {
+    memory_gone_ = true;
+    memory_bytes_ = 0;
+    buffer_bytes_.clear();
+    module_bytes_.clear();
+    local_memory_bytes_ = 0;
+  }  // the worker ended: its memory is free, accounts nothing
 };
 
 // What one tenant holds now.
@@ -183,6 +192,9 @@ class SessionManager {
   void ReleaseSlot(const std::string& tenant);
   // Under mu_.
   uint64_t TenantMemoryLocked(const std::string& tenant) const;
+  // Adds `bytes` to the session's account, or RESOURCE_EXHAUSTED naming the quota, the
+  // tenant's use and `what` asks for more. Under mu_.
+  absl::Status AddMemoryLocked(SessionRecord& session, uint64_t bytes, absl::string_view what);
   void Maintain();  // background: refill pools, reclaim idle sessions
 
   DaemonOptions options_;

@@ -63,22 +63,15 @@ inline DaemonUnderTest StartDaemon(int argc, char** argv) {
   // `gpurpcd --new-token`, and handed to the client through GPURPC_TOKEN.
   char dir[] = "/tmp/gpurpc-bench-XXXXXX";
   Check(mkdtemp(dir) != nullptr ? absl::OkStatus() : absl::InternalError("mkdtemp"), "mkdtemp");
-  const std::string command = testing::TestDaemon::Binary() + " --new-token=bench";
-  FILE* pipe = popen(command.c_str(), "r");
-  char token[256] = {}, line[512] = {};
-  const bool made = pipe != nullptr && fgets(token, sizeof(token), pipe) != nullptr &&
-                    fgets(line, sizeof(line), pipe) != nullptr;
-  if (pipe != nullptr) pclose(pipe);
-  Check(made ? absl::OkStatus() : absl::InternalError(command), "make a token");
-  std::string token_text(token);
-  while (!token_text.empty() && token_text.back() == '\n') token_text.pop_back();
+  absl::StatusOr<testing::TestToken> token = testing::MakeToken("bench");
+  Check(token.status(), "make a token");
   const std::string tokens_file = std::string(dir) + "/tokens";
   if (FILE* out = fopen(tokens_file.c_str(), "w")) {
     fchmod(fileno(out), 0600);
-    fputs(line, out);
+    fputs((token->line + "\n").c_str(), out);
     fclose(out);
   }
-  setenv("GPURPC_TOKEN", token_text.c_str(), 1);
+  setenv("GPURPC_TOKEN", token->token.c_str(), 1);
   testing::TestDaemon::Options options;
   options.backend = "cuda";
   options.extra_flags = {"--listen=127.0.0.1:50777", "--tokens-file=" + tokens_file};

@@ -10,7 +10,6 @@ from __future__ import annotations
 import os
 import pwd
 import subprocess
-import time
 from pathlib import Path
 from typing import Iterator
 
@@ -21,10 +20,8 @@ import pytest
 import gpurpc.admin
 import gpurpc.driver as cuda
 import gpurpc.gpuarray as gpuarray
-from gpurpc import _core
-from gpurpc.v1 import device_service_pb2
 
-from conftest import REPO_ROOT
+from conftest import REPO_ROOT, _wait_ready
 
 USER = pwd.getpwuid(os.getuid()).pw_name
 MiB = 1 << 20
@@ -55,18 +52,7 @@ tenant_quotas {{
                                  f"--cache-dir={tmp / 'cache'}", "--session-idle-timeout=10s"],
                                 stdout=log, stderr=subprocess.STDOUT, env=env)
     address = f"unix:{socket}"
-    deadline = time.monotonic() + 30
-    while True:
-        try:
-            with grpc.insecure_channel(address) as channel:
-                _core._make_callable(channel, "DeviceService.ListDevices")(
-                    device_service_pb2.ListDevicesRequest(), timeout=2)
-            break
-        except grpc.RpcError:
-            if proc.poll() is not None or time.monotonic() > deadline:
-                proc.kill()
-                pytest.fail(f"gpurpcd did not start:\n{log_path.read_text()[-3000:]}")
-            time.sleep(0.05)
+    _wait_ready(address, proc, log_path, deadline_s=30)
     saved = cuda._default_client
     cuda.init(address=address)
     yield address

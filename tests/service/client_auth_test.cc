@@ -39,8 +39,10 @@ namespace gpurpc {
 namespace {
 
 using ::gpurpc::testing::IsOk;
+using ::gpurpc::testing::MakeToken;
 using ::gpurpc::testing::StatusIs;
 using ::gpurpc::testing::TestDaemon;
+using ::gpurpc::testing::TestToken;
 using ::testing::AllOf;
 using ::testing::AnyOf;
 using ::testing::HasSubstr;
@@ -192,20 +194,13 @@ class ClientAuthTest : public ::testing::Test {
     std::string lines = "# test tokens\n";
     suite->tokens_status = absl::OkStatus();
     for (const char* tenant : {"alice", "bob"}) {
-      absl::StatusOr<std::string> out =
-          RunCommand(absl::StrCat("'", TestDaemon::Binary(), "' --new-token=", tenant));
-      if (!out.ok()) {
-        suite->tokens_status = out.status();
+      absl::StatusOr<TestToken> token = MakeToken(tenant);
+      if (!token.ok()) {
+        suite->tokens_status = token.status();
         break;
       }
-      std::vector<std::string> parts = absl::StrSplit(*out, '\n');
-      if (parts.size() < 2 || !absl::StartsWith(parts[1], absl::StrCat(tenant, ":"))) {
-        suite->tokens_status = absl::InternalError(absl::StrCat(
-            "gpurpcd --new-token printed something unexpected (", parts.size(), " lines)"));
-        break;
-      }
-      suite->tokens[tenant] = parts[0];
-      absl::StrAppend(&lines, parts[1], "\n");
+      suite->tokens[tenant] = token->token;
+      absl::StrAppend(&lines, token->line, "\n");
     }
     suite->tokens_file = suite->dir + "/tokens";
     WriteFile(suite->tokens_file, lines);

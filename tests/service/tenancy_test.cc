@@ -54,15 +54,9 @@ using ::testing::Not;
 constexpr uint64_t kMiB = 1ull << 20;
 
 int FreePort() {
-  const int fd = socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in address{};
-  address.sin_family = AF_INET;
-  address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  bind(fd, reinterpret_cast<sockaddr*>(&address), sizeof(address));
-  socklen_t length = sizeof(address);
-  getsockname(fd, reinterpret_cast<sockaddr*>(&address), &length);
-  close(fd);
-  return ntohs(address.sin_port);
+  absl::StatusOr<int> port = ::gpurpc::testing::FreeLoopbackPort();
+  EXPECT_TRUE(port.ok()) << port.status();
+  return port.value_or(0);
 }
 
 std::string CurrentUser() {
@@ -70,25 +64,12 @@ std::string CurrentUser() {
   return pw != nullptr ? pw->pw_name : absl::StrCat("uid-", geteuid());
 }
 
-std::string Daemon() {
-  if (const char* bin = std::getenv("GPURPCD_BIN"); bin != nullptr && *bin != '\0') return bin;
-  return GPURPCD_BUILD_PATH;
-}
-
-// Runs `gpurpcd --new-token=TENANT`: returns {token, tokens-file line}.
+// `gpurpcd --new-token=TENANT`: {token, tokens-file line}.
 std::pair<std::string, std::string> NewToken(const std::string& tenant) {
-  const std::string command = absl::StrCat(Daemon(), " --new-token=", tenant);
-  FILE* pipe = popen(command.c_str(), "r");
-  char token[512] = {}, line[512] = {};
-  if (pipe == nullptr || fgets(token, sizeof(token), pipe) == nullptr ||
-      fgets(line, sizeof(line), pipe) == nullptr) {
-    ADD_FAILURE() << "gpurpcd --new-token failed";
-  }
-  if (pipe != nullptr) pclose(pipe);
-  std::string t(token), l(line);
-  while (!t.empty() && (t.back() == '\n' || t.back() == '\r')) t.pop_back();
-  while (!l.empty() && (l.back() == '\n' || l.back() == '\r')) l.pop_back();
-  return {t, l};
+  absl::StatusOr<::gpurpc::testing::TestToken> token = ::gpurpc::testing::MakeToken(tenant);
+  EXPECT_TRUE(token.ok()) << token.status();
+  if (!token.ok()) return {};
+  return {token->token, token->line};
 }
 
 // A scratch folder for tokens and config files.

@@ -11,11 +11,13 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
 #include <sstream>
 #include <thread>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
@@ -184,6 +186,21 @@ absl::Status CudaAvailable() {
   }
   dlclose(driver);
   return absl::OkStatus();
+}
+
+absl::StatusOr<TestToken> MakeToken(const std::string& tenant) {
+  const std::string command = absl::StrCat("'", TestDaemon::Binary(), "' --new-token=", tenant);
+  FILE* pipe = popen(command.c_str(), "r");
+  if (pipe == nullptr) return absl::InternalError(absl::StrCat("popen failed: ", command));
+  std::string out;
+  char buffer[1024];
+  for (size_t n; (n = fread(buffer, 1, sizeof(buffer), pipe)) > 0;) out.append(buffer, n);
+  const int status = pclose(pipe);
+  std::vector<std::string> lines = absl::StrSplit(out, '\n');
+  if (status != 0 || lines.size() < 2 || lines[1].rfind(tenant + ":", 0) != 0) {
+    return absl::InternalError(absl::StrCat("`", command, "` failed (status ", status, "): ", out));
+  }
+  return TestToken{lines[0], lines[1]};
 }
 
 absl::StatusOr<int> FreeLoopbackPort() {

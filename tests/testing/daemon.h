@@ -77,6 +77,14 @@ absl::Status CudaAvailable();
 // A loopback TCP port that was free a moment ago.
 absl::StatusOr<int> FreeLoopbackPort();
 
+// A bearer token for `tenant` from `gpurpcd --new-token` (TestDaemon::Binary()): the token,
+// and its line for a --tokens-file.
+struct TestToken {
+  std::string token;
+  std::string line;
+};
+absl::StatusOr<TestToken> MakeToken(const std::string& tenant);
+
 }  // namespace gpurpc::testing
 
 #endif  // GPURPC_TESTS_TESTING_DAEMON_H_
