@@ -234,6 +234,37 @@ const std::vector<Flag>& Flags() {
          o.session_idle_timeout = d;
          return absl::OkStatus();
        }},
+      {"session-grace", "DURATION",
+       "reclaim a session this long after its client's last WatchSession stream ended (the "
+       "client exited or its connection broke) with no call in flight (default 10s)",
+       [](DaemonOptions& o, const std::string& v) {
+         absl::Duration d;
+         if (!absl::ParseDuration(v, &d) || d < absl::ZeroDuration()) {
+           return absl::InvalidArgumentError(absl::StrFormat(
+               "--session-grace: '%s' is not a duration such as 10s", v));
+         }
+         o.session_grace = d;
+         return absl::OkStatus();
+       }},
+      {"kernel-timeout", "DURATION",
+       "the kernel watchdog: a kernel running longer than this ends its session's worker "
+       "(the session answers DEADLINE_EXCEEDED naming the kernel); 0 turns it off; a "
+       "tenant's quota may override it (default 60s)",
+       [](DaemonOptions& o, const std::string& v) {
+         absl::Duration d;
+         if (v == "0") {
+           d = absl::ZeroDuration();
+         } else if (!absl::ParseDuration(v, &d) || d < absl::ZeroDuration() ||
+                    (d > absl::ZeroDuration() && d < absl::Milliseconds(1))) {
+           return absl::InvalidArgumentError(absl::StrFormat(
+               "--kernel-timeout: '%s' is not a duration of at least 1ms such as 60s (or 0 "
+               "for no watchdog)",
+               v));
+         }
+         o.default_quota.set_kernel_timeout_ms(
+             static_cast<uint64_t>(absl::ToInt64Milliseconds(d)));
+         return absl::OkStatus();
+       }},
       {"warm-workers", "N",
        "worker processes kept started per device so that opening a session skips context "
        "creation (default 1)",
@@ -351,6 +382,10 @@ const std::vector<Flag>& Flags() {
       {"worker-fd", nullptr, "",
        [](DaemonOptions& o, const std::string& v) {
          return ParseInt("worker-fd", v, 0, &o.worker_fd);
+       }},
+      {"worker-status-fd", nullptr, "",
+       [](DaemonOptions& o, const std::string& v) {
+         return ParseInt("worker-status-fd", v, -1, &o.worker_status_fd);
        }},
       {"device", nullptr, "",
        [](DaemonOptions& o, const std::string& v) { return ParseInt("device", v, -1, &o.device); }},
@@ -565,6 +600,7 @@ v1::TenantQuota DaemonOptions::DefaultQuota() {
   quota.set_max_events_per_session(16384);
   quota.set_max_modules_per_session(1024);
   quota.set_max_concurrent_compiles(4);
+  quota.set_kernel_timeout_ms(60'000);
   return quota;
 }
 
@@ -596,6 +632,7 @@ std::string DaemonUsage() {
 std::vector<std::string> WorkerArgs(const DaemonOptions& options, int device, int fd) {
   return {"--internal-worker",
           absl::StrCat("--worker-fd=", fd),
+          absl::StrCat("--worker-status-fd=", fd + 1),
           absl::StrCat("--device=", device),
           absl::StrCat("--backend=", options.backend),
           absl::StrCat("--cache-dir=", options.cache_dir),

@@ -37,6 +37,9 @@ struct DaemonOptions {
 
   std::string backend = "auto";  // auto | cuda | fake
   absl::Duration session_idle_timeout = absl::Seconds(60);
+  // How long a session outlives the last WatchSession stream of its client (session_service
+  // .proto) with no call in flight.
+  absl::Duration session_grace = absl::Seconds(10);
   int warm_workers = 1;
   int max_sessions = 64;
   std::string log_level = "info";
@@ -58,6 +61,9 @@ struct DaemonOptions {
   // Internal: set when this process is a worker started by the front end.
   bool internal_worker = false;
   int worker_fd = -1;
+  // The worker writes why it ends itself (the kernel watchdog) here before it exits; the
+  // front end reads it when the worker is reaped. -1 = none.
+  int worker_status_fd = -1;
   int device = -1;  // -1 = inventory worker (lists devices, opens no context)
   // Internal: set when this process is a compile helper started by a worker (its socket is
   // fd 3; everything else comes over it, see compile_helper.h).
@@ -87,7 +93,8 @@ bool IsLoopbackAddress(const std::string& address);
 absl::StatusOr<DaemonOptions> ParseDaemonOptions(int argc, char** argv);
 // The --help text, every user-facing flag with its default.
 std::string DaemonUsage();
-// The flags a worker for `device` is started with (everything it needs, explicitly).
+// The flags a worker for `device` is started with (everything it needs, explicitly). Its
+// gRPC socket is `fd`, its status pipe (worker_status_fd) `fd + 1`.
 std::vector<std::string> WorkerArgs(const DaemonOptions& options, int device, int fd);
 
 }  // namespace gpurpc

@@ -10,6 +10,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "common/grpc_status.h"
+#include "common/limits.h"
 #include "gpurpc/v1/memory_service.pb.h"
 #include "gpurpc/v1/module_service.grpc.pb.h"
 #include "grpcpp/impl/codegen/proto_utils.h"
@@ -244,8 +245,12 @@ class RelayReactor final : public grpc::ServerGenericBidiReactor {
       case grpc::StatusCode::INTERNAL:
       case grpc::StatusCode::UNKNOWN:
       case grpc::StatusCode::CANCELLED: {
-        // A dead worker breaks the channel, and its reaper sees the exit within
-        // milliseconds; a live worker's own UNAVAILABLE only costs this short wait.
+        // An answer of the worker itself (an event not ready yet, NVRTC missing, ...) goes
+        // to the client as it is, at once.
+        if (AnsweredByWorker()) return status;
+        // gRPC's own status: the call broke. A dead worker breaks the channel, and its
+        // reaper sees the exit within milliseconds; wait that long (only for a worker that
+        // is ending: a live one answers for itself), never for a cancelled call.
         WorkerProcess& worker = session_->worker();
         const absl::Duration wait = status.error_code() == grpc::StatusCode::CANCELLED
                                         ? absl::ZeroDuration()
@@ -256,20 +261,29 @@ class RelayReactor final : public grpc::ServerGenericBidiReactor {
                                 absl::StrFormat("session %d was closed during %s", session_->id(),
                                                 context_->method()));
           }
-          if (!session_->MarkFaulted(
-                  absl::StrCat("its worker process ", worker.exit_description()))) {
+          if (!session_->MarkFaultedByExit()) {
             // Another call observed the fault first; this one only finds it.
             return ToGrpcStatus(session_->CheckUsable());
           }
-          return grpc::Status(grpc::StatusCode::ABORTED,
-                              absl::StrFormat("session %d FAULTED during %s: %s", session_->id(),
-                                              context_->method(), session_->fault_cause()));
+          const absl::StatusCode code = session_->fault_code();
+          return grpc::Status(
+              code == absl::StatusCode::kFailedPrecondition ? grpc::StatusCode::ABORTED
+                                                            : static_cast<grpc::StatusCode>(code),
+              absl::StrFormat("session %d FAULTED during %s: %s", session_->id(),
+                              context_->method(), session_->fault_cause()));
         }
         return status;
       }
       default:
         return status;
     }
+  }
+
+  // True when the worker's own server sent the status (it marks every answer, see
+  // server/worker/status_marker.h), false when gRPC made it up for a broken call.
+  bool AnsweredByWorker() const {
+    const auto& trailers = worker_context_.GetServerTrailingMetadata();
+    return trailers.find(kWorkerAnswerMetadataKey) != trailers.end();
   }
 
   // Reads the client's request of a ledger call before it goes on to the worker. False when

@@ -1,7 +1,6 @@
 #include "server/frontend/services.h"
 
 #include <algorithm>
-#include <thread>
 
 #include "absl/strings/str_format.h"
 #include "common/grpc_status.h"
@@ -65,6 +64,8 @@ grpc::ServerUnaryReactor* DeviceServiceImpl::GetServerInfo(grpc::CallbackServerC
   response->set_sessions_open(usage.sessions);
   response->set_device_memory_bytes(usage.device_memory_bytes);
   response->set_compile_sandbox(sessions_->inventory().compile_sandbox());
+  response->set_daemon_instance(sessions_->instance());
+  response->set_started_unix_ms(absl::ToUnixMillis(sessions_->started()));
   reactor->Finish(grpc::Status::OK);
   return reactor;
 }
@@ -82,7 +83,8 @@ grpc::ServerUnaryReactor* SessionServiceImpl::OpenSession(grpc::CallbackServerCo
   }
   // Taking a worker may mean starting one (context creation takes ~100 ms): not on a
   // gRPC callback thread.
-  std::thread([this, reactor, request, response, identity = *std::move(identity)] {
+  absl::Status queued = sessions_->RunBlocking([this, reactor, request, response,
+                                                identity = *std::move(identity)] {
     auto session = sessions_->Open(request->device_ordinal(), request->client_label(),
                                    identity.tenant, identity.peer);
     if (!session.ok()) {
@@ -94,8 +96,11 @@ grpc::ServerUnaryReactor* SessionServiceImpl::OpenSession(grpc::CallbackServerCo
       if (device.ordinal() == request->device_ordinal()) *response->mutable_device() = device;
     }
     response->set_idle_timeout_ms(absl::ToInt64Milliseconds(sessions_->idle_timeout()));
+    response->set_grace_ms(absl::ToInt64Milliseconds(sessions_->grace()));
+    response->set_daemon_instance(sessions_->instance());
     reactor->Finish(grpc::Status::OK);
-  }).detach();
+  });
+  if (!queued.ok()) return Fail(reactor, queued);
   return reactor;
 }
 
@@ -109,9 +114,9 @@ grpc::ServerUnaryReactor* SessionServiceImpl::CloseSession(grpc::CallbackServerC
   if (!session.ok()) return Fail(reactor, session.status());
   const uint64_t id = (*session)->id();
   session->reset();
-  std::thread([this, reactor, id] {
-    reactor->Finish(ToGrpcStatus(sessions_->Close(id)));
-  }).detach();
+  absl::Status queued = sessions_->RunBlocking(
+      [this, reactor, id] { reactor->Finish(ToGrpcStatus(sessions_->Close(id))); });
+  if (!queued.ok()) return Fail(reactor, queued);
   return reactor;
 }
 
@@ -126,7 +131,104 @@ grpc::ServerUnaryReactor* SessionServiceImpl::KeepAlive(grpc::CallbackServerCont
   (*session)->Touch();
   response->set_state((*session)->state());
   response->set_fault_cause((*session)->fault_cause());
+  response->set_fault_code(static_cast<int32_t>((*session)->fault_code()));
   reactor->Finish(grpc::Status::OK);
+  return reactor;
+}
+
+namespace {
+
+// One WatchSession stream: writes the session's state now and after every change, and
+// finishes OK when the session closes. At most one write is in flight; a change that
+// arrives during a write is written after it (only the latest state matters). Lock order:
+// the session's lock, then this reactor's (the session calls OnSessionChanged under its
+// lock); the reactor never calls into the session while it holds its own.
+class WatchReactor final : public grpc::ServerWriteReactor<v1::SessionEvent>,
+                           public SessionRecord::Watcher {
+ public:
+  explicit WatchReactor(std::shared_ptr<SessionRecord> session) : session_(std::move(session)) {}
+
+  // Registers with the session (which reports the state at once); answers the call when
+  // that is refused.
+  void Start() {
+    if (absl::Status watching = session_->Watch(this); !watching.ok()) {
+      absl::MutexLock lock(&mu_);
+      finished_ = true;
+      Finish(ToGrpcStatus(watching));
+    }
+  }
+
+  void OnSessionChanged(const v1::SessionEvent& event, bool closing) override {
+    absl::MutexLock lock(&mu_);
+    pending_ = event;
+    changed_ = true;
+    closing_ = closing;
+    MaybeWriteLocked();
+  }
+
+  void OnWriteDone(bool ok) override {
+    absl::MutexLock lock(&mu_);
+    writing_ = false;
+    if (!ok) cancelled_ = true;  // the client is gone
+    MaybeWriteLocked();
+  }
+
+  void OnCancel() override {
+    absl::MutexLock lock(&mu_);
+    cancelled_ = true;
+    MaybeWriteLocked();
+  }
+
+  void OnDone() override {
+    session_->Unwatch(this);
+    delete this;
+  }
+
+ private:
+  void MaybeWriteLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    if (finished_ || writing_) return;
+    if (cancelled_) {
+      finished_ = true;
+      Finish(grpc::Status::CANCELLED);
+    } else if (changed_) {
+      changed_ = false;
+      event_ = pending_;
+      writing_ = true;
+      StartWrite(&event_);
+    } else if (closing_) {
+      finished_ = true;
+      Finish(grpc::Status::OK);
+    }
+  }
+
+  const std::shared_ptr<SessionRecord> session_;
+  absl::Mutex mu_;
+  v1::SessionEvent pending_ ABSL_GUARDED_BY(mu_);
+  v1::SessionEvent event_ ABSL_GUARDED_BY(mu_);  // the one being written
+  bool changed_ ABSL_GUARDED_BY(mu_) = false;
+  bool closing_ ABSL_GUARDED_BY(mu_) = false;
+  bool writing_ ABSL_GUARDED_BY(mu_) = false;
+  bool finished_ ABSL_GUARDED_BY(mu_) = false;
+  bool cancelled_ ABSL_GUARDED_BY(mu_) = false;
+};
+
+// Answers a server-streaming call at once with a status.
+class RejectWatch final : public grpc::ServerWriteReactor<v1::SessionEvent> {
+ public:
+  explicit RejectWatch(const absl::Status& status) { Finish(ToGrpcStatus(status)); }
+  void OnDone() override { delete this; }
+};
+
+}  // namespace
+
+grpc::ServerWriteReactor<v1::SessionEvent>* SessionServiceImpl::WatchSession(
+    grpc::CallbackServerContext* context, const v1::WatchSessionRequest*) {
+  auto identity = auth_->Authenticate(*context);
+  if (!identity.ok()) return new RejectWatch(identity.status());
+  auto session = sessions_->FindFromMetadata(context->client_metadata(), identity->tenant);
+  if (!session.ok()) return new RejectWatch(session.status());
+  auto* reactor = new WatchReactor(*std::move(session));
+  reactor->Start();
   return reactor;
 }
 
@@ -184,11 +286,12 @@ grpc::ServerUnaryReactor* AdminServiceImpl::CloseSession(
   }
   response->set_tenant(owner);
   const uint64_t id = request->session_id();
-  std::thread([this, reactor, id, admin = identity->tenant] {
+  absl::Status queued = sessions_->RunBlocking([this, reactor, id, admin = identity->tenant] {
     absl::Status status = sessions_->Close(id);
     if (status.ok()) spdlog::info("admin {} closed session {}", admin, id);
     reactor->Finish(ToGrpcStatus(status));
-  }).detach();
+  });
+  if (!queued.ok()) return Fail(reactor, queued);
   return reactor;
 }
 

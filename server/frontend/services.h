@@ -46,6 +46,8 @@ class SessionServiceImpl final : public v1::SessionService::CallbackService {
   grpc::ServerUnaryReactor* KeepAlive(grpc::CallbackServerContext* context,
                                       const v1::KeepAliveRequest* request,
                                       v1::KeepAliveResponse* response) override;
+  grpc::ServerWriteReactor<v1::SessionEvent>* WatchSession(
+      grpc::CallbackServerContext* context, const v1::WatchSessionRequest* request) override;
 
  private:
   SessionManager* sessions_;

@@ -19,6 +19,14 @@ namespace {
 constexpr absl::Duration kWorkerStartTimeout = absl::Seconds(60);
 constexpr absl::Duration kMaintainInterval = absl::Milliseconds(200);
 constexpr absl::Duration kBindTimeout = absl::Seconds(10);
+// server/worker/worker_main.h kExitKernelTimeout: the watchdog ended the worker, after
+// writing why to its status pipe.
+constexpr int kWorkerExitKernelTimeout = 7;
+
+std::string NewInstanceId() {
+  HandleIdGenerator ids;
+  return absl::StrFormat("%016x", ids.Next());
+}
 
 // One message for an unknown session and for another tenant's: never confirm that an id
 // exists.
@@ -58,59 +66,168 @@ SessionRecord::~SessionRecord() {
 }
 
 absl::Status SessionRecord::CheckUsable() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   if (fault_cause_.empty()) return absl::OkStatus();
-  return absl::FailedPreconditionError(absl::StrFormat(
-      "session %d is FAULTED: %s; close it and open a new session", id_, fault_cause_));
+  return absl::Status(fault_code_,
+                      absl::StrFormat("session %d is FAULTED: %s; close it and open a new session",
+                                      id_, fault_cause_));
 }
 
 v1::SessionState SessionRecord::state() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   return fault_cause_.empty() ? v1::SESSION_STATE_ACTIVE : v1::SESSION_STATE_FAULTED;
 }
 
 std::string SessionRecord::fault_cause() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   return fault_cause_;
 }
 
-bool SessionRecord::MarkFaulted(const std::string& cause) {
+absl::StatusCode SessionRecord::fault_code() const {
+  absl::MutexLock lock(&mu_);
+  return fault_code_;
+}
+
+bool SessionRecord::MarkFaulted(const std::string& cause, absl::StatusCode code) {
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    absl::MutexLock lock(&mu_);
     if (!fault_cause_.empty() || closing_) return false;
     fault_cause_ = cause;
+    fault_code_ = code;
   }
   spdlog::warn("session {} FAULTED: {}", id_, cause);
   worker_->Kill();
+  NotifyWatchers();
   return true;
 }
 
+bool SessionRecord::MarkFaultedByExit() {
+  if (worker_->exit_code() == kWorkerExitKernelTimeout && !worker_->exit_message().empty()) {
+    return MarkFaulted(worker_->exit_message(), absl::StatusCode::kDeadlineExceeded);
+  }
+  return MarkFaulted(absl::StrCat("its worker process ", worker_->exit_description()));
+}
+
 void SessionRecord::MarkClosing() {
-  std::lock_guard<std::mutex> lock(mu_);
-  closing_ = true;
+  {
+    absl::MutexLock lock(&mu_);
+    closing_ = true;
+  }
+  NotifyWatchers();
 }
 
 bool SessionRecord::closing() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   return closing_;
 }
 
+absl::Status SessionRecord::Watch(Watcher* watcher) {
+  absl::MutexLock lock(&mu_);
+  if (static_cast<int>(watchers_.size()) >= kMaxWatchers) {
+    return absl::ResourceExhaustedError(absl::StrFormat(
+        "session %d already has %d WatchSession streams open, the most one session may have",
+        id_, kMaxWatchers));
+  }
+  watchers_.push_back(watcher);
+  watched_ = true;
+  Touch();
+  watcher->OnSessionChanged(EventLocked(), closing_);
+  return absl::OkStatus();
+}
+
+void SessionRecord::Unwatch(Watcher* watcher) {
+  absl::MutexLock lock(&mu_);
+  watchers_.erase(std::remove(watchers_.begin(), watchers_.end(), watcher), watchers_.end());
+  // The grace period runs from the end of the last watch.
+  Touch();
+}
+
+bool SessionRecord::watched() const {
+  absl::MutexLock lock(&mu_);
+  return watched_;
+}
+
+int SessionRecord::watchers() const {
+  absl::MutexLock lock(&mu_);
+  return static_cast<int>(watchers_.size());
+}
+
+v1::SessionEvent SessionRecord::EventLocked() const {
+  v1::SessionEvent event;
+  event.set_state(fault_cause_.empty() ? v1::SESSION_STATE_ACTIVE : v1::SESSION_STATE_FAULTED);
+  event.set_fault_cause(fault_cause_);
+  event.set_fault_code(static_cast<int32_t>(fault_code_));
+  return event;
+}
+
+void SessionRecord::NotifyWatchers() {
+  // Under mu_ so that a watcher cannot unregister (and be deleted) while it is told; a
+  // watcher's OnSessionChanged only queues a write and never calls back.
+  absl::MutexLock lock(&mu_);
+  const v1::SessionEvent event = EventLocked();
+  for (Watcher* watcher : watchers_) watcher->OnSessionChanged(event, closing_);
+}
+
 SessionManager::SessionManager(DaemonOptions options, std::string exe)
-    : options_(std::move(options)), exe_(std::move(exe)) {}
+    : options_(std::move(options)), exe_(std::move(exe)), instance_(NewInstanceId()) {}
 
 SessionManager::~SessionManager() {
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    absl::MutexLock lock(&mu_);
     stopping_ = true;
   }
-  wake_.notify_all();
   if (maintainer_.joinable()) maintainer_.join();
+  // The blocking pool finishes what it holds (a close, an open) before the workers go.
+  std::vector<std::thread> threads;
+  {
+    absl::MutexLock lock(&blocking_mu_);
+    blocking_stopping_ = true;
+    threads.swap(blocking_threads_);
+  }
+  for (std::thread& thread : threads) thread.join();
   std::unordered_map<uint64_t, std::shared_ptr<SessionRecord>> sessions;
   std::map<int, std::deque<std::unique_ptr<WorkerProcess>>> pools;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    absl::MutexLock lock(&mu_);
     sessions.swap(sessions_);
     pools.swap(pools_);
+  }
+  for (auto& [id, session] : sessions) session->MarkClosing();
+}
+
+absl::Status SessionManager::RunBlocking(std::function<void()> work) {
+  absl::MutexLock lock(&blocking_mu_);
+  if (blocking_stopping_) {
+    return absl::UnavailableError("gpurpcd is shutting down");
+  }
+  if (blocking_queue_.size() >= kMaxBlockingQueue) {
+    return absl::ResourceExhaustedError(absl::StrFormat(
+        "gpurpcd has %d session opens and closes waiting already; retry shortly",
+        blocking_queue_.size()));
+  }
+  blocking_queue_.push_back(std::move(work));
+  if (blocking_idle_ == 0 && static_cast<int>(blocking_threads_.size()) < kBlockingThreads) {
+    blocking_threads_.emplace_back([this] { BlockingLoop(); });
+  }
+  return absl::OkStatus();
+}
+
+void SessionManager::BlockingLoop() {
+  absl::MutexLock lock(&blocking_mu_);
+  for (;;) {
+    ++blocking_idle_;
+    blocking_mu_.Await(absl::Condition(
+        +[](SessionManager* self) ABSL_EXCLUSIVE_LOCKS_REQUIRED(self->blocking_mu_) {
+          return self->blocking_stopping_ || !self->blocking_queue_.empty();
+        },
+        this));
+    --blocking_idle_;
+    if (blocking_queue_.empty()) return;  // stopping, and nothing left to do
+    std::function<void()> work = std::move(blocking_queue_.front());
+    blocking_queue_.pop_front();
+    blocking_mu_.Unlock();
+    work();
+    blocking_mu_.Lock();
   }
 }
 
@@ -154,6 +271,7 @@ absl::Status SessionManager::Start() {
                  device.name(), device.compute_capability_major(),
                  device.compute_capability_minor(), device.total_memory_bytes() >> 20,
                  device.is_fake() ? " - FAKE backend, not a GPU" : "");
+    absl::MutexLock lock(&mu_);
     pools_[device.ordinal()];
   }
   maintainer_ = std::thread([this] { Maintain(); });
@@ -162,18 +280,15 @@ absl::Status SessionManager::Start() {
 
 absl::StatusOr<std::unique_ptr<WorkerProcess>> SessionManager::TakeWarmWorker(int device) {
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    absl::MutexLock lock(&mu_);
+    maintain_wanted_ = true;  // refill
     auto& pool = pools_[device];
     while (!pool.empty()) {
       std::unique_ptr<WorkerProcess> worker = std::move(pool.front());
       pool.pop_front();
-      if (!worker->exited()) {
-        wake_.notify_all();  // refill
-        return worker;
-      }
+      if (!worker->exited()) return worker;
     }
   }
-  wake_.notify_all();
   return StartWorker(device);
 }
 
@@ -196,7 +311,7 @@ absl::Status SessionManager::BindWorker(WorkerProcess& worker, uint64_t session_
 }
 
 void SessionManager::ReleaseSlot(const std::string& tenant) {
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   if (auto it = tenant_slots_.find(tenant); it != tenant_slots_.end()) {
     if (--it->second == 0) tenant_slots_.erase(it);
   }
@@ -207,15 +322,16 @@ absl::StatusOr<std::shared_ptr<SessionRecord>> SessionManager::Open(int device_o
                                                                     const std::string& client_label,
                                                                     const std::string& tenant,
                                                                     const std::string& peer) {
-  if (pools_.count(device_ordinal) == 0) {
-    return absl::NotFoundError(absl::StrFormat("no device with ordinal %d (this daemon serves %d)",
-                                               device_ordinal, inventory_.devices_size()));
-  }
   const v1::TenantQuota quota = options_.QuotaFor(tenant);
   {
     // Reserve the slot before the worker is taken, so that the caps hold under any number
     // of concurrent opens.
-    std::lock_guard<std::mutex> lock(mu_);
+    absl::MutexLock lock(&mu_);
+    if (pools_.count(device_ordinal) == 0) {
+      return absl::NotFoundError(absl::StrFormat(
+          "no device with ordinal %d (this daemon serves %d)", device_ordinal,
+          inventory_.devices_size()));
+    }
     if (total_slots_ >= static_cast<uint32_t>(options_.max_sessions)) {
       return absl::ResourceExhaustedError(
           absl::StrFormat("the daemon's limit of %d open sessions (--max-sessions) is reached",
@@ -240,7 +356,7 @@ absl::StatusOr<std::shared_ptr<SessionRecord>> SessionManager::Open(int device_o
   }
   uint64_t id;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    absl::MutexLock lock(&mu_);
     do {
       id = ids_.Next();
     } while (sessions_.count(id) != 0);
@@ -252,18 +368,18 @@ absl::StatusOr<std::shared_ptr<SessionRecord>> SessionManager::Open(int device_o
   auto record = std::make_shared<SessionRecord>(id, device_ordinal, std::move(*worker), tenant,
                                                 peer, client_label);
   std::weak_ptr<SessionRecord> weak = record;
-  record->worker().SetExitCallback([this, weak](const std::string& description) {
+  record->worker().SetExitCallback([this, weak](const std::string&) {
     if (auto session = weak.lock()) {
       {
         // Its memory is free now, whatever the ledger says.
-        std::lock_guard<std::mutex> lock(mu_);
+        absl::MutexLock lock(&mu_);
         session->ForgetMemoryLocked();
       }
-      session->MarkFaulted(absl::StrCat("its worker process ", description));
+      session->MarkFaultedByExit();
     }
   });
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    absl::MutexLock lock(&mu_);
     sessions_[id] = record;
   }
   // The label is the client's text: escaped, so that it cannot forge log lines.
@@ -273,27 +389,67 @@ absl::StatusOr<std::shared_ptr<SessionRecord>> SessionManager::Open(int device_o
   return record;
 }
 
+void SessionManager::RemoveLocked(SessionRecord& session) {
+  sessions_.erase(session.id());
+  session.ForgetMemoryLocked();
+  if (auto it = tenant_slots_.find(session.tenant()); it != tenant_slots_.end()) {
+    if (--it->second == 0) tenant_slots_.erase(it);
+  }
+  --total_slots_;
+}
+
+void SessionManager::EndWorker(SessionRecord& session) {
+  session.MarkClosing();
+  session.worker().Kill();
+  session.worker().WaitExited(absl::Seconds(10));
+}
+
 absl::Status SessionManager::Close(uint64_t session_id) {
   std::shared_ptr<SessionRecord> record;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    absl::MutexLock lock(&mu_);
     auto it = sessions_.find(session_id);
     if (it == sessions_.end()) return NoSuchSession(session_id);
-    record = std::move(it->second);
-    sessions_.erase(it);
-    record->ForgetMemoryLocked();
+    record = it->second;
+    RemoveLocked(*record);
   }
-  ReleaseSlot(record->tenant());
-  record->MarkClosing();
-  record->worker().Kill();
-  record->worker().WaitExited(absl::Seconds(10));
+  EndWorker(*record);
   spdlog::info("session {} of tenant {} closed", session_id, record->tenant());
   return absl::OkStatus();
 }
 
+std::string SessionManager::AbandonedLocked(const SessionRecord& session) const {
+  if (session.watchers() > 0) return "";
+  if (session.watched()) {
+    if (!session.IdleFor(options_.session_grace)) return "";
+    return absl::StrCat("its client is gone: its last WatchSession stream ended more than ",
+                        absl::FormatDuration(options_.session_grace),
+                        " ago (--session-grace) and no call came since");
+  }
+  if (!session.IdleFor(options_.session_idle_timeout)) return "";
+  return absl::StrCat("no call and no KeepAlive for more than ",
+                      absl::FormatDuration(options_.session_idle_timeout),
+                      " (--session-idle-timeout)");
+}
+
+bool SessionManager::CloseIfAbandoned(const std::shared_ptr<SessionRecord>& session) {
+  std::string why;
+  {
+    absl::MutexLock lock(&mu_);
+    auto it = sessions_.find(session->id());
+    if (it == sessions_.end() || it->second != session) return false;
+    why = AbandonedLocked(*session);
+    if (why.empty()) return false;
+    RemoveLocked(*session);
+  }
+  spdlog::info("session {} of tenant {} reclaimed: {}", session->id(), session->tenant(), why);
+  EndWorker(*session);
+  return true;
+}
+
 absl::StatusOr<std::shared_ptr<SessionRecord>> SessionManager::Find(uint64_t session_id,
                                                                     const std::string& tenant) {
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   auto it = sessions_.find(session_id);
   if (it == sessions_.end()) return NoSuchSession(session_id);
   if (it->second->tenant() != tenant) {
@@ -326,11 +482,26 @@ absl::StatusOr<std::shared_ptr<SessionRecord>> SessionManager::FindFromMetadata(
         absl::StrFormat("'%s' metadata '%s' is not a session id (a decimal 64-bit number)",
                         kSessionMetadataKey, absl::CHexEscape(value)));
   }
-  return Find(id, tenant);
+  auto session = Find(id, tenant);
+  if (session.ok() || !absl::IsNotFound(session.status())) return session;
+  if (auto instance = metadata.find(kInstanceMetadataKey); instance != metadata.end()) {
+    const absl::string_view named(instance->second.data(),
+                                  std::min<size_t>(instance->second.size(), 64));
+    if (named != instance_) {
+      return absl::NotFoundError(absl::StrFormat(
+          "no session %d: it belonged to an earlier run of gpurpcd (instance %s), and the "
+          "daemon restarted at %s (now instance %s), which ended every session of the earlier "
+          "run; open a new session",
+          id, absl::CHexEscape(named), absl::FormatTime("%Y-%m-%d %H:%M:%S UTC", started_,
+                                                        absl::UTCTimeZone()),
+          instance_));
+    }
+  }
+  return session;
 }
 
 std::vector<std::shared_ptr<SessionRecord>> SessionManager::AllSessions() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   std::vector<std::shared_ptr<SessionRecord>> out;
   out.reserve(sessions_.size());
   for (const auto& [id, session] : sessions_) out.push_back(session);
@@ -338,7 +509,7 @@ std::vector<std::shared_ptr<SessionRecord>> SessionManager::AllSessions() const 
 }
 
 TenantUsage SessionManager::Usage(const std::string& tenant) const {
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   TenantUsage usage;
   if (auto it = tenant_slots_.find(tenant); it != tenant_slots_.end()) usage.sessions = it->second;
   usage.device_memory_bytes = TenantMemoryLocked(tenant);
@@ -349,7 +520,7 @@ TenantUsage SessionManager::Usage(const std::string& tenant) const {
 }
 
 uint64_t SessionManager::MemoryBytes(const SessionRecord& session) const {
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   return session.memory_bytes_;
 }
 
@@ -382,7 +553,7 @@ absl::Status SessionManager::AddMemoryLocked(SessionRecord& session, uint64_t by
 }
 
 absl::Status SessionManager::ReserveMemory(SessionRecord& session, uint64_t bytes) {
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   if (session.memory_gone_) return absl::OkStatus();  // the worker will answer
   return AddMemoryLocked(
       session, bytes,
@@ -391,7 +562,7 @@ absl::Status SessionManager::ReserveMemory(SessionRecord& session, uint64_t byte
 
 void SessionManager::CommitBuffer(SessionRecord& session, uint64_t reserved_bytes,
                                   uint64_t buffer_id, uint64_t buffer_bytes) {
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   if (session.memory_gone_) return;
   session.memory_bytes_ -= std::min(session.memory_bytes_, reserved_bytes);
   session.memory_bytes_ += buffer_bytes;
@@ -399,13 +570,13 @@ void SessionManager::CommitBuffer(SessionRecord& session, uint64_t reserved_byte
 }
 
 void SessionManager::CancelReservation(SessionRecord& session, uint64_t bytes) {
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   if (session.memory_gone_) return;
   session.memory_bytes_ -= std::min(session.memory_bytes_, bytes);
 }
 
 void SessionManager::ReleaseBuffer(SessionRecord& session, uint64_t buffer_id) {
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   auto it = session.buffer_bytes_.find(buffer_id);
   if (it == session.buffer_bytes_.end()) return;
   session.memory_bytes_ -= std::min(session.memory_bytes_, it->second);
@@ -414,7 +585,7 @@ void SessionManager::ReleaseBuffer(SessionRecord& session, uint64_t buffer_id) {
 
 absl::Status SessionManager::ChargeModule(SessionRecord& session, uint64_t module_id,
                                           uint64_t bytes) {
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   if (session.memory_gone_ || bytes == 0) return absl::OkStatus();
   GPURPC_RETURN_IF_ERROR(AddMemoryLocked(
       session, bytes,
@@ -426,7 +597,7 @@ absl::Status SessionManager::ChargeModule(SessionRecord& session, uint64_t modul
 }
 
 void SessionManager::ReleaseModule(SessionRecord& session, uint64_t module_id) {
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   auto it = session.module_bytes_.find(module_id);
   if (it == session.module_bytes_.end()) return;
   session.memory_bytes_ -= std::min(session.memory_bytes_, it->second);
@@ -450,7 +621,7 @@ absl::Status SessionManager::ChargeLocalMemory(SessionRecord& session,
   const uint64_t reservation = local_bytes_per_thread > UINT64_MAX / std::max<uint64_t>(threads, 1)
                                    ? UINT64_MAX
                                    : local_bytes_per_thread * threads;
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   if (session.memory_gone_ || reservation <= session.local_memory_bytes_) return absl::OkStatus();
   const uint64_t more = reservation - session.local_memory_bytes_;
   GPURPC_RETURN_IF_ERROR(AddMemoryLocked(
@@ -465,7 +636,7 @@ absl::Status SessionManager::ChargeLocalMemory(SessionRecord& session,
 
 absl::Status SessionManager::BeginCompile(const std::string& tenant) {
   const uint32_t limit = options_.QuotaFor(tenant).max_concurrent_compiles();
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   uint32_t& running = tenant_compiles_[tenant];
   if (limit != 0 && running >= limit) {
     return absl::ResourceExhaustedError(absl::StrFormat(
@@ -478,24 +649,26 @@ absl::Status SessionManager::BeginCompile(const std::string& tenant) {
 }
 
 void SessionManager::EndCompile(const std::string& tenant) {
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   auto it = tenant_compiles_.find(tenant);
   if (it == tenant_compiles_.end()) return;
   if (--it->second == 0) tenant_compiles_.erase(it);
 }
 
 size_t SessionManager::session_count() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   return sessions_.size();
 }
 
 void SessionManager::Maintain() {
-  std::unique_lock<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   while (!stopping_) {
-    // Reclaim sessions whose client went away.
-    std::vector<uint64_t> idle;
+    maintain_wanted_ = false;
+    // Reclaim sessions whose client is gone: listed here, checked again and closed under
+    // the lock by CloseIfAbandoned, so that a call arriving in between keeps its session.
+    std::vector<std::shared_ptr<SessionRecord>> abandoned;
     for (const auto& [id, session] : sessions_) {
-      if (session->IdleFor(options_.session_idle_timeout)) idle.push_back(id);
+      if (!AbandonedLocked(*session).empty()) abandoned.push_back(session);
     }
     // Refill warm pools.
     std::vector<int> refill;
@@ -505,29 +678,30 @@ void SessionManager::Maintain() {
       }
       if (static_cast<int>(pool.size()) < options_.warm_workers) refill.push_back(device);
     }
-    lock.unlock();
-    for (uint64_t id : idle) {
-      spdlog::info("session {} idle for more than {}; reclaiming it", id,
-                   absl::FormatDuration(options_.session_idle_timeout));
-      Close(id).IgnoreError();
-    }
+    mu_.Unlock();
+    for (const auto& session : abandoned) CloseIfAbandoned(session);
+    abandoned.clear();
     bool refill_failed = false;
     for (int device : refill) {
       auto worker = StartWorker(device);
       refill_failed |= !worker.ok();
-      lock.lock();
+      absl::MutexLock refill_lock(&mu_);
       if (worker.ok() && !stopping_) {
         pools_[device].push_back(std::move(*worker));
       } else if (!worker.ok()) {
         spdlog::error("cannot pre-start a worker for device {}: {}", device,
                       worker.status().ToString());
       }
-      lock.unlock();
     }
-    lock.lock();
+    mu_.Lock();
     if (refill.empty() || refill_failed) {
-      wake_.wait_for(
-          lock, absl::ToChronoNanoseconds(refill_failed ? absl::Seconds(1) : kMaintainInterval));
+      mu_.AwaitWithTimeout(
+          absl::Condition(
+              +[](SessionManager* self) ABSL_EXCLUSIVE_LOCKS_REQUIRED(self->mu_) {
+                return self->stopping_ || self->maintain_wanted_;
+              },
+              this),
+          refill_failed ? absl::Seconds(1) : kMaintainInterval);
     }
   }
 }

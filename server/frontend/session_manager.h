@@ -1,6 +1,9 @@
 // Sessions of the front end: each owns one worker process. Opens them (from a warm pool of
 // pre-started workers per device), finds them for routing, marks them FAULTED when their
-// worker dies, and reclaims those whose client went quiet for the idle timeout.
+// worker dies, and reclaims those whose client is gone: a session that was watched
+// (SessionService.WatchSession) is reclaimed --session-grace after its last watch ended with
+// no call in flight; one never watched after --session-idle-timeout with no call and no
+// KeepAlive.
 //
 // Tenancy: every session belongs to the tenant that opened it. Find* answers NOT_FOUND,
 // word for word as for an id that never existed, when the caller's tenant is not the
@@ -10,14 +13,21 @@
 // worker allocates, released on Free or when the session ends) and the compiles running
 // per tenant. Quotas come from DaemonOptions::QuotaFor.
 //
+// Restarts: every run of the daemon has an instance id (16 hex digits). A call that names a
+// session unknown to this run and an instance that is not this run's is answered NOT_FOUND
+// with a message that says the daemon restarted.
+//
+// Blocking work for the gRPC callbacks (starting and ending workers) runs on the manager's
+// own bounded pool of threads (RunBlocking), joined when the manager is destroyed.
+//
 // Thread safety: all methods are thread-safe.
 #ifndef GPURPC_SERVER_FRONTEND_SESSION_MANAGER_H_
 #define GPURPC_SERVER_FRONTEND_SESSION_MANAGER_H_
 
 #include <atomic>
-#include <condition_variable>
 #include <cstdint>
 #include <deque>
+#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -29,6 +39,8 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "absl/base/thread_annotations.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "common/handle_ids.h"
 #include "gpurpc/v1/device_service.pb.h"
@@ -58,16 +70,34 @@ class SessionRecord {
   WorkerProcess& worker() { return *worker_; }
   grpc::GenericStub& stub() { return *stub_; }
 
-  // OK while ACTIVE; FAILED_PRECONDITION naming the cause once FAULTED.
+  // OK while ACTIVE; once FAULTED the fault's code (FAILED_PRECONDITION, or
+  // DEADLINE_EXCEEDED after the kernel watchdog) naming the cause.
   absl::Status CheckUsable() const;
   v1::SessionState state() const;
   std::string fault_cause() const;
+  absl::StatusCode fault_code() const;  // kOk while ACTIVE
   // Records the first cause and ends the worker (its context is unusable anyway). Does
   // nothing once the session is closing. True when this call recorded the cause.
-  bool MarkFaulted(const std::string& cause);
+  bool MarkFaulted(const std::string& cause,
+                   absl::StatusCode code = absl::StatusCode::kFailedPrecondition);
+  // After the worker ended: records why, from its exit (the watchdog's line and exit code
+  // 7 become DEADLINE_EXCEEDED). Same return as MarkFaulted.
+  bool MarkFaultedByExit();
   // Called by Close before it ends the worker, so that the worker's death is no fault.
   void MarkClosing();
   bool closing() const;
+
+  // WatchSession streams. A watcher is told the state (OnSessionChanged) when it starts
+  // watching and whenever the session faults or closes, under the session's lock: it must
+  // not call back into the session. Watch is RESOURCE_EXHAUSTED beyond kMaxWatchers.
+  class Watcher {
+   public:
+    virtual ~Watcher() = default;
+    virtual void OnSessionChanged(const v1::SessionEvent& event, bool closing) = 0;
+  };
+  static constexpr int kMaxWatchers = 16;
+  absl::Status Watch(Watcher* watcher);
+  void Unwatch(Watcher* watcher);
 
   // Activity tracking for the idle reclaim.
   void Touch() { last_activity_ns_ = absl::GetCurrentTimeNanos(); }
@@ -83,6 +113,10 @@ class SessionRecord {
     return calls_in_flight_.load() == 0 &&
            absl::Nanoseconds(absl::GetCurrentTimeNanos() - last_activity_ns_.load()) > timeout;
   }
+  // True once a WatchSession stream was opened; then the grace period replaces the idle
+  // timeout. Open streams now.
+  bool watched() const;
+  int watchers() const;
 
  private:
   const uint64_t id_;
@@ -93,9 +127,15 @@ class SessionRecord {
   const absl::Time opened_ = absl::Now();
   std::unique_ptr<WorkerProcess> worker_;
   std::unique_ptr<grpc::GenericStub> stub_;
-  mutable std::mutex mu_;
-  std::string fault_cause_;  // empty while ACTIVE
-  bool closing_ = false;
+  void NotifyWatchers() ABSL_LOCKS_EXCLUDED(mu_);
+  v1::SessionEvent EventLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
+  mutable absl::Mutex mu_;
+  std::string fault_cause_ ABSL_GUARDED_BY(mu_);  // empty while ACTIVE
+  absl::StatusCode fault_code_ ABSL_GUARDED_BY(mu_) = absl::StatusCode::kOk;
+  bool closing_ ABSL_GUARDED_BY(mu_) = false;
+  std::vector<Watcher*> watchers_ ABSL_GUARDED_BY(mu_);
+  bool watched_ ABSL_GUARDED_BY(mu_) = false;
   std::atomic<int64_t> last_activity_ns_;
   std::atomic<int> calls_in_flight_{0};
 
@@ -136,6 +176,17 @@ class SessionManager {
 
   const v1::ListDevicesResponse& inventory() const { return inventory_; }
   absl::Duration idle_timeout() const { return options_.session_idle_timeout; }
+  absl::Duration grace() const { return options_.session_grace; }
+  // This run of the daemon: 16 hex digits, and when it started.
+  const std::string& instance() const { return instance_; }
+  absl::Time started() const { return started_; }
+
+  // Runs `work` on the manager's pool of threads for blocking work (starting or ending a
+  // worker takes up to seconds: never on a gRPC callback thread). RESOURCE_EXHAUSTED when
+  // kMaxBlockingQueue tasks are already waiting; the work then does not run.
+  static constexpr int kBlockingThreads = 16;
+  static constexpr size_t kMaxBlockingQueue = 1024;
+  absl::Status RunBlocking(std::function<void()> work);
 
   // Opens a session for `tenant`. RESOURCE_EXHAUSTED naming the limit when the daemon's
   // --max-sessions or the tenant's max_sessions is reached (checked and reserved before a
@@ -146,11 +197,16 @@ class SessionManager {
                                                       const std::string& peer);
   // Closes any session (the caller has checked who may). NOT_FOUND for an unknown id.
   absl::Status Close(uint64_t session_id);
+  // Closes `session` if it is still the one under its id and still has no client (see the
+  // file comment): the check and the removal happen under one lock, so a call that arrives
+  // in between keeps it. True when it was closed.
+  bool CloseIfAbandoned(const std::shared_ptr<SessionRecord>& session);
   // NOT_FOUND for an unknown id or one of another tenant. Does not check the state.
   absl::StatusOr<std::shared_ptr<SessionRecord>> Find(uint64_t session_id,
                                                       const std::string& tenant);
   // Parses the "gpurpc-session" metadata value: INVALID_ARGUMENT when missing or malformed,
-  // else Find.
+  // else Find; an unknown session whose "gpurpc-instance" metadata names another run of the
+  // daemon is NOT_FOUND saying that the daemon restarted.
   absl::StatusOr<std::shared_ptr<SessionRecord>> FindFromMetadata(
       const std::multimap<grpc::string_ref, grpc::string_ref>& metadata, const std::string& tenant);
   // Every session, for the admin API.
@@ -189,30 +245,46 @@ class SessionManager {
   absl::StatusOr<std::unique_ptr<WorkerProcess>> TakeWarmWorker(int device);
   // Hands the worker to its tenant (WorkerControl.Bind).
   absl::Status BindWorker(WorkerProcess& worker, uint64_t session_id, const std::string& tenant);
-  void ReleaseSlot(const std::string& tenant);
-  // Under mu_.
-  uint64_t TenantMemoryLocked(const std::string& tenant) const;
+  void ReleaseSlot(const std::string& tenant) ABSL_LOCKS_EXCLUDED(mu_);
+  uint64_t TenantMemoryLocked(const std::string& tenant) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Adds `bytes` to the session's account, or RESOURCE_EXHAUSTED naming the quota, the
-  // tenant's use and `what` asks for more. Under mu_.
-  absl::Status AddMemoryLocked(SessionRecord& session, uint64_t bytes, absl::string_view what);
+  // tenant's use and `what` asks for more.
+  absl::Status AddMemoryLocked(SessionRecord& session, uint64_t bytes, absl::string_view what)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Why `session` has no client any more, or "" while it has one.
+  std::string AbandonedLocked(const SessionRecord& session) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Takes `session` out of the tables; the caller then ends its worker (EndWorker).
+  void RemoveLocked(SessionRecord& session) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void EndWorker(SessionRecord& session) ABSL_LOCKS_EXCLUDED(mu_);
   void Maintain();  // background: refill pools, reclaim idle sessions
+  void BlockingLoop();
 
   DaemonOptions options_;
   const std::string exe_;
-  v1::ListDevicesResponse inventory_;
+  const std::string instance_;
+  const absl::Time started_ = absl::Now();
+  v1::ListDevicesResponse inventory_;  // written by Start only, before any other call
   HandleIdGenerator ids_;
 
-  mutable std::mutex mu_;
-  std::condition_variable wake_;
-  bool stopping_ = false;
-  std::unordered_map<uint64_t, std::shared_ptr<SessionRecord>> sessions_;
+  mutable absl::Mutex mu_;
+  bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+  bool maintain_wanted_ ABSL_GUARDED_BY(mu_) = false;  // wakes Maintain early
+  std::unordered_map<uint64_t, std::shared_ptr<SessionRecord>> sessions_ ABSL_GUARDED_BY(mu_);
   // Session slots per tenant: open sessions plus opens in progress; the sum over tenants is
   // the daemon's count against --max-sessions.
-  std::map<std::string, uint32_t> tenant_slots_;
-  uint32_t total_slots_ = 0;
-  std::map<std::string, uint32_t> tenant_compiles_;
-  std::map<int, std::deque<std::unique_ptr<WorkerProcess>>> pools_;
+  std::map<std::string, uint32_t> tenant_slots_ ABSL_GUARDED_BY(mu_);
+  uint32_t total_slots_ ABSL_GUARDED_BY(mu_) = 0;
+  std::map<std::string, uint32_t> tenant_compiles_ ABSL_GUARDED_BY(mu_);
+  std::map<int, std::deque<std::unique_ptr<WorkerProcess>>> pools_ ABSL_GUARDED_BY(mu_);
   std::thread maintainer_;
+
+  // The pool of RunBlocking.
+  absl::Mutex blocking_mu_;
+  std::deque<std::function<void()>> blocking_queue_ ABSL_GUARDED_BY(blocking_mu_);
+  bool blocking_stopping_ ABSL_GUARDED_BY(blocking_mu_) = false;
+  int blocking_idle_ ABSL_GUARDED_BY(blocking_mu_) = 0;
+  std::vector<std::thread> blocking_threads_ ABSL_GUARDED_BY(blocking_mu_);
 };
 
 }  // namespace gpurpc::frontend

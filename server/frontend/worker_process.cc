@@ -8,8 +8,10 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <algorithm>
 #include <cstring>
 
+#include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "common/grpc_status.h"
@@ -25,6 +27,8 @@ namespace gpurpc::frontend {
 namespace {
 
 constexpr int kChildFd = 3;
+constexpr int kChildStatusFd = 4;
+constexpr size_t kMaxExitMessageBytes = 4096;
 
 std::string Errno(const char* what) { return absl::StrCat(what, ": ", std::strerror(errno)); }
 
@@ -44,6 +48,22 @@ absl::StatusOr<std::unique_ptr<WorkerProcess>> WorkerProcess::Spawn(
     return absl::UnavailableError(Errno("fcntl(F_DUPFD_CLOEXEC)"));
   }
 
+  int status_pipe[2];
+  if (pipe2(status_pipe, O_CLOEXEC) != 0) {
+    close(fds[0]);
+    close(child_end);
+    return absl::UnavailableError(Errno("pipe2"));
+  }
+  // The same care as above for the write end, which becomes the child's fd 4.
+  const int status_child_end = fcntl(status_pipe[1], F_DUPFD_CLOEXEC, 10);
+  close(status_pipe[1]);
+  if (status_child_end < 0) {
+    close(fds[0]);
+    close(child_end);
+    close(status_pipe[0]);
+    return absl::UnavailableError(Errno("fcntl(F_DUPFD_CLOEXEC)"));
+  }
+
   std::vector<std::string> argv_strings = {exe};
   argv_strings.insert(argv_strings.end(), args.begin(), args.end());
   std::vector<char*> argv;
@@ -53,31 +73,38 @@ absl::StatusOr<std::unique_ptr<WorkerProcess>> WorkerProcess::Spawn(
   posix_spawn_file_actions_t actions;
   posix_spawn_file_actions_init(&actions);
   posix_spawn_file_actions_adddup2(&actions, child_end, kChildFd);
+  posix_spawn_file_actions_adddup2(&actions, status_child_end, kChildStatusFd);
   pid_t pid = -1;
   const int rc = posix_spawn(&pid, exe.c_str(), &actions, nullptr, argv.data(), environ);
   posix_spawn_file_actions_destroy(&actions);
   close(child_end);
+  close(status_child_end);
   if (rc != 0) {
     close(fds[0]);
+    close(status_pipe[0]);
     return absl::UnavailableError(
         absl::StrFormat("cannot start worker %s: %s", exe, std::strerror(rc)));
   }
 
   // gRPC 1.51 hangs on a blocking fd (DESIGN §2).
   fcntl(fds[0], F_SETFL, fcntl(fds[0], F_GETFL) | O_NONBLOCK);
+  // Read after the worker is reaped: whatever it wrote is there, and a process it left
+  // behind holding the write end must not block the reaper.
+  fcntl(status_pipe[0], F_SETFL, fcntl(status_pipe[0], F_GETFL) | O_NONBLOCK);
   grpc::ChannelArguments channel_args;
   channel_args.SetMaxReceiveMessageSize(kMaxMessageBytes);
   channel_args.SetMaxSendMessageSize(kMaxMessageBytes);
   auto channel = grpc::CreateCustomInsecureChannelFromFd(absl::StrCat("worker-", pid), fds[0],
                                                          channel_args);
-  auto worker = std::unique_ptr<WorkerProcess>(new WorkerProcess(pid, std::move(channel)));
+  auto worker = std::unique_ptr<WorkerProcess>(
+      new WorkerProcess(pid, std::move(channel), status_pipe[0]));
   worker->reaper_ = std::thread([w = worker.get()] { w->Reap(); });
   spdlog::debug("started worker pid {}", pid);
   return worker;
 }
 
-WorkerProcess::WorkerProcess(pid_t pid, std::shared_ptr<grpc::Channel> channel)
-    : pid_(pid), channel_(std::move(channel)) {}
+WorkerProcess::WorkerProcess(pid_t pid, std::shared_ptr<grpc::Channel> channel, int status_fd)
+    : pid_(pid), status_fd_(status_fd), channel_(std::move(channel)) {}
 
 WorkerProcess::~WorkerProcess() {
   Kill();
@@ -96,11 +123,28 @@ void WorkerProcess::Reap() {
   do {
     rc = waitpid(pid_, &status, 0);
   } while (rc < 0 && errno == EINTR);
+  // What the worker wrote before it ended is in the pipe (non-blocking: stop at EAGAIN).
+  std::string message;
+  char buffer[512];
+  while (message.size() < kMaxExitMessageBytes) {
+    const ssize_t n = read(status_fd_, buffer, sizeof(buffer));
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) break;
+    message.append(buffer, std::min<size_t>(n, kMaxExitMessageBytes - message.size()));
+  }
+  close(status_fd_);
+  while (!message.empty() && (message.back() == '\n' || message.back() == '\r')) {
+    message.pop_back();
+  }
+  // The line may quote a tenant's kernel name: never let it forge log lines or escapes.
+  message = absl::CHexEscape(message);
+  int code = -1;
   std::string description;
   if (rc < 0) {
     description = Errno("waitpid");
   } else if (WIFEXITED(status)) {
-    description = absl::StrCat("exited with code ", WEXITSTATUS(status));
+    code = WEXITSTATUS(status);
+    description = absl::StrCat("exited with code ", code);
   } else if (WIFSIGNALED(status)) {
     description = absl::StrFormat("was killed by signal %d (%s)", WTERMSIG(status),
                                   strsignal(WTERMSIG(status)));
@@ -112,6 +156,8 @@ void WorkerProcess::Reap() {
     std::lock_guard<std::mutex> lock(mu_);
     exited_ = true;
     exit_description_ = description;
+    exit_code_ = code;
+    exit_message_ = std::move(message);
     callback = std::move(on_exit_);
   }
   exited_cv_.notify_all();
@@ -138,6 +184,16 @@ bool WorkerProcess::exited() const {
 std::string WorkerProcess::exit_description() const {
   std::lock_guard<std::mutex> lock(mu_);
   return exit_description_;
+}
+
+int WorkerProcess::exit_code() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return exit_code_;
+}
+
+std::string WorkerProcess::exit_message() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return exit_message_;
 }
 
 void WorkerProcess::SetExitCallback(std::function<void(const std::string&)> callback) {

@@ -1,6 +1,8 @@
 // One worker process seen from the front end: spawned by exec of the daemon's own binary
 // (never fork after CUDA init), connected through a private socketpair that nobody else can
-// open, and reaped by a thread of its own so that its death is noticed at once.
+// open, and reaped by a thread of its own so that its death is noticed at once. A pipe (the
+// worker's fd 4, --worker-status-fd) carries the one line a worker writes when it ends
+// itself on purpose (the kernel watchdog); it is read when the worker is reaped.
 #ifndef GPURPC_SERVER_FRONTEND_WORKER_PROCESS_H_
 #define GPURPC_SERVER_FRONTEND_WORKER_PROCESS_H_
 
@@ -23,8 +25,9 @@ namespace gpurpc::frontend {
 
 class WorkerProcess {
  public:
-  // Starts `exe` with `args` plus --worker-fd=<fd>. The child gets fd 3 as its end of the
-  // socketpair.
+  // Starts `exe` with `args` (WorkerArgs: --worker-fd=3 --worker-status-fd=4 ...). The
+  // child gets fd 3 as its end of the socketpair and fd 4 as the write end of its status
+  // pipe.
   static absl::StatusOr<std::unique_ptr<WorkerProcess>> Spawn(
       const std::string& exe, const std::vector<std::string>& args);
 
@@ -48,21 +51,29 @@ class WorkerProcess {
   bool exited() const;
   // "exited with code 3", "killed by signal 9 (Killed)"; empty while running.
   std::string exit_description() const;
+  // The exit code, or -1 while running or when a signal ended it.
+  int exit_code() const;
+  // What the worker wrote to its status pipe before it ended (at most 4 KiB, non-printable
+  // bytes escaped); empty when nothing.
+  std::string exit_message() const;
 
   // Called once, on the reaper thread, when the process ends (at once if it already has).
   void SetExitCallback(std::function<void(const std::string& description)> callback);
 
  private:
-  WorkerProcess(pid_t pid, std::shared_ptr<grpc::Channel> channel);
+  WorkerProcess(pid_t pid, std::shared_ptr<grpc::Channel> channel, int status_fd);
   void Reap();
 
   const pid_t pid_;
+  const int status_fd_;  // read end of the status pipe, closed by Reap
   std::shared_ptr<grpc::Channel> channel_;
   std::thread reaper_;
   mutable std::mutex mu_;
   std::condition_variable exited_cv_;
   bool exited_ = false;
   std::string exit_description_;
+  int exit_code_ = -1;
+  std::string exit_message_;
   std::function<void(const std::string&)> on_exit_;
 };
 

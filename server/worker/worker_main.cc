@@ -23,6 +23,7 @@
 #include "server/worker/compiler/compiler.h"
 #include "server/worker/service.h"
 #include "server/worker/session.h"
+#include "server/worker/status_marker.h"
 #include "spdlog/sinks/stdout_color_sinks.h"
 #include "spdlog/spdlog.h"
 
@@ -146,6 +147,11 @@ int WorkerMain(const DaemonOptions& options) {
   builder.SetMaxReceiveMessageSize(kMaxMessageBytes);
   builder.SetMaxSendMessageSize(kMaxMessageBytes);
   for (auto& service : services) builder.RegisterService(service.get());
+  {
+    std::vector<std::unique_ptr<grpc::experimental::ServerInterceptorFactoryInterface>> markers;
+    markers.push_back(MakeStatusMarker());
+    builder.experimental().SetInterceptorCreators(std::move(markers));
+  }
   std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
   if (server == nullptr) {
     spdlog::error("cannot start the worker's gRPC server");

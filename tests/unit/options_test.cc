@@ -168,6 +168,43 @@ TEST(OptionsTest, ShippedExampleConfigParses) {
   EXPECT_EQ(options->QuotaFor("someone").max_sessions(), 4u);
   EXPECT_EQ(options->QuotaFor("alice").max_sessions(), 8u);
   EXPECT_EQ(options->QuotaFor("alice").max_concurrent_compiles(), 2u);
+  EXPECT_EQ(options->QuotaFor("alice").kernel_timeout_ms(), 60'000u);
+  EXPECT_EQ(options->QuotaFor("sim").kernel_timeout_ms(), 3'600'000u);
+  EXPECT_EQ(options->session_grace, absl::Seconds(10));
+}
+
+TEST(OptionsTest, KernelTimeoutAndSessionGrace) {
+  auto defaults = Parse({});
+  ASSERT_THAT(defaults.status(), IsOk());
+  EXPECT_EQ(defaults->QuotaFor("anyone").kernel_timeout_ms(), 60'000u);
+  EXPECT_EQ(defaults->session_grace, absl::Seconds(10));
+
+  auto set = Parse({"--kernel-timeout=1.5s", "--session-grace=2s"});
+  ASSERT_THAT(set.status(), IsOk());
+  EXPECT_EQ(set->QuotaFor("anyone").kernel_timeout_ms(), 1'500u);
+  EXPECT_EQ(set->session_grace, absl::Seconds(2));
+
+  auto off = Parse({"--kernel-timeout=0"});
+  ASSERT_THAT(off.status(), IsOk());
+  EXPECT_EQ(off->QuotaFor("anyone").kernel_timeout_ms(), 0u);
+
+  for (const char* bad : {"--kernel-timeout=soon", "--kernel-timeout=-1s",
+                          "--kernel-timeout=10us", "--session-grace=-1s", "--session-grace=x"}) {
+    EXPECT_THAT(Parse({bad}).status(),
+                StatusIs(absl::StatusCode::kInvalidArgument,
+                         HasSubstr(std::string(bad).substr(0, std::string(bad).find('=')))))
+        << bad;
+  }
+
+  // A tenant's quota overrides the daemon's watchdog; the others keep the flag's value.
+  const std::string config = WriteConfig(
+      "kernel_timeout: \"5s\"\n"
+      "tenant_quotas { key: \"alice\" value { kernel_timeout_ms: 500 } }\n");
+  auto tenant = Parse({"--config=" + config});
+  std::remove(config.c_str());
+  ASSERT_THAT(tenant.status(), IsOk());
+  EXPECT_EQ(tenant->QuotaFor("alice").kernel_timeout_ms(), 500u);
+  EXPECT_EQ(tenant->QuotaFor("bob").kernel_timeout_ms(), 5'000u);
 }
 
 }  // namespace

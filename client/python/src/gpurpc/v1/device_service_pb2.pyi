@@ -29,23 +29,25 @@ class GetServerInfoRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class TenantQuota(_message.Message):
-    __slots__ = ("max_sessions", "max_device_memory_bytes", "max_streams_per_session", "max_events_per_session", "max_modules_per_session", "max_concurrent_compiles")
+    __slots__ = ("max_sessions", "max_device_memory_bytes", "max_streams_per_session", "max_events_per_session", "max_modules_per_session", "max_concurrent_compiles", "kernel_timeout_ms")
     MAX_SESSIONS_FIELD_NUMBER: _ClassVar[int]
     MAX_DEVICE_MEMORY_BYTES_FIELD_NUMBER: _ClassVar[int]
     MAX_STREAMS_PER_SESSION_FIELD_NUMBER: _ClassVar[int]
     MAX_EVENTS_PER_SESSION_FIELD_NUMBER: _ClassVar[int]
     MAX_MODULES_PER_SESSION_FIELD_NUMBER: _ClassVar[int]
     MAX_CONCURRENT_COMPILES_FIELD_NUMBER: _ClassVar[int]
+    KERNEL_TIMEOUT_MS_FIELD_NUMBER: _ClassVar[int]
     max_sessions: int
     max_device_memory_bytes: int
     max_streams_per_session: int
     max_events_per_session: int
     max_modules_per_session: int
     max_concurrent_compiles: int
-    def __init__(self, max_sessions: _Optional[int] = ..., max_device_memory_bytes: _Optional[int] = ..., max_streams_per_session: _Optional[int] = ..., max_events_per_session: _Optional[int] = ..., max_modules_per_session: _Optional[int] = ..., max_concurrent_compiles: _Optional[int] = ...) -> None: ...
+    kernel_timeout_ms: int
+    def __init__(self, max_sessions: _Optional[int] = ..., max_device_memory_bytes: _Optional[int] = ..., max_streams_per_session: _Optional[int] = ..., max_events_per_session: _Optional[int] = ..., max_modules_per_session: _Optional[int] = ..., max_concurrent_compiles: _Optional[int] = ..., kernel_timeout_ms: _Optional[int] = ...) -> None: ...
 
 class GetServerInfoResponse(_message.Message):
-    __slots__ = ("version", "tenant", "auth_method", "admin", "quota", "sessions_open", "device_memory_bytes", "compile_sandbox")
+    __slots__ = ("version", "tenant", "auth_method", "admin", "quota", "sessions_open", "device_memory_bytes", "compile_sandbox", "daemon_instance", "started_unix_ms")
     VERSION_FIELD_NUMBER: _ClassVar[int]
     TENANT_FIELD_NUMBER: _ClassVar[int]
     AUTH_METHOD_FIELD_NUMBER: _ClassVar[int]
@@ -54,6 +56,8 @@ class GetServerInfoResponse(_message.Message):
     SESSIONS_OPEN_FIELD_NUMBER: _ClassVar[int]
     DEVICE_MEMORY_BYTES_FIELD_NUMBER: _ClassVar[int]
     COMPILE_SANDBOX_FIELD_NUMBER: _ClassVar[int]
+    DAEMON_INSTANCE_FIELD_NUMBER: _ClassVar[int]
+    STARTED_UNIX_MS_FIELD_NUMBER: _ClassVar[int]
     version: str
     tenant: str
     auth_method: str
@@ -62,7 +66,9 @@ class GetServerInfoResponse(_message.Message):
     sessions_open: int
     device_memory_bytes: int
     compile_sandbox: str
-    def __init__(self, version: _Optional[str] = ..., tenant: _Optional[str] = ..., auth_method: _Optional[str] = ..., admin: bool = ..., quota: _Optional[_Union[TenantQuota, _Mapping]] = ..., sessions_open: _Optional[int] = ..., device_memory_bytes: _Optional[int] = ..., compile_sandbox: _Optional[str] = ...) -> None: ...
+    daemon_instance: str
+    started_unix_ms: int
+    def __init__(self, version: _Optional[str] = ..., tenant: _Optional[str] = ..., auth_method: _Optional[str] = ..., admin: bool = ..., quota: _Optional[_Union[TenantQuota, _Mapping]] = ..., sessions_open: _Optional[int] = ..., device_memory_bytes: _Optional[int] = ..., compile_sandbox: _Optional[str] = ..., daemon_instance: _Optional[str] = ..., started_unix_ms: _Optional[int] = ...) -> None: ...
 
 class GetDeviceRequest(_message.Message):
     __slots__ = ("ordinal",)

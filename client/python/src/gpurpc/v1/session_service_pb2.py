@@ -15,27 +15,31 @@ _sym_db = _symbol_database.Default()
 from gpurpc.v1 import device_service_pb2 as gpurpc_dot_v1_dot_device__service__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1fgpurpc/v1/session_service.proto\x12\tgpurpc.v1\x1a\x1egpurpc/v1/device_service.proto\"B\n\x12OpenSessionRequest\x12\x16\n\x0e\x64\x65vice_ordinal\x18\x01 \x01(\x05\x12\x14\n\x0c\x63lient_label\x18\x02 \x01(\t\"i\n\x13OpenSessionResponse\x12\x12\n\nsession_id\x18\x01 \x01(\x04\x12%\n\x06\x64\x65vice\x18\x02 \x01(\x0b\x32\x15.gpurpc.v1.DeviceInfo\x12\x17\n\x0fidle_timeout_ms\x18\x03 \x01(\x04\"\x15\n\x13\x43loseSessionRequest\"\x16\n\x14\x43loseSessionResponse\"\x12\n\x10KeepAliveRequest\"P\n\x11KeepAliveResponse\x12&\n\x05state\x18\x01 \x01(\x0e\x32\x17.gpurpc.v1.SessionState\x12\x13\n\x0b\x66\x61ult_cause\x18\x02 \x01(\t*b\n\x0cSessionState\x12\x1d\n\x19SESSION_STATE_UNSPECIFIED\x10\x00\x12\x18\n\x14SESSION_STATE_ACTIVE\x10\x01\x12\x19\n\x15SESSION_STATE_FAULTED\x10\x02\x32\xf7\x01\n\x0eSessionService\x12L\n\x0bOpenSession\x12\x1d.gpurpc.v1.OpenSessionRequest\x1a\x1e.gpurpc.v1.OpenSessionResponse\x12O\n\x0c\x43loseSession\x12\x1e.gpurpc.v1.CloseSessionRequest\x1a\x1f.gpurpc.v1.CloseSessionResponse\x12\x46\n\tKeepAlive\x12\x1b.gpurpc.v1.KeepAliveRequest\x1a\x1c.gpurpc.v1.KeepAliveResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1fgpurpc/v1/session_service.proto\x12\tgpurpc.v1\x1a\x1egpurpc/v1/device_service.proto\"B\n\x12OpenSessionRequest\x12\x16\n\x0e\x64\x65vice_ordinal\x18\x01 \x01(\x05\x12\x14\n\x0c\x63lient_label\x18\x02 \x01(\t\"\x94\x01\n\x13OpenSessionResponse\x12\x12\n\nsession_id\x18\x01 \x01(\x04\x12%\n\x06\x64\x65vice\x18\x02 \x01(\x0b\x32\x15.gpurpc.v1.DeviceInfo\x12\x17\n\x0fidle_timeout_ms\x18\x03 \x01(\x04\x12\x10\n\x08grace_ms\x18\x04 \x01(\x04\x12\x17\n\x0f\x64\x61\x65mon_instance\x18\x05 \x01(\t\"\x15\n\x13\x43loseSessionRequest\"\x16\n\x14\x43loseSessionResponse\"\x12\n\x10KeepAliveRequest\"d\n\x11KeepAliveResponse\x12&\n\x05state\x18\x01 \x01(\x0e\x32\x17.gpurpc.v1.SessionState\x12\x13\n\x0b\x66\x61ult_cause\x18\x02 \x01(\t\x12\x12\n\nfault_code\x18\x03 \x01(\x05\"\x15\n\x13WatchSessionRequest\"_\n\x0cSessionEvent\x12&\n\x05state\x18\x01 \x01(\x0e\x32\x17.gpurpc.v1.SessionState\x12\x13\n\x0b\x66\x61ult_cause\x18\x02 \x01(\t\x12\x12\n\nfault_code\x18\x03 \x01(\x05*b\n\x0cSessionState\x12\x1d\n\x19SESSION_STATE_UNSPECIFIED\x10\x00\x12\x18\n\x14SESSION_STATE_ACTIVE\x10\x01\x12\x19\n\x15SESSION_STATE_FAULTED\x10\x02\x32\xc2\x02\n\x0eSessionService\x12L\n\x0bOpenSession\x12\x1d.gpurpc.v1.OpenSessionRequest\x1a\x1e.gpurpc.v1.OpenSessionResponse\x12O\n\x0c\x43loseSession\x12\x1e.gpurpc.v1.CloseSessionRequest\x1a\x1f.gpurpc.v1.CloseSessionResponse\x12\x46\n\tKeepAlive\x12\x1b.gpurpc.v1.KeepAliveRequest\x1a\x1c.gpurpc.v1.KeepAliveResponse\x12I\n\x0cWatchSession\x12\x1e.gpurpc.v1.WatchSessionRequest\x1a\x17.gpurpc.v1.SessionEvent0\x01\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'gpurpc.v1.session_service_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_SESSIONSTATE']._serialized_start=402
-  _globals['_SESSIONSTATE']._serialized_end=500
+  _globals['_SESSIONSTATE']._serialized_start=586
+  _globals['_SESSIONSTATE']._serialized_end=684
   _globals['_OPENSESSIONREQUEST']._serialized_start=78
   _globals['_OPENSESSIONREQUEST']._serialized_end=144
-  _globals['_OPENSESSIONRESPONSE']._serialized_start=146
-  _globals['_OPENSESSIONRESPONSE']._serialized_end=251
-  _globals['_CLOSESESSIONREQUEST']._serialized_start=253
-  _globals['_CLOSESESSIONREQUEST']._serialized_end=274
-  _globals['_CLOSESESSIONRESPONSE']._serialized_start=276
-  _globals['_CLOSESESSIONRESPONSE']._serialized_end=298
-  _globals['_KEEPALIVEREQUEST']._serialized_start=300
-  _globals['_KEEPALIVEREQUEST']._serialized_end=318
-  _globals['_KEEPALIVERESPONSE']._serialized_start=320
-  _globals['_KEEPALIVERESPONSE']._serialized_end=400
-  _globals['_SESSIONSERVICE']._serialized_start=503
-  _globals['_SESSIONSERVICE']._serialized_end=750
+  _globals['_OPENSESSIONRESPONSE']._serialized_start=147
+  _globals['_OPENSESSIONRESPONSE']._serialized_end=295
+  _globals['_CLOSESESSIONREQUEST']._serialized_start=297
+  _globals['_CLOSESESSIONREQUEST']._serialized_end=318
+  _globals['_CLOSESESSIONRESPONSE']._serialized_start=320
+  _globals['_CLOSESESSIONRESPONSE']._serialized_end=342
+  _globals['_KEEPALIVEREQUEST']._serialized_start=344
+  _globals['_KEEPALIVEREQUEST']._serialized_end=362
+  _globals['_KEEPALIVERESPONSE']._serialized_start=364
+  _globals['_KEEPALIVERESPONSE']._serialized_end=464
+  _globals['_WATCHSESSIONREQUEST']._serialized_start=466
+  _globals['_WATCHSESSIONREQUEST']._serialized_end=487
+  _globals['_SESSIONEVENT']._serialized_start=489
+  _globals['_SESSIONEVENT']._serialized_end=584
+  _globals['_SESSIONSERVICE']._serialized_start=687
+  _globals['_SESSIONSERVICE']._serialized_end=1009
 # @@protoc_insertion_point(module_scope)

@@ -24,14 +24,18 @@ class OpenSessionRequest(_message.Message):
     def __init__(self, device_ordinal: _Optional[int] = ..., client_label: _Optional[str] = ...) -> None: ...
 
 class OpenSessionResponse(_message.Message):
-    __slots__ = ("session_id", "device", "idle_timeout_ms")
+    __slots__ = ("session_id", "device", "idle_timeout_ms", "grace_ms", "daemon_instance")
     SESSION_ID_FIELD_NUMBER: _ClassVar[int]
     DEVICE_FIELD_NUMBER: _ClassVar[int]
     IDLE_TIMEOUT_MS_FIELD_NUMBER: _ClassVar[int]
+    GRACE_MS_FIELD_NUMBER: _ClassVar[int]
+    DAEMON_INSTANCE_FIELD_NUMBER: _ClassVar[int]
     session_id: int
     device: _device_service_pb2.DeviceInfo
     idle_timeout_ms: int
-    def __init__(self, session_id: _Optional[int] = ..., device: _Optional[_Union[_device_service_pb2.DeviceInfo, _Mapping]] = ..., idle_timeout_ms: _Optional[int] = ...) -> None: ...
+    grace_ms: int
+    daemon_instance: str
+    def __init__(self, session_id: _Optional[int] = ..., device: _Optional[_Union[_device_service_pb2.DeviceInfo, _Mapping]] = ..., idle_timeout_ms: _Optional[int] = ..., grace_ms: _Optional[int] = ..., daemon_instance: _Optional[str] = ...) -> None: ...
 
 class CloseSessionRequest(_message.Message):
     __slots__ = ()
@@ -46,9 +50,25 @@ class KeepAliveRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class KeepAliveResponse(_message.Message):
-    __slots__ = ("state", "fault_cause")
+    __slots__ = ("state", "fault_cause", "fault_code")
     STATE_FIELD_NUMBER: _ClassVar[int]
     FAULT_CAUSE_FIELD_NUMBER: _ClassVar[int]
+    FAULT_CODE_FIELD_NUMBER: _ClassVar[int]
     state: SessionState
     fault_cause: str
-    def __init__(self, state: _Optional[_Union[SessionState, str]] = ..., fault_cause: _Optional[str] = ...) -> None: ...
+    fault_code: int
+    def __init__(self, state: _Optional[_Union[SessionState, str]] = ..., fault_cause: _Optional[str] = ..., fault_code: _Optional[int] = ...) -> None: ...
+
+class WatchSessionRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class SessionEvent(_message.Message):
+    __slots__ = ("state", "fault_cause", "fault_code")
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    FAULT_CAUSE_FIELD_NUMBER: _ClassVar[int]
+    FAULT_CODE_FIELD_NUMBER: _ClassVar[int]
+    state: SessionState
+    fault_cause: str
+    fault_code: int
+    def __init__(self, state: _Optional[_Union[SessionState, str]] = ..., fault_cause: _Optional[str] = ..., fault_code: _Optional[int] = ...) -> None: ...

@@ -32,8 +32,14 @@ if _version_not_supported:
 
 class SessionServiceStub(object):
     """Sessions: one session is one worker process owning one CUDA context on one device.
-    Everything a session creates is freed when it closes, faults, or is reclaimed after
-    its client stopped calling for the daemon's idle timeout.
+    Everything a session creates is freed when it closes, faults, or is reclaimed: after the
+    daemon's grace period (--session-grace, default 10 s) once the last WatchSession stream of
+    the session ended and no call is in flight (its client exited or its connection broke), or,
+    for a client that never watches, after the idle timeout with no call and no KeepAlive.
+
+    Every session-scoped call sends the session id as "gpurpc-session" metadata, and may send
+    the daemon instance from OpenSession as "gpurpc-instance": a session of an earlier run of
+    the daemon then answers NOT_FOUND with a message that says the daemon restarted.
     """
 
     def __init__(self, channel):
@@ -57,12 +63,23 @@ class SessionServiceStub(object):
                 request_serializer=gpurpc_dot_v1_dot_session__service__pb2.KeepAliveRequest.SerializeToString,
                 response_deserializer=gpurpc_dot_v1_dot_session__service__pb2.KeepAliveResponse.FromString,
                 _registered_method=True)
+        self.WatchSession = channel.unary_stream(
+                '/gpurpc.v1.SessionService/WatchSession',
+                request_serializer=gpurpc_dot_v1_dot_session__service__pb2.WatchSessionRequest.SerializeToString,
+                response_deserializer=gpurpc_dot_v1_dot_session__service__pb2.SessionEvent.FromString,
+                _registered_method=True)
 
 
 class SessionServiceServicer(object):
     """Sessions: one session is one worker process owning one CUDA context on one device.
-    Everything a session creates is freed when it closes, faults, or is reclaimed after
-    its client stopped calling for the daemon's idle timeout.
+    Everything a session creates is freed when it closes, faults, or is reclaimed: after the
+    daemon's grace period (--session-grace, default 10 s) once the last WatchSession stream of
+    the session ended and no call is in flight (its client exited or its connection broke), or,
+    for a client that never watches, after the idle timeout with no call and no KeepAlive.
+
+    Every session-scoped call sends the session id as "gpurpc-session" metadata, and may send
+    the daemon instance from OpenSession as "gpurpc-instance": a session of an earlier run of
+    the daemon then answers NOT_FOUND with a message that says the daemon restarted.
     """
 
     def OpenSession(self, request, context):
@@ -97,6 +114,21 @@ class SessionServiceServicer(object):
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def WatchSession(self, request, context):
+        """Held open by a client for as long as it uses the session named in metadata: an open
+        stream is the daemon's proof that the client is alive (its connection is, and the
+        daemon's keepalive pings find a silent peer). The first event reports the state at once,
+        another follows when the session faults, and the stream ends OK when the session is
+        closed or reclaimed. When the last stream of a session ends and no call is in flight,
+        the session is reclaimed after the grace period unless the client calls or watches
+        again first.
+        Codes: NOT_FOUND; RESOURCE_EXHAUSTED beyond 16 streams on one session.
+        Retry: safe; clients re-open it after a broken connection.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_SessionServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -115,6 +147,11 @@ def add_SessionServiceServicer_to_server(servicer, server):
                     request_deserializer=gpurpc_dot_v1_dot_session__service__pb2.KeepAliveRequest.FromString,
                     response_serializer=gpurpc_dot_v1_dot_session__service__pb2.KeepAliveResponse.SerializeToString,
             ),
+            'WatchSession': grpc.unary_stream_rpc_method_handler(
+                    servicer.WatchSession,
+                    request_deserializer=gpurpc_dot_v1_dot_session__service__pb2.WatchSessionRequest.FromString,
+                    response_serializer=gpurpc_dot_v1_dot_session__service__pb2.SessionEvent.SerializeToString,
+            ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
             'gpurpc.v1.SessionService', rpc_method_handlers)
@@ -124,8 +161,14 @@ def add_SessionServiceServicer_to_server(servicer, server):
  # This class is part of an EXPERIMENTAL API.
 class SessionService(object):
     """Sessions: one session is one worker process owning one CUDA context on one device.
-    Everything a session creates is freed when it closes, faults, or is reclaimed after
-    its client stopped calling for the daemon's idle timeout.
+    Everything a session creates is freed when it closes, faults, or is reclaimed: after the
+    daemon's grace period (--session-grace, default 10 s) once the last WatchSession stream of
+    the session ended and no call is in flight (its client exited or its connection broke), or,
+    for a client that never watches, after the idle timeout with no call and no KeepAlive.
+
+    Every session-scoped call sends the session id as "gpurpc-session" metadata, and may send
+    the daemon instance from OpenSession as "gpurpc-instance": a session of an earlier run of
+    the daemon then answers NOT_FOUND with a message that says the daemon restarted.
     """
 
     @staticmethod
@@ -199,6 +242,33 @@ class SessionService(object):
             '/gpurpc.v1.SessionService/KeepAlive',
             gpurpc_dot_v1_dot_session__service__pb2.KeepAliveRequest.SerializeToString,
             gpurpc_dot_v1_dot_session__service__pb2.KeepAliveResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def WatchSession(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_stream(
+            request,
+            target,
+            '/gpurpc.v1.SessionService/WatchSession',
+            gpurpc_dot_v1_dot_session__service__pb2.WatchSessionRequest.SerializeToString,
+            gpurpc_dot_v1_dot_session__service__pb2.SessionEvent.FromString,
             options,
             channel_credentials,
             insecure,
