@@ -7,8 +7,13 @@
 #
 #   bash tests/run.sh
 #
+# Then the same unit and service tests once more from a second build with AddressSanitizer
+# and UndefinedBehaviorSanitizer (GPURPC_SANITIZE=ON, in <build dir>-asan), so that memory
+# errors and undefined behaviour fail CI.
+#
 # Environment: GPURPC_BUILD_DIR (default build), GPURPC_JOBS (default: all cores),
-# GPURPC_SKIP_SETUP=1 to skip deploy/dev/setup.sh, PYTHON (default python3).
+# GPURPC_SKIP_SETUP=1 to skip deploy/dev/setup.sh, GPURPC_SKIP_SANITIZE=1 to skip the
+# sanitizer build, PYTHON (default python3).
 # The GPU tests run elsewhere: `ctest --test-dir build -L gpu`, or gpurpc-run-tests from a
 # relocatable install on a GPU box (README.md).
 set -uo pipefail
@@ -85,6 +90,26 @@ if [[ -d tests/python ]]; then
   esac
 else
   record pytest "not present"
+fi
+
+# ASan + UBSan: every sanitizer report is fatal (halt_on_error), and the test that caused it
+# fails with the report in its output.
+if [[ "${GPURPC_SKIP_SANITIZE:-0}" != 1 ]]; then
+  asan_dir="${build_dir}-asan"
+  step "sanitizers: configure and build ($asan_dir)"
+  if cmake -S . -B "$asan_dir" -DCMAKE_BUILD_TYPE=Release -DGPURPC_WERROR=ON \
+    -DGPURPC_SANITIZE=ON >"$asan_dir.configure.log" 2>&1 &&
+    cmake --build "$asan_dir" --parallel "$jobs"; then
+    step "sanitizers: ctest -LE gpu"
+    ASAN_OPTIONS=detect_leaks=0:halt_on_error=1:abort_on_error=0 \
+      UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
+      ctest --test-dir "$asan_dir" -LE gpu --output-on-failure --timeout 600 --parallel 1
+    rc=$?
+    if ((rc == 0)); then record sanitizers ok; else record sanitizers "FAILED (exit $rc)"; fi
+  else
+    tail -n 20 "$asan_dir.configure.log"
+    record sanitizers "FAILED (build)"
+  fi
 fi
 
 # The relocatable install (cmake/GpurpcInstall.cmake) must stay self-contained.

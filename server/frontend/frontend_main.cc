@@ -235,9 +235,16 @@ int FrontendMain(const DaemonOptions& options) {
   if (health_server != nullptr) {
     health_server->GetHealthCheckService()->SetServingStatus(true);
   }
-  spdlog::info("gpurpcd {} serving on {} with the {} backend, session idle timeout {}{}{}",
-               GPURPC_VERSION, Describe(options), sessions.inventory().backend(),
-               absl::FormatDuration(options.session_idle_timeout),
+  const uint64_t kernel_timeout_ms = options.default_quota.kernel_timeout_ms();
+  spdlog::info(
+      "gpurpcd {} (instance {}) serving on {} with the {} backend; sessions: idle timeout {}, "
+      "grace {}; kernel watchdog {}{}{}",
+      GPURPC_VERSION, sessions.instance(), Describe(options), sessions.inventory().backend(),
+      absl::FormatDuration(options.session_idle_timeout),
+      absl::FormatDuration(options.session_grace),
+      kernel_timeout_ms == 0
+          ? std::string("off")
+          : absl::FormatDuration(absl::Milliseconds(static_cast<int64_t>(kernel_timeout_ms))),
                options.health_listen.empty() ? "" : "; health and reflection on ",
                options.health_listen);
 

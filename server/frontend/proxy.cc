@@ -4,7 +4,6 @@
 #include <memory>
 #include <mutex>
 #include <string>
-#include <thread>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
@@ -50,8 +49,9 @@ Ledger LedgerFor(const std::string& method) {
 }
 
 // Unloads a module the tenant's quota cannot hold, off the gRPC threads (rare).
-void UnloadInBackground(std::shared_ptr<SessionRecord> session, uint64_t module_id) {
-  std::thread([session = std::move(session), module_id] {
+void UnloadInBackground(SessionManager* sessions, std::shared_ptr<SessionRecord> session,
+                        uint64_t module_id) {
+  auto unload = [session, module_id] {
     v1::UnloadModuleRequest request;
     request.set_module_id(module_id);
     v1::UnloadModuleResponse response;
@@ -63,7 +63,14 @@ void UnloadInBackground(std::shared_ptr<SessionRecord> session, uint64_t module_
       spdlog::warn("session {}: cannot unload over-quota module {}: {}", session->id(), module_id,
                    status.error_message());
     }
-  }).detach();
+  };
+  if (absl::Status queued = sessions->RunBlocking(unload); !queued.ok()) {
+    // The module stays loaded but uncharged: end the session rather than let it keep memory
+    // its quota does not allow.
+    session->MarkFaulted(absl::StrCat("a module over the tenant's memory quota could not be "
+                                      "unloaded: ",
+                                      queued.message()));
+  }
 }
 
 // Parses a relayed message without consuming the buffer.
@@ -261,10 +268,9 @@ class RelayReactor final : public grpc::ServerGenericBidiReactor {
                                 absl::StrFormat("session %d was closed during %s", session_->id(),
                                                 context_->method()));
           }
-          if (!session_->MarkFaultedByExit()) {
-            // Another call observed the fault first; this one only finds it.
-            return ToGrpcStatus(session_->CheckUsable());
-          }
+          // Recorded here or already by the worker's exit callback: either way this call was
+          // in flight on the worker that ended.
+          session_->MarkFaultedByExit();
           const absl::StatusCode code = session_->fault_code();
           return grpc::Status(
               code == absl::StatusCode::kFailedPrecondition ? grpc::StatusCode::ABORTED
@@ -354,7 +360,7 @@ class RelayReactor final : public grpc::ServerGenericBidiReactor {
   bool ChargeModuleLocked(uint64_t module_id, uint64_t bytes) {
     if (module_id == 0) return true;
     if (Admitted(sessions_->ChargeModule(*session_, module_id, bytes))) return true;
-    UnloadInBackground(session_, module_id);
+    UnloadInBackground(sessions_, session_, module_id);
     return false;
   }
 

@@ -11,7 +11,6 @@
 #include <algorithm>
 #include <cstring>
 
-#include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "common/grpc_status.h"
@@ -31,6 +30,21 @@ constexpr int kChildStatusFd = 4;
 constexpr size_t kMaxExitMessageBytes = 4096;
 
 std::string Errno(const char* what) { return absl::StrCat(what, ": ", std::strerror(errno)); }
+
+// Printable ASCII stays as it is; a backslash, control and non-ASCII bytes become \xNN.
+std::string EscapeUnprintable(absl::string_view text) {
+  std::string out;
+  out.reserve(text.size());
+  for (const char c : text) {
+    const auto byte = static_cast<unsigned char>(c);
+    if (byte >= 0x20 && byte < 0x7f && byte != '\\') {
+      out += c;
+    } else {
+      absl::StrAppendFormat(&out, "\\x%02x", byte);
+    }
+  }
+  return out;
+}
 
 }  // namespace
 
@@ -136,8 +150,9 @@ void WorkerProcess::Reap() {
   while (!message.empty() && (message.back() == '\n' || message.back() == '\r')) {
     message.pop_back();
   }
-  // The line may quote a tenant's kernel name: never let it forge log lines or escapes.
-  message = absl::CHexEscape(message);
+  // The line may quote a tenant's kernel name: never let it forge log lines or terminal
+  // escapes.
+  message = EscapeUnprintable(message);
   int code = -1;
   std::string description;
   if (rc < 0) {

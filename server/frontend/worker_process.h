@@ -53,8 +53,8 @@ class WorkerProcess {
   std::string exit_description() const;
   // The exit code, or -1 while running or when a signal ended it.
   int exit_code() const;
-  // What the worker wrote to its status pipe before it ended (at most 4 KiB, non-printable
-  // bytes escaped); empty when nothing.
+  // What the worker wrote to its status pipe before it ended (at most 4 KiB; a backslash,
+  // control and non-ASCII bytes escaped as \xNN); empty when nothing.
   std::string exit_message() const;
 
   // Called once, on the reaper thread, when the process ends (at once if it already has).

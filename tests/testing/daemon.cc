@@ -38,6 +38,7 @@ absl::StatusOr<std::unique_ptr<TestDaemon>> TestDaemon::Start(Options options) {
   if (mkdtemp(tmpl) == nullptr) return absl::InternalError("mkdtemp failed");
   daemon->dir_ = tmpl;
   std::string socket_path = daemon->dir_ + "/gpurpcd.sock";
+  if (!options.unix_socket_path.empty()) socket_path = options.unix_socket_path;
   if (options.default_unix_socket) {
     daemon->runtime_dir_ = daemon->dir_ + "/xdg";
     if (mkdir(daemon->runtime_dir_.c_str(), 0700) != 0) {
@@ -148,6 +149,24 @@ TestDaemon::~TestDaemon() {
       // Leaving a temporary directory behind is harmless.
     }
   }
+}
+
+absl::Status TestDaemon::CheckRunning() {
+  if (pid_ <= 0) return absl::UnavailableError("gpurpcd is not running (it exited earlier)");
+  int status = 0;
+  const pid_t waited = waitpid(pid_, &status, WNOHANG);
+  if (waited == 0) return absl::OkStatus();
+  std::string how = "could not be waited for";
+  if (waited == pid_) {
+    pid_ = -1;
+    if (WIFEXITED(status)) {
+      how = absl::StrCat("exited with status ", WEXITSTATUS(status));
+    } else if (WIFSIGNALED(status)) {
+      how = absl::StrCat("was killed by signal ", WTERMSIG(status), " (",
+                         strsignal(WTERMSIG(status)), ")");
+    }
+  }
+  return absl::UnavailableError(absl::StrCat("gpurpcd ", how, "; its log:\n", Log()));
 }
 
 std::string TestDaemon::Log() const {

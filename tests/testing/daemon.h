@@ -31,6 +31,10 @@ class TestDaemon {
     // to the test's directory (so the socket is <dir>/gpurpc/gpurpcd.sock; see
     // runtime_dir()).
     bool default_unix_socket = false;
+    // Serve on this Unix socket instead of <dir>/gpurpcd.sock (its folder must exist and be
+    // private): daemons started one after the other with the same path take over the
+    // socket, as a restarted daemon does. Ignored with default_unix_socket.
+    std::string unix_socket_path;
     // Added to (or replacing in) the daemon's environment, "NAME=VALUE".
     std::vector<std::string> env;
   };
@@ -54,6 +58,9 @@ class TestDaemon {
   const std::string& dir() const { return dir_; }
   const std::string& cache_dir() const { return cache_dir_; }
   pid_t pid() const { return pid_; }
+  // OK while the daemon runs; once it has exited, UNAVAILABLE saying how (exit status or
+  // signal) with its log. Reaps an exited daemon, so pid() is -1 afterwards.
+  absl::Status CheckRunning();
   // Its stderr so far.
   std::string Log() const;
   // Child processes (the workers), by pid.
