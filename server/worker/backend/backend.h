@@ -1,8 +1,9 @@
 // The device backend interface: the only layer of the worker that touches a device.
 //
 // Two implementations: `cuda` (the driver API, loaded with dlopen at run time) and `fake`
-// (a host-memory test double that never passes for a GPU). The worker's session layer
-// (server/worker/session.h) owns handle tables, bounds checks and argument checks; a
+// (a host-memory test double that never passes for a GPU, asynchronous like CUDA: a thread
+// per stream, the same ordering, faults that surface at a later call). The worker's session
+// layer (server/worker/session.h) owns handle tables, bounds checks and argument checks; a
 // backend only executes raw, already-validated operations on device addresses.
 //
 // Error contract for every method (absl codes, see DESIGN §3):
@@ -159,8 +160,10 @@ class Context {
 
   // Modules: PTX, cubin or fatbin. A rejected image is INVALID_ARGUMENT with the JIT log.
   // The CUDA backend also refuses, before the driver sees them, images whose footprint
-  // ModuleFootprintBytes refuses (malformed binaries, compressed fatbins); the fake accepts
-  // any image and reports UINT64_MAX for those.
+  // ModuleFootprintBytes refuses (malformed binaries, compressed fatbins). The fake refuses
+  // the same, and what a driver would: it accepts well-formed PTX (as NVRTC emits it for its
+  // CompileTarget), cubins and uncompressed fatbins (fake/fake_module_image.h), and its
+  // modules have only the kernels the image defines that it implements on the host.
   virtual absl::StatusOr<std::unique_ptr<Module>> LoadModule(
       absl::Span<const uint8_t> image) = 0;
 

@@ -57,8 +57,9 @@ std::vector<PtxVariable> ParsePtxVariables(absl::string_view ptx);
 
 // The `.global` and `.const` variables declared at module scope in `ptx`, in declaration
 // order, each name once (the first declaration wins). Declarations whose type or size cannot
-// be read are skipped rather than rejected, because the fake accepts any image. Initializers
-// are ignored except to size an unsized array (`name[] = {1, 2, 3}`).
+// be read are skipped rather than rejected: the fake checks a module's structure
+// (fake/fake_module_image.h), not its declarations. Initializers are ignored except to size
+// an unsized array (`name[] = {1, 2, 3}`).
 std::vector<PtxGlobal> ParsePtxGlobals(absl::string_view ptx);
 
 }  // namespace gpurpc::backend

@@ -1,13 +1,36 @@
 // The fake device backend: a test double in host memory for the worker's session layer, the
 // service tests and client development, behind the same interface as the CUDA backend. It
-// runs no device code: Module::GetFunction hands out a fixed set of host-implemented
-// "kernels" whatever the image holds, and the device says it is fake wherever it is
-// described, so that it can never pass for a GPU.
+// runs no device code: a module's kernels are the host-implemented built-ins below, picked by
+// name, and the device says it is fake wherever it is described, so that it can never pass
+// for a GPU.
 //
-// Every stream-ordered operation runs synchronously when it is enqueued, which keeps stream
-// order trivially. What the fake does reproduce from CUDA is what the layers above must
-// handle: bounds (every access lies in one live allocation), a gap after every allocation so
-// that overruns fault, sticky faults that poison the context, and long-running kernels.
+// What it does reproduce from CUDA is what the layers above must handle:
+// - Module images: LoadModule refuses what the CUDA backend or its driver refuses
+//   (fake_module_image.h): it accepts well-formed PTX (what NVRTC emits for compute_75, the
+//   fake's CompileTarget), cubins and uncompressed fatbins. Module::GetFunction finds a kernel
+//   only when the image defines it (a PTX `.entry`, a cubin function symbol) AND it is one of
+//   the built-ins, declared in PTX with the built-in's parameter layout. Globals are read
+//   from PTX only.
+// - Asynchronous streams: every stream, the legacy default stream included, has a thread that
+//   runs its work in order. Upload, Memset, CopyDeviceToDevice, Launch, RecordEvent and
+//   StreamWaitEvent check their arguments, enqueue and return; Download waits for the work
+//   queued before it on its stream, then copies. The legacy stream (nullptr) synchronizes with
+//   every blocking stream, both ways (so synchronizing or querying it covers their work);
+//   non-blocking streams do not synchronize with it.
+//   StreamWaitEvent orders later work after the event's recorded point; an event completes,
+//   and is timed, when its record point runs.
+// - Bounds: every access lies in one live allocation, with a gap after every allocation so
+//   that overruns fault.
+// - Sticky faults: a kernel that faults (fault_illegal_address, or an access outside a live
+//   allocation) poisons the context when it runs on its stream's thread; from then on every
+//   call returns ABORTED naming the fault, and queued work is skipped.
+// - Implicit synchronization: Free, and destroying a module that has globals, wait for all
+//   queued work (as cuMemFree does); destroying a stream waits for its queued work; destroying
+//   the context stops every thread at once, interrupting spin_us kernels.
+// - Long-running kernels: spin_us sleeps on its stream's thread without holding the lock.
+// - Bounded queues: at most 1024 pieces of work wait per stream and 64 MiB of upload and
+//   argument bytes per context; a call beyond that waits for room, as cuLaunchKernel blocks
+//   on a full queue, so a client cannot grow the worker's memory behind a long kernel.
 
 #include <algorithm>
 #include <array>
@@ -15,11 +38,13 @@
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
+#include <deque>
 #include <limits>
 #include <map>
 #include <memory>
 #include <optional>
 #include <string>
+#include <system_error>
 #include <thread>
 #include <utility>
 #include <vector>
@@ -32,9 +57,11 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
 #include "absl/types/span.h"
 #include "common/status_macros.h"
 #include "server/worker/backend/backend.h"
+#include "server/worker/backend/fake/fake_module_image.h"
 #include "server/worker/backend/module_footprint.h"
 #include "server/worker/backend/ptx_globals.h"
 
@@ -44,8 +71,7 @@ namespace {
 using Clock = std::chrono::steady_clock;
 
 constexpr char kDeviceName[] = "gpurpc fake device (host memory, not a GPU)";
-// A virtual architecture: NVRTC then emits PTX, the one image format the fake reads (for
-// its globals).
+// A virtual architecture: NVRTC then emits PTX, whose entries and globals the fake reads.
 constexpr char kCompileTarget[] = "compute_75";
 
 // Far from zero, so that a null or a small integer used as a pointer never resolves, and
@@ -87,8 +113,20 @@ constexpr char kIllegalAddress[] =
 constexpr char kMisalignedAddress[] = "CUDA_ERROR_MISALIGNED_ADDRESS (misaligned address)";
 constexpr char kInvalidValue[] = "CUDA_ERROR_INVALID_VALUE (invalid argument)";
 constexpr char kInvalidHandle[] = "CUDA_ERROR_INVALID_HANDLE (invalid resource handle)";
-constexpr char kInvalidImage[] = "CUDA_ERROR_INVALID_IMAGE (device kernel image is invalid)";
 constexpr char kSymbolNotFound[] = "CUDA_ERROR_NOT_FOUND (named symbol not found)";
+constexpr char kNotReady[] = "CUDA_ERROR_NOT_READY (device not ready)";
+constexpr char kContextDestroyed[] = "CUDA_ERROR_CONTEXT_IS_DESTROYED (context is destroyed)";
+
+constexpr absl::string_view kLoadCall = "cuModuleLoadDataEx";
+
+// The longest spin_us honoured (about 35 years): beyond it a kernel spins until its context is
+// destroyed.
+constexpr uint64_t kMaxSpinUs = uint64_t{1} << 50;
+
+// Bounds on what may wait in the queues (EnqueueLocked): pieces of work per stream, and
+// upload and kernel-argument bytes per context.
+constexpr size_t kMaxQueuedWork = 1024;
+constexpr uint64_t kMaxQueuedBytes = uint64_t{64} << 20;
 
 DeviceInfo MakeDeviceInfo(uint64_t total_memory_bytes) {
   DeviceInfo info;
@@ -165,6 +203,8 @@ enum class KernelKind {
 struct BuiltinKernel {
   KernelKind kind;
   const char* name;
+  // The C signature, for messages.
+  const char* signature;
   // Laid out as the CUDA compiler lays out the C signature: each parameter at an offset
   // aligned to its size.
   std::vector<ParamInfo> params;
@@ -172,20 +212,29 @@ struct BuiltinKernel {
 
 const std::vector<BuiltinKernel>& BuiltinKernels() {
   static const auto* const kKernels = new std::vector<BuiltinKernel>{
-      // (float* dest, const float* a, const float* b): PyCUDA's canonical example.
-      {KernelKind::kMultiplyThem, "multiply_them", {{0, 8}, {8, 8}, {16, 8}}},
-      // (float a, const float* x, float* y, unsigned long long n)
-      {KernelKind::kAxpyF32, "axpy_f32", {{0, 4}, {8, 8}, {16, 8}, {24, 8}}},
-      // (unsigned* out, unsigned value, unsigned long long n)
-      {KernelKind::kFillU32, "fill_u32", {{0, 8}, {8, 4}, {16, 8}}},
-      // (float* data, unsigned long long n)
-      {KernelKind::kAddOneF32, "add_one_f32", {{0, 8}, {8, 8}}},
-      // (char* dst, const char* src, unsigned long long n)
-      {KernelKind::kCopyBytes, "copy_bytes", {{0, 8}, {8, 8}, {16, 8}}},
-      // ()
-      {KernelKind::kFaultIllegalAddress, "fault_illegal_address", {}},
-      // (unsigned long long microseconds)
-      {KernelKind::kSpinUs, "spin_us", {{0, 8}}},
+      // PyCUDA's canonical example.
+      {KernelKind::kMultiplyThem,
+       "multiply_them",
+       "(float* dest, const float* a, const float* b)",
+       {{0, 8}, {8, 8}, {16, 8}}},
+      {KernelKind::kAxpyF32,
+       "axpy_f32",
+       "(float a, const float* x, float* y, unsigned long long n)",
+       {{0, 4}, {8, 8}, {16, 8}, {24, 8}}},
+      {KernelKind::kFillU32,
+       "fill_u32",
+       "(unsigned* out, unsigned value, unsigned long long n)",
+       {{0, 8}, {8, 4}, {16, 8}}},
+      {KernelKind::kAddOneF32,
+       "add_one_f32",
+       "(float* data, unsigned long long n)",
+       {{0, 8}, {8, 8}}},
+      {KernelKind::kCopyBytes,
+       "copy_bytes",
+       "(char* dst, const char* src, unsigned long long n)",
+       {{0, 8}, {8, 8}, {16, 8}}},
+      {KernelKind::kFaultIllegalAddress, "fault_illegal_address", "()", {}},
+      {KernelKind::kSpinUs, "spin_us", "(unsigned long long microseconds)", {{0, 8}}},
   };
   return *kKernels;
 }
@@ -195,34 +244,72 @@ std::string BuiltinKernelNames() {
                        [](std::string* out, const BuiltinKernel& k) { out->append(k.name); });
 }
 
+const BuiltinKernel* FindBuiltinKernel(absl::string_view name) {
+  for (const BuiltinKernel& kernel : BuiltinKernels()) {
+    if (kernel.name == name) return &kernel;
+  }
+  return nullptr;
+}
+
+bool SameLayout(const std::vector<ParamInfo>& a, const std::vector<ParamInfo>& b) {
+  if (a.size() != b.size()) return false;
+  for (size_t i = 0; i < a.size(); ++i) {
+    if (a[i].offset_bytes != b[i].offset_bytes || a[i].size_bytes != b[i].size_bytes) return false;
+  }
+  return true;
+}
+
+// "[0:8, 8:4]": offset:size of each parameter, in bytes.
+std::string DescribeLayout(const std::vector<ParamInfo>& params) {
+  return absl::StrCat("[",
+                      absl::StrJoin(params, ", ",
+                                    [](std::string* out, const ParamInfo& p) {
+                                      absl::StrAppend(out, p.offset_bytes, ":", p.size_bytes);
+                                    }),
+                      "]");
+}
+
+uint64_t PackedSizeBytes(const BuiltinKernel& kernel) {
+  if (kernel.params.empty()) return 0;
+  return uint64_t{kernel.params.back().offset_bytes} + kernel.params.back().size_bytes;
+}
+
+// Parameter `index` from a packed argument buffer whose size has been checked.
+template <typename T>
+T Arg(const BuiltinKernel& kernel, absl::Span<const uint8_t> packed_args, size_t index) {
+  T value;
+  std::memcpy(&value, packed_args.data() + kernel.params[index].offset_bytes, sizeof(T));
+  return value;
+}
+
 class DeviceState;
 
-// Handles carry the DeviceState that made them, only to recognise a handle from another
-// context; it is never dereferenced through them.
+// Handles name their DeviceState's objects by id; the state (shared with the context and the
+// modules) is kept alive by each, so that a straggling handle's destruction is harmless.
 class FakeStream final : public Stream {
  public:
-  explicit FakeStream(const DeviceState* owner) : owner_(owner) {}
-  const DeviceState* owner() const { return owner_; }
+  FakeStream(std::shared_ptr<DeviceState> state, uint64_t queue)
+      : state_(std::move(state)), queue_(queue) {}
+  // Waits for the stream's queued work, then stops its thread.
+  ~FakeStream() override;
+  const DeviceState* owner() const { return state_.get(); }
+  uint64_t queue() const { return queue_; }
 
  private:
-  const DeviceState* const owner_;
+  const std::shared_ptr<DeviceState> state_;
+  const uint64_t queue_;
 };
 
 class FakeEvent final : public Event {
  public:
-  FakeEvent(const DeviceState* owner, bool disable_timing)
-      : owner_(owner), disable_timing_(disable_timing) {}
-  const DeviceState* owner() const { return owner_; }
-  bool disable_timing() const { return disable_timing_; }
-
-  // Only under the owner's mutex (an annotation cannot name another object's member).
-  const std::optional<Clock::time_point>& recorded_at() const { return recorded_at_; }
-  void set_recorded_at(Clock::time_point time) { recorded_at_ = time; }
+  FakeEvent(std::shared_ptr<DeviceState> state, uint64_t id) : state_(std::move(state)), id_(id) {}
+  ~FakeEvent() override;
+  const DeviceState* owner() const { return state_.get(); }
+  uint64_t id() const { return id_; }
 
  private:
-  const DeviceState* const owner_;
-  const bool disable_timing_;
-  std::optional<Clock::time_point> recorded_at_;
+  const std::shared_ptr<DeviceState> state_;
+  const uint64_t id_;
 };
 
 class FakeFunction final : public Function {
@@ -236,21 +323,9 @@ class FakeFunction final : public Function {
   const FunctionAttributes& attributes() const override { return attributes_; }
 
   const DeviceState* owner() const { return owner_; }
-  KernelKind kind() const { return kernel_.kind; }
+  // Static: queued work may name it after the module is gone.
+  const BuiltinKernel& kernel() const { return kernel_; }
   absl::string_view name() const { return kernel_.name; }
-
-  uint64_t packed_size_bytes() const {
-    if (kernel_.params.empty()) return 0;
-    return uint64_t{kernel_.params.back().offset_bytes} + kernel_.params.back().size_bytes;
-  }
-
-  // Parameter `index` from a packed argument buffer whose size has been checked.
-  template <typename T>
-  T Arg(absl::Span<const uint8_t> packed_args, size_t index) const {
-    T value;
-    std::memcpy(&value, packed_args.data() + kernel_.params[index].offset_bytes, sizeof(T));
-    return value;
-  }
 
  private:
   const DeviceState* const owner_;
@@ -289,39 +364,47 @@ absl::Status CheckLaunchConfig(const FakeFunction& function, const LaunchConfig&
   return absl::OkStatus();
 }
 
-absl::Status CheckStream(absl::string_view call, const DeviceState* owner, Stream* stream) {
-  if (stream == nullptr) return absl::OkStatus();
-  const auto* fake = dynamic_cast<const FakeStream*>(stream);
-  if (fake == nullptr || fake->owner() != owner) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        call, ": ", kInvalidHandle, ": the stream was not created by this fake context"));
-  }
-  return absl::OkStatus();
-}
-
-absl::StatusOr<FakeEvent*> CheckEvent(absl::string_view call, const DeviceState* owner,
-                                      Event* event) {
-  auto* fake = dynamic_cast<FakeEvent*>(event);
-  if (fake == nullptr || fake->owner() != owner) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        call, ": ", kInvalidHandle, ": the event was not created by this fake context"));
-  }
-  return fake;
-}
-
-// Everything a fake context owns, behind one mutex. Separate from the Context object
-// because the modules it loads share it: they free their globals through it.
+// Everything a fake context owns, behind one mutex: memory, streams (queues of work, each
+// with its thread), events and the sticky fault. Separate from the Context object because
+// the modules and handles it makes share it.
 class DeviceState {
  public:
-  explicit DeviceState(uint64_t total_memory_bytes) : total_memory_bytes_(total_memory_bytes) {}
+  explicit DeviceState(uint64_t total_memory_bytes) : total_memory_bytes_(total_memory_bytes) {
+    absl::MutexLock lock(&mu_);
+    auto legacy = std::make_unique<Queue>();
+    legacy->legacy = true;
+    Queue* const queue = legacy.get();
+    queues_.emplace(kLegacyQueue, std::move(legacy));
+    // If the host cannot start one thread, nothing else would work either.
+    queue->thread = std::thread(&DeviceState::RunQueue, this, kLegacyQueue);
+  }
   DeviceState(const DeviceState&) = delete;
   DeviceState& operator=(const DeviceState&) = delete;
+  ~DeviceState() { Shutdown(); }
+
+  // Stops every stream thread now: queued work is dropped and running spin_us kernels are
+  // interrupted. Later calls that would enqueue or wait fail. Idempotent.
+  void Shutdown() ABSL_LOCKS_EXCLUDED(mu_) {
+    std::vector<std::thread> threads;
+    {
+      absl::MutexLock lock(&mu_);
+      shutting_down_ = true;
+      for (auto& [id, queue] : queues_) {
+        if (queue->thread.joinable()) threads.push_back(std::move(queue->thread));
+      }
+    }
+    for (std::thread& thread : threads) thread.join();
+    absl::MutexLock lock(&mu_);
+    queues_.clear();
+  }
 
   // OK, or ABORTED naming `call` once a fake kernel has faulted, like CUDA's sticky errors.
   absl::Status CheckHealthy(absl::string_view call) ABSL_LOCKS_EXCLUDED(mu_) {
     absl::MutexLock lock(&mu_);
     return StickyErrorLocked(call);
   }
+
+  // --- Memory -------------------------------------------------------------------------------
 
   absl::StatusOr<DevicePtr> Alloc(absl::string_view call, uint64_t size_bytes)
       ABSL_LOCKS_EXCLUDED(mu_) {
@@ -353,23 +436,29 @@ class DeviceState {
     return ptr;
   }
 
+  // Like cuMemFree, waits for all queued work first, so that no stream thread touches freed
+  // memory.
   absl::Status Free(DevicePtr ptr) ABSL_LOCKS_EXCLUDED(mu_) {
+    constexpr absl::string_view kCall = "cuMemFree";
     absl::MutexLock lock(&mu_);
-    GPURPC_RETURN_IF_ERROR(StickyErrorLocked("cuMemFree"));
-    if (!ReleaseLocked(ptr)) {
-      return absl::NotFoundError(
-          absl::StrCat("cuMemFree: no live fake allocation starts at ", Hex(ptr)));
-    }
+    GPURPC_RETURN_IF_ERROR(StickyErrorLocked(kCall));
+    if (allocations_.find(ptr) == allocations_.end()) return NoAllocation(ptr);
+    GPURPC_RETURN_IF_ERROR(WaitLocked(kCall, AllQueuesLocked()));
+    GPURPC_RETURN_IF_ERROR(StickyErrorLocked(kCall));
+    // Another thread may have freed it while this one waited.
+    if (!ReleaseLocked(ptr)) return NoAllocation(ptr);
     return absl::OkStatus();
   }
 
-  // For teardown (a module's globals): ignores a fault, and an address that ReleaseAll
-  // already took.
+  // For teardown (a module's globals): waits for queued work like Free, but ignores a fault,
+  // and an address that ReleaseAll already took.
   void Release(DevicePtr ptr) ABSL_LOCKS_EXCLUDED(mu_) {
     absl::MutexLock lock(&mu_);
+    WaitLocked("cuModuleUnload", AllQueuesLocked()).IgnoreError();
     ReleaseLocked(ptr);
   }
 
+  // After Shutdown: no thread is left to touch the memory.
   void ReleaseAll() ABSL_LOCKS_EXCLUDED(mu_) {
     absl::MutexLock lock(&mu_);
     allocations_.clear();
@@ -382,30 +471,49 @@ class DeviceState {
     return MemInfo{total_memory_bytes_ - used_bytes_, total_memory_bytes_};
   }
 
+  // --- Stream-ordered work --------------------------------------------------------------------
+
   absl::Status Upload(DevicePtr dst, const void* src, uint64_t size_bytes, Stream* stream)
       ABSL_LOCKS_EXCLUDED(mu_) {
     constexpr absl::string_view kCall = "cuMemcpyHtoDAsync";
+    Work work;
+    work.kind = WorkKind::kUpload;
+    work.dst = dst;
+    work.size_bytes = size_bytes;
+    // `src` may be reused as soon as this returns: the bytes travel with the work.
+    const auto* bytes = static_cast<const uint8_t*>(src);
+    if (size_bytes > 0) work.bytes.assign(bytes, bytes + size_bytes);
     absl::MutexLock lock(&mu_);
     GPURPC_RETURN_IF_ERROR(StickyErrorLocked(kCall));
-    GPURPC_RETURN_IF_ERROR(CheckStream(kCall, this, stream));
+    GPURPC_ASSIGN_OR_RETURN(const uint64_t queue, QueueOfLocked(kCall, stream));
     // Like CUDA, an empty copy succeeds whatever the address.
     if (size_bytes == 0) return absl::OkStatus();
-    GPURPC_ASSIGN_OR_RETURN(uint8_t* const host, ResolveLocked(kCall, dst, size_bytes));
-    std::memcpy(host, src, size_bytes);
+    GPURPC_RETURN_IF_ERROR(MakeRoomLocked(kCall, queue, size_bytes));
+    GPURPC_RETURN_IF_ERROR(ResolveLocked(kCall, dst, size_bytes).status());
+    EnqueueLocked(queue, std::move(work));
     return absl::OkStatus();
   }
 
+  // Waits for the work queued before it on `stream`; the copy itself runs on the stream's
+  // thread, in order, into `dst`, which this call keeps alive by waiting.
   absl::Status Download(void* dst, DevicePtr src, uint64_t size_bytes, Stream* stream)
       ABSL_LOCKS_EXCLUDED(mu_) {
     constexpr absl::string_view kCall = "cuMemcpyDtoHAsync";
     absl::MutexLock lock(&mu_);
-    WaitForRunningKernelsLocked();
     GPURPC_RETURN_IF_ERROR(StickyErrorLocked(kCall));
-    GPURPC_RETURN_IF_ERROR(CheckStream(kCall, this, stream));
+    GPURPC_ASSIGN_OR_RETURN(const uint64_t queue, QueueOfLocked(kCall, stream));
     if (size_bytes == 0) return absl::OkStatus();
-    GPURPC_ASSIGN_OR_RETURN(const uint8_t* const host, ResolveLocked(kCall, src, size_bytes));
-    std::memcpy(dst, host, size_bytes);
-    return absl::OkStatus();
+    GPURPC_RETURN_IF_ERROR(MakeRoomLocked(kCall, queue, 0));
+    GPURPC_RETURN_IF_ERROR(ResolveLocked(kCall, src, size_bytes).status());
+    Work work;
+    work.kind = WorkKind::kDownload;
+    work.src = src;
+    work.size_bytes = size_bytes;
+    work.host = dst;
+    const uint64_t seq = EnqueueLocked(queue, std::move(work));
+    GPURPC_RETURN_IF_ERROR(WaitLocked(kCall, {Point{queue, seq}}));
+    // A fault before the copy skipped it.
+    return StickyErrorLocked(kCall);
   }
 
   absl::Status Memset(DevicePtr dst, uint32_t value, uint32_t element_size_bytes, uint64_t count,
@@ -416,7 +524,7 @@ class DeviceState {
     if (element_size_bytes == 4) call = "cuMemsetD32Async";
     absl::MutexLock lock(&mu_);
     GPURPC_RETURN_IF_ERROR(StickyErrorLocked(call));
-    GPURPC_RETURN_IF_ERROR(CheckStream(call, this, stream));
+    GPURPC_ASSIGN_OR_RETURN(const uint64_t queue, QueueOfLocked(call, stream));
     if (element_size_bytes != 1 && element_size_bytes != 2 && element_size_bytes != 4) {
       return absl::InvalidArgumentError(absl::StrCat(call, ": ", kInvalidValue, ": element size ",
                                                      element_size_bytes,
@@ -434,19 +542,15 @@ class DeviceState {
                                                      " elements overflow the address space"));
     }
     if (*size_bytes == 0) return absl::OkStatus();
-    GPURPC_ASSIGN_OR_RETURN(uint8_t* const host, ResolveLocked(call, dst, *size_bytes));
-    switch (element_size_bytes) {
-      case 1:
-        std::memset(host, static_cast<uint8_t>(value), count);
-        break;
-      case 2:
-        for (uint64_t i = 0; i < count; ++i) {
-          StoreElement<uint16_t>(host, i, static_cast<uint16_t>(value));
-        }
-        break;
-      default:
-        for (uint64_t i = 0; i < count; ++i) StoreElement<uint32_t>(host, i, value);
-    }
+    GPURPC_RETURN_IF_ERROR(MakeRoomLocked(call, queue, 0));
+    GPURPC_RETURN_IF_ERROR(ResolveLocked(call, dst, *size_bytes).status());
+    Work work;
+    work.kind = WorkKind::kMemset;
+    work.dst = dst;
+    work.value = value;
+    work.element_size_bytes = element_size_bytes;
+    work.count = count;
+    EnqueueLocked(queue, std::move(work));
     return absl::OkStatus();
   }
 
@@ -455,93 +559,163 @@ class DeviceState {
     constexpr absl::string_view kCall = "cuMemcpyDtoDAsync";
     absl::MutexLock lock(&mu_);
     GPURPC_RETURN_IF_ERROR(StickyErrorLocked(kCall));
-    GPURPC_RETURN_IF_ERROR(CheckStream(kCall, this, stream));
+    GPURPC_ASSIGN_OR_RETURN(const uint64_t queue, QueueOfLocked(kCall, stream));
     if (size_bytes == 0) return absl::OkStatus();
-    GPURPC_ASSIGN_OR_RETURN(uint8_t* const to, ResolveLocked(kCall, dst, size_bytes));
-    GPURPC_ASSIGN_OR_RETURN(const uint8_t* const from, ResolveLocked(kCall, src, size_bytes));
-    // CUDA leaves overlapping copies undefined; memmove gives them the obvious meaning.
-    std::memmove(to, from, size_bytes);
+    GPURPC_RETURN_IF_ERROR(MakeRoomLocked(kCall, queue, 0));
+    GPURPC_RETURN_IF_ERROR(ResolveLocked(kCall, dst, size_bytes).status());
+    GPURPC_RETURN_IF_ERROR(ResolveLocked(kCall, src, size_bytes).status());
+    Work work;
+    work.kind = WorkKind::kCopy;
+    work.dst = dst;
+    work.src = src;
+    work.size_bytes = size_bytes;
+    EnqueueLocked(queue, std::move(work));
     return absl::OkStatus();
   }
 
+  // Checks the launch and enqueues it: the kernel runs, and may fault, on the stream's thread.
   absl::Status Launch(Function* function, const LaunchConfig& config,
                       absl::Span<const uint8_t> packed_args, Stream* stream)
       ABSL_LOCKS_EXCLUDED(mu_) {
     constexpr absl::string_view kCall = "cuLaunchKernel";
-    uint64_t spin_us = 0;
+    absl::MutexLock lock(&mu_);
+    GPURPC_RETURN_IF_ERROR(StickyErrorLocked(kCall));
+    GPURPC_ASSIGN_OR_RETURN(const uint64_t queue, QueueOfLocked(kCall, stream));
+    GPURPC_RETURN_IF_ERROR(MakeRoomLocked(kCall, queue, packed_args.size()));
+    const auto* fake = dynamic_cast<const FakeFunction*>(function);
+    if (fake == nullptr || fake->owner() != this) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          kCall, ": ", kInvalidHandle, ": the function was not loaded by this fake context"));
+    }
+    GPURPC_RETURN_IF_ERROR(CheckLaunchConfig(*fake, config));
+    const BuiltinKernel& kernel = fake->kernel();
+    if (packed_args.size() != PackedSizeBytes(kernel)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          kCall, ": ", kInvalidValue, ": kernel '", kernel.name, "' takes ",
+          PackedSizeBytes(kernel), " bytes of packed arguments, got ", packed_args.size()));
+    }
+    Work work;
+    work.kind = WorkKind::kKernel;
+    work.kernel = &kernel;
+    work.count =
+        SaturatingMul(SaturatingMul(uint64_t{config.grid.x} * config.grid.y, config.grid.z),
+                      uint64_t{config.block.x} * config.block.y * config.block.z);
+    work.bytes.assign(packed_args.begin(), packed_args.end());
+    // A fault surfaces at a later call, as it does asynchronously on a GPU.
+    EnqueueLocked(queue, std::move(work));
+    return absl::OkStatus();
+  }
+
+  // --- Streams and events -------------------------------------------------------------------
+
+  absl::StatusOr<uint64_t> CreateQueue(absl::string_view call, bool non_blocking)
+      ABSL_LOCKS_EXCLUDED(mu_) {
+    absl::MutexLock lock(&mu_);
+    GPURPC_RETURN_IF_ERROR(StickyErrorLocked(call));
+    GPURPC_RETURN_IF_ERROR(CheckAliveLocked(call));
+    const uint64_t id = next_queue_id_++;
+    auto queue = std::make_unique<Queue>();
+    queue->non_blocking = non_blocking;
+    Queue* const raw = queue.get();
+    queues_.emplace(id, std::move(queue));
+    try {
+      // The thread waits for the lock this call holds before it looks at its queue.
+      raw->thread = std::thread(&DeviceState::RunQueue, this, id);
+    } catch (const std::system_error& error) {
+      queues_.erase(id);
+      return absl::ResourceExhaustedError(
+          absl::StrCat(call, ": the host cannot start a thread for a fake stream: ", error.what()));
+    }
+    return id;
+  }
+
+  // Waits for the queue's work, then stops its thread (cuStreamDestroy releases a stream once
+  // its work is done; the fake's caller waits for that).
+  void DestroyQueue(uint64_t id) ABSL_LOCKS_EXCLUDED(mu_) {
+    std::thread thread;
     {
       absl::MutexLock lock(&mu_);
-      GPURPC_RETURN_IF_ERROR(StickyErrorLocked(kCall));
-      GPURPC_RETURN_IF_ERROR(CheckStream(kCall, this, stream));
-      const auto* fake = dynamic_cast<const FakeFunction*>(function);
-      if (fake == nullptr || fake->owner() != this) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            kCall, ": ", kInvalidHandle, ": the function was not loaded by this fake context"));
-      }
-      GPURPC_RETURN_IF_ERROR(CheckLaunchConfig(*fake, config));
-      if (packed_args.size() != fake->packed_size_bytes()) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            kCall, ": ", kInvalidValue, ": kernel '", fake->name(), "' takes ",
-            fake->packed_size_bytes(), " bytes of packed arguments, got ", packed_args.size()));
-      }
-      if (fake->kind() != KernelKind::kSpinUs) {
-        const uint64_t threads =
-            SaturatingMul(SaturatingMul(uint64_t{config.grid.x} * config.grid.y, config.grid.z),
-                          uint64_t{config.block.x} * config.block.y * config.block.z);
-        RunKernelLocked(*fake, threads, packed_args);
-        // A fault surfaces at a later call, as it does asynchronously on a GPU.
-        return absl::OkStatus();
-      }
-      spin_us = fake->Arg<uint64_t>(packed_args, 0);
-      ++running_kernels_;
+      const auto it = queues_.find(id);
+      if (it == queues_.end()) return;  // after Shutdown
+      it->second->closing = true;
+      thread = std::move(it->second->thread);
     }
-    // Sleeps unlocked, so that other threads' calls proceed while the kernel "runs", as they
-    // would beside a GPU; the synchronising ones wait for it (WaitForRunningKernelsLocked).
-    std::this_thread::sleep_for(std::chrono::microseconds(
-        static_cast<int64_t>(std::min<uint64_t>(spin_us, std::numeric_limits<int64_t>::max()))));
+    // The thread ends once its queue is empty (or at Shutdown).
+    if (thread.joinable()) thread.join();
     absl::MutexLock lock(&mu_);
-    --running_kernels_;
-    return absl::OkStatus();
+    queues_.erase(id);
   }
 
   absl::Status SynchronizeStream(Stream* stream) ABSL_LOCKS_EXCLUDED(mu_) {
     constexpr absl::string_view kCall = "cuStreamSynchronize";
     absl::MutexLock lock(&mu_);
-    WaitForRunningKernelsLocked();
     GPURPC_RETURN_IF_ERROR(StickyErrorLocked(kCall));
-    return CheckStream(kCall, this, stream);
+    GPURPC_ASSIGN_OR_RETURN(const uint64_t queue, QueueOfLocked(kCall, stream));
+    GPURPC_RETURN_IF_ERROR(WaitLocked(kCall, StreamPointsLocked(queue)));
+    return StickyErrorLocked(kCall);
   }
 
   absl::StatusOr<bool> QueryStream(Stream* stream) ABSL_LOCKS_EXCLUDED(mu_) {
     constexpr absl::string_view kCall = "cuStreamQuery";
     absl::MutexLock lock(&mu_);
     GPURPC_RETURN_IF_ERROR(StickyErrorLocked(kCall));
-    GPURPC_RETURN_IF_ERROR(CheckStream(kCall, this, stream));
-    return running_kernels_ == 0;
+    GPURPC_ASSIGN_OR_RETURN(const uint64_t queue, QueueOfLocked(kCall, stream));
+    return AllDoneLocked(StreamPointsLocked(queue));
   }
 
+  // Later work on `stream` waits for the event's recorded point; a never-recorded event
+  // orders nothing.
   absl::Status StreamWaitEvent(Stream* stream, Event* event) ABSL_LOCKS_EXCLUDED(mu_) {
     constexpr absl::string_view kCall = "cuStreamWaitEvent";
     absl::MutexLock lock(&mu_);
     GPURPC_RETURN_IF_ERROR(StickyErrorLocked(kCall));
-    GPURPC_RETURN_IF_ERROR(CheckStream(kCall, this, stream));
-    // Everything recorded before has already run: nothing to wait for.
-    return CheckEvent(kCall, this, event).status();
+    GPURPC_ASSIGN_OR_RETURN(const uint64_t queue, QueueOfLocked(kCall, stream));
+    GPURPC_RETURN_IF_ERROR(MakeRoomLocked(kCall, queue, 0));
+    GPURPC_ASSIGN_OR_RETURN(EventState* const state, EventOfLocked(kCall, event));
+    if (!state->recorded) return absl::OkStatus();
+    Work work;
+    work.kind = WorkKind::kWait;
+    work.after.push_back(*state->recorded);
+    EnqueueLocked(queue, std::move(work));
+    return absl::OkStatus();
   }
 
   absl::Status Synchronize() ABSL_LOCKS_EXCLUDED(mu_) {
+    constexpr absl::string_view kCall = "cuCtxSynchronize";
     absl::MutexLock lock(&mu_);
-    WaitForRunningKernelsLocked();
-    return StickyErrorLocked("cuCtxSynchronize");
+    GPURPC_RETURN_IF_ERROR(StickyErrorLocked(kCall));
+    GPURPC_RETURN_IF_ERROR(WaitLocked(kCall, AllQueuesLocked()));
+    return StickyErrorLocked(kCall);
+  }
+
+  absl::StatusOr<uint64_t> CreateEvent(absl::string_view call, bool disable_timing)
+      ABSL_LOCKS_EXCLUDED(mu_) {
+    absl::MutexLock lock(&mu_);
+    GPURPC_RETURN_IF_ERROR(StickyErrorLocked(call));
+    const uint64_t id = next_event_id_++;
+    events_[id].disable_timing = disable_timing;
+    return id;
+  }
+
+  // Queued work that records the event finds it gone and does nothing.
+  void DestroyEvent(uint64_t id) ABSL_LOCKS_EXCLUDED(mu_) {
+    absl::MutexLock lock(&mu_);
+    events_.erase(id);
   }
 
   absl::Status RecordEvent(Event* event, Stream* stream) ABSL_LOCKS_EXCLUDED(mu_) {
     constexpr absl::string_view kCall = "cuEventRecord";
     absl::MutexLock lock(&mu_);
     GPURPC_RETURN_IF_ERROR(StickyErrorLocked(kCall));
-    GPURPC_RETURN_IF_ERROR(CheckStream(kCall, this, stream));
-    GPURPC_ASSIGN_OR_RETURN(FakeEvent* const fake, CheckEvent(kCall, this, event));
-    fake->set_recorded_at(Clock::now());
+    GPURPC_ASSIGN_OR_RETURN(const uint64_t queue, QueueOfLocked(kCall, stream));
+    GPURPC_RETURN_IF_ERROR(MakeRoomLocked(kCall, queue, 0));
+    GPURPC_ASSIGN_OR_RETURN(EventState* const state, EventOfLocked(kCall, event));
+    Work work;
+    work.kind = WorkKind::kRecord;
+    work.event = static_cast<const FakeEvent*>(event)->id();
+    // The event now stands for this point, whatever an earlier record still queued does.
+    state->recorded = Point{queue, EnqueueLocked(queue, std::move(work))};
+    state->completed_at.reset();
     return absl::OkStatus();
   }
 
@@ -549,38 +723,53 @@ class DeviceState {
     constexpr absl::string_view kCall = "cuEventQuery";
     absl::MutexLock lock(&mu_);
     GPURPC_RETURN_IF_ERROR(StickyErrorLocked(kCall));
-    GPURPC_RETURN_IF_ERROR(CheckEvent(kCall, this, event).status());
-    return running_kernels_ == 0;
+    GPURPC_ASSIGN_OR_RETURN(const EventState* const state, EventOfLocked(kCall, event));
+    return !state->recorded || DoneLocked(*state->recorded);
   }
 
   absl::Status SynchronizeEvent(Event* event) ABSL_LOCKS_EXCLUDED(mu_) {
     constexpr absl::string_view kCall = "cuEventSynchronize";
     absl::MutexLock lock(&mu_);
-    WaitForRunningKernelsLocked();
     GPURPC_RETURN_IF_ERROR(StickyErrorLocked(kCall));
-    return CheckEvent(kCall, this, event).status();
+    GPURPC_ASSIGN_OR_RETURN(const EventState* const state, EventOfLocked(kCall, event));
+    if (state->recorded) GPURPC_RETURN_IF_ERROR(WaitLocked(kCall, {*state->recorded}));
+    return StickyErrorLocked(kCall);
   }
 
+  // Between the times the two record points ran; UNAVAILABLE (CUDA_ERROR_NOT_READY, as the
+  // CUDA backend maps it) until both have.
   absl::StatusOr<float> ElapsedTime(Event* start, Event* end) ABSL_LOCKS_EXCLUDED(mu_) {
     constexpr absl::string_view kCall = "cuEventElapsedTime";
     absl::MutexLock lock(&mu_);
     GPURPC_RETURN_IF_ERROR(StickyErrorLocked(kCall));
-    GPURPC_ASSIGN_OR_RETURN(const FakeEvent* const from, CheckEvent(kCall, this, start));
-    GPURPC_ASSIGN_OR_RETURN(const FakeEvent* const to, CheckEvent(kCall, this, end));
-    for (const FakeEvent* event : {from, to}) {
-      if (event->disable_timing()) {
+    GPURPC_ASSIGN_OR_RETURN(const EventState* const from, EventOfLocked(kCall, start));
+    GPURPC_ASSIGN_OR_RETURN(const EventState* const to, EventOfLocked(kCall, end));
+    for (const EventState* state : {from, to}) {
+      if (state->disable_timing) {
         return absl::FailedPreconditionError(
             absl::StrCat(kCall, ": the event was created with timing disabled"));
       }
-      if (!event->recorded_at().has_value()) {
+      if (!state->recorded) {
         return absl::FailedPreconditionError(absl::StrCat(kCall, ": event has not been recorded"));
       }
     }
-    return std::chrono::duration<float, std::milli>(*to->recorded_at() - *from->recorded_at())
+    for (const EventState* state : {from, to}) {
+      if (!DoneLocked(*state->recorded)) {
+        return absl::UnavailableError(
+            absl::StrCat(kCall, ": ", kNotReady, " - event not completed yet"));
+      }
+      if (!state->completed_at) {
+        // Only a point whose work was dropped at Shutdown completes without a time.
+        return absl::AbortedError(absl::StrCat(kCall, ": ", kContextDestroyed));
+      }
+    }
+    return std::chrono::duration<float, std::milli>(*to->completed_at - *from->completed_at)
         .count();
   }
 
  private:
+  static constexpr uint64_t kLegacyQueue = 0;
+
   struct FreeDeleter {
     void operator()(uint8_t* p) const { std::free(p); }
   };
@@ -591,21 +780,295 @@ class DeviceState {
     HostMemory host;
   };
 
+  // A point in a queue: done once the queue's work up to `seq` is (or the queue is gone,
+  // which happens only after it drained).
+  struct Point {
+    uint64_t queue = 0;
+    uint64_t seq = 0;
+  };
+
+  enum class WorkKind { kUpload, kDownload, kMemset, kCopy, kKernel, kRecord, kWait };
+
+  struct Work {
+    WorkKind kind = WorkKind::kWait;
+    // Its position in its queue, from 1.
+    uint64_t seq = 0;
+    // Points in other queues it waits for (the legacy stream's implicit synchronization,
+    // StreamWaitEvent).
+    std::vector<Point> after;
+    DevicePtr dst = 0;
+    DevicePtr src = 0;
+    uint64_t size_bytes = 0;
+    // Upload's bytes, Launch's packed arguments.
+    std::vector<uint8_t> bytes;
+    // Download's destination, kept alive by the waiting caller.
+    void* host = nullptr;
+    uint32_t value = 0;
+    uint32_t element_size_bytes = 0;
+    // Memset's elements; a kernel's threads.
+    uint64_t count = 0;
+    const BuiltinKernel* kernel = nullptr;
+    uint64_t event = 0;
+  };
+
+  // A stream. The fields are guarded by mu_ (the map that owns it is), except `thread`, which
+  // only CreateQueue, DestroyQueue and Shutdown touch.
+  struct Queue {
+    bool legacy = false;
+    bool non_blocking = false;
+    // Being destroyed: the thread ends once the queue is empty.
+    bool closing = false;
+    std::deque<Work> pending;
+    uint64_t enqueued = 0;
+    uint64_t completed = 0;
+    std::thread thread;
+  };
+
+  struct EventState {
+    bool disable_timing = false;
+    // The latest record point; unset while never recorded.
+    std::optional<Point> recorded;
+    // When that point ran.
+    std::optional<Clock::time_point> completed_at;
+  };
+
   absl::Status StickyErrorLocked(absl::string_view call) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     if (fault_.empty()) return absl::OkStatus();
     return absl::AbortedError(absl::StrCat(call, ": ", fault_));
   }
 
-  // The first fault is the one every later call reports.
-  void PoisonLocked(absl::string_view error, absl::string_view kernel)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    if (fault_.empty()) fault_ = absl::StrCat(error, " in fake kernel '", kernel, "'");
+  absl::Status CheckAliveLocked(absl::string_view call) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    if (!shutting_down_) return absl::OkStatus();
+    return absl::AbortedError(
+        absl::StrCat(call, ": ", kContextDestroyed, ": the fake context is being destroyed"));
   }
 
-  bool NoKernelRunning() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return running_kernels_ == 0; }
+  // The first fault is the one every later call reports.
+  void PoisonLocked(absl::string_view error, absl::string_view where)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    if (fault_.empty()) fault_ = absl::StrCat(error, " in ", where);
+  }
 
-  void WaitForRunningKernelsLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    mu_.Await(absl::Condition(this, &DeviceState::NoKernelRunning));
+  static absl::Status NoAllocation(DevicePtr ptr) {
+    return absl::NotFoundError(
+        absl::StrCat("cuMemFree: no live fake allocation starts at ", Hex(ptr)));
+  }
+
+  // The queue of `stream` (nullptr: the legacy stream), if it belongs to this context.
+  absl::StatusOr<uint64_t> QueueOfLocked(absl::string_view call, Stream* stream) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    GPURPC_RETURN_IF_ERROR(CheckAliveLocked(call));
+    if (stream == nullptr) return kLegacyQueue;
+    const auto* fake = dynamic_cast<const FakeStream*>(stream);
+    if (fake == nullptr || fake->owner() != this || queues_.count(fake->queue()) == 0) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          call, ": ", kInvalidHandle, ": the stream was not created by this fake context"));
+    }
+    return fake->queue();
+  }
+
+  absl::StatusOr<EventState*> EventOfLocked(absl::string_view call, Event* event)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    const auto* fake = dynamic_cast<const FakeEvent*>(event);
+    const auto it =
+        fake == nullptr || fake->owner() != this ? events_.end() : events_.find(fake->id());
+    if (it == events_.end()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          call, ": ", kInvalidHandle, ": the event was not created by this fake context"));
+    }
+    return &it->second;
+  }
+
+  // Queues are bounded, as a GPU's are (cuLaunchKernel blocks while its queue is full), so
+  // that a client cannot grow the worker's memory without bound behind a long kernel: every
+  // stream-ordered call first waits here, without the lock, for room in its queue and in the
+  // context's queued bytes (one piece larger than that bound goes alone). Then it checks
+  // its arguments and enqueues under one hold of the lock.
+  absl::Status MakeRoomLocked(absl::string_view call, uint64_t queue_id, uint64_t bytes)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    const auto room = [this, queue_id, bytes]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+      if (shutting_down_) return true;
+      const auto it = queues_.find(queue_id);
+      if (it == queues_.end()) return true;
+      return it->second->pending.size() < kMaxQueuedWork &&
+             (queued_bytes_ == 0 ||
+              (queued_bytes_ <= kMaxQueuedBytes && bytes <= kMaxQueuedBytes - queued_bytes_));
+    };
+    mu_.Await(absl::Condition(&room));
+    GPURPC_RETURN_IF_ERROR(CheckAliveLocked(call));
+    // A fault may have come while this waited.
+    GPURPC_RETURN_IF_ERROR(StickyErrorLocked(call));
+    if (queues_.count(queue_id) == 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(call, ": ", kInvalidHandle, ": the stream was destroyed meanwhile"));
+    }
+    return absl::OkStatus();
+  }
+
+  // Appends `work` to `queue` (which exists), with the legacy stream's implicit
+  // synchronization: work on the legacy stream waits for all work queued so far on blocking
+  // streams, and work on a blocking stream for all work queued so far on the legacy stream.
+  // Returns its position. Every point it waits for was queued before it: no cycles.
+  uint64_t EnqueueLocked(uint64_t queue_id, Work work) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    Queue& queue = *queues_.at(queue_id);
+    if (queue.legacy) {
+      for (const auto& [id, other] : queues_) {
+        if (!other->legacy && !other->non_blocking && other->completed < other->enqueued) {
+          work.after.push_back(Point{id, other->enqueued});
+        }
+      }
+    } else if (!queue.non_blocking) {
+      const Queue& legacy = *queues_.at(kLegacyQueue);
+      if (legacy.completed < legacy.enqueued) {
+        work.after.push_back(Point{kLegacyQueue, legacy.enqueued});
+      }
+    }
+    work.seq = ++queue.enqueued;
+    queued_bytes_ += work.bytes.size();
+    queue.pending.push_back(std::move(work));
+    return queue.enqueued;
+  }
+
+  bool DoneLocked(const Point& point) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    const auto it = queues_.find(point.queue);
+    return it == queues_.end() || it->second->completed >= point.seq;
+  }
+
+  bool AllDoneLocked(const std::vector<Point>& points) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    for (const Point& point : points) {
+      if (!DoneLocked(point)) return false;
+    }
+    return true;
+  }
+
+  // Everything queued so far, on every stream.
+  std::vector<Point> AllQueuesLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    std::vector<Point> points;
+    for (const auto& [id, queue] : queues_) points.push_back(Point{id, queue->enqueued});
+    return points;
+  }
+
+  // What synchronizing `queue` waits for: its work so far; for the legacy stream, also that
+  // of every blocking stream, as work queued on it now would.
+  std::vector<Point> StreamPointsLocked(uint64_t queue_id) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    const Queue& queue = *queues_.at(queue_id);
+    if (!queue.legacy) return {Point{queue_id, queue.enqueued}};
+    std::vector<Point> points;
+    for (const auto& [id, other] : queues_) {
+      if (!other->non_blocking) points.push_back(Point{id, other->enqueued});
+    }
+    return points;
+  }
+
+  // Blocks (without the lock) until every point is done, or the context is being destroyed.
+  absl::Status WaitLocked(absl::string_view call, const std::vector<Point>& points)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    const auto done = [this, &points]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+      return shutting_down_ || AllDoneLocked(points);
+    };
+    mu_.Await(absl::Condition(&done));
+    return CheckAliveLocked(call);
+  }
+
+  // The body of a stream's thread: runs its queue's work in order, each piece once the
+  // points it waits for are done. After a fault the work is skipped (but still counted
+  // done, so that waiters wake and report the fault).
+  void RunQueue(uint64_t id) ABSL_LOCKS_EXCLUDED(mu_) {
+    absl::MutexLock lock(&mu_);
+    // Owned by queues_ until this thread has been joined.
+    Queue* const queue = queues_.at(id).get();
+    const auto runnable = [this, queue]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+      if (shutting_down_ || queue->pending.empty()) {
+        return shutting_down_ || queue->closing;
+      }
+      return AllDoneLocked(queue->pending.front().after);
+    };
+    for (;;) {
+      mu_.Await(absl::Condition(&runnable));
+      if (shutting_down_ || queue->pending.empty()) return;
+      Work work = std::move(queue->pending.front());
+      queue->pending.pop_front();
+      if (fault_.empty()) RunLocked(id, work);
+      if (shutting_down_) return;
+      queued_bytes_ -= work.bytes.size();
+      queue->completed = work.seq;
+    }
+  }
+
+  void RunLocked(uint64_t queue, Work& work) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    switch (work.kind) {
+      case WorkKind::kUpload: {
+        uint8_t* const to = FindLocked(work.dst, work.size_bytes);
+        if (to == nullptr) return PoisonLocked(kIllegalAddress, "a fake cuMemcpyHtoDAsync");
+        std::memcpy(to, work.bytes.data(), work.size_bytes);
+        return;
+      }
+      case WorkKind::kDownload: {
+        const uint8_t* const from = FindLocked(work.src, work.size_bytes);
+        if (from == nullptr) return PoisonLocked(kIllegalAddress, "a fake cuMemcpyDtoHAsync");
+        std::memcpy(work.host, from, work.size_bytes);
+        return;
+      }
+      case WorkKind::kMemset:
+        return MemsetLocked(work);
+      case WorkKind::kCopy: {
+        uint8_t* const to = FindLocked(work.dst, work.size_bytes);
+        const uint8_t* const from = FindLocked(work.src, work.size_bytes);
+        if (to == nullptr || from == nullptr) {
+          return PoisonLocked(kIllegalAddress, "a fake cuMemcpyDtoDAsync");
+        }
+        // CUDA leaves overlapping copies undefined; memmove gives them the obvious meaning.
+        std::memmove(to, from, work.size_bytes);
+        return;
+      }
+      case WorkKind::kKernel:
+        if (work.kernel->kind == KernelKind::kSpinUs) {
+          return SpinLocked(Arg<uint64_t>(*work.kernel, work.bytes, 0));
+        }
+        return RunKernelLocked(*work.kernel, work.count, work.bytes);
+      case WorkKind::kRecord: {
+        const auto it = events_.find(work.event);
+        if (it == events_.end()) return;
+        EventState& state = it->second;
+        if (state.recorded && state.recorded->queue == queue && state.recorded->seq == work.seq) {
+          state.completed_at = Clock::now();
+        }
+        return;
+      }
+      case WorkKind::kWait:
+        return;
+    }
+  }
+
+  void MemsetLocked(const Work& work) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    uint8_t* const to = FindLocked(work.dst, work.count * work.element_size_bytes);
+    if (to == nullptr) return PoisonLocked(kIllegalAddress, "a fake cuMemsetAsync");
+    switch (work.element_size_bytes) {
+      case 1:
+        std::memset(to, static_cast<uint8_t>(work.value), work.count);
+        break;
+      case 2:
+        for (uint64_t i = 0; i < work.count; ++i) {
+          StoreElement<uint16_t>(to, i, static_cast<uint16_t>(work.value));
+        }
+        break;
+      default:
+        for (uint64_t i = 0; i < work.count; ++i) StoreElement<uint32_t>(to, i, work.value);
+    }
+  }
+
+  // Sleeps on the stream's thread without the lock, so that other calls proceed while the
+  // kernel "runs", as they would beside a GPU; Shutdown cuts it short.
+  void SpinLocked(uint64_t microseconds) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    const Clock::time_point deadline =
+        Clock::now() +
+        std::chrono::microseconds(static_cast<int64_t>(std::min(microseconds, kMaxSpinUs)));
+    while (!shutting_down_) {
+      const Clock::time_point now = Clock::now();
+      if (now >= deadline) return;
+      mu_.AwaitWithTimeout(absl::Condition(&shutting_down_), absl::FromChrono(deadline - now));
+    }
   }
 
   bool ReleaseLocked(DevicePtr ptr) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
@@ -644,27 +1107,30 @@ class DeviceState {
 
   // Where a fake kernel's `count` (> 0) elements at `ptr` live, or nullptr after poisoning
   // the context the way that access would on a GPU.
-  uint8_t* KernelAccessLocked(const FakeFunction& function, DevicePtr ptr, uint64_t count,
+  uint8_t* KernelAccessLocked(const BuiltinKernel& kernel, DevicePtr ptr, uint64_t count,
                               uint64_t element_size_bytes) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     if (ptr % element_size_bytes != 0) {
-      PoisonLocked(kMisalignedAddress, function.name());
+      PoisonLocked(kMisalignedAddress, absl::StrCat("fake kernel '", kernel.name, "'"));
       return nullptr;
     }
     const std::optional<uint64_t> size_bytes = CheckedMul(count, element_size_bytes);
     uint8_t* const host = size_bytes ? FindLocked(ptr, *size_bytes) : nullptr;
-    if (host == nullptr) PoisonLocked(kIllegalAddress, function.name());
+    if (host == nullptr) {
+      PoisonLocked(kIllegalAddress, absl::StrCat("fake kernel '", kernel.name, "'"));
+    }
     return host;
   }
 
   // Element i is processed when i < threads (and i < n for kernels that take n). Every
   // pointer's whole range is resolved before anything is written, so a faulting kernel
   // writes nothing; the context is unusable afterwards anyway.
-  void RunKernelLocked(const FakeFunction& f, uint64_t threads, absl::Span<const uint8_t> args)
+  void RunKernelLocked(const BuiltinKernel& k, uint64_t threads, absl::Span<const uint8_t> args)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    const auto access = [&](size_t param, uint64_t count, uint64_t element_size_bytes) {
-      return KernelAccessLocked(f, f.Arg<DevicePtr>(args, param), count, element_size_bytes);
+    const auto access = [&](size_t param, uint64_t count,
+                            uint64_t element_size_bytes) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+      return KernelAccessLocked(k, Arg<DevicePtr>(k, args, param), count, element_size_bytes);
     };
-    switch (f.kind()) {
+    switch (k.kind) {
       case KernelKind::kMultiplyThem: {
         const uint64_t n = threads;
         uint8_t* const dest = access(0, n, sizeof(float));
@@ -679,8 +1145,8 @@ class DeviceState {
         return;
       }
       case KernelKind::kAxpyF32: {
-        const float alpha = f.Arg<float>(args, 0);
-        const uint64_t n = std::min(threads, f.Arg<uint64_t>(args, 3));
+        const float alpha = Arg<float>(k, args, 0);
+        const uint64_t n = std::min(threads, Arg<uint64_t>(k, args, 3));
         if (n == 0) return;
         const uint8_t* const x = access(1, n, sizeof(float));
         if (x == nullptr) return;
@@ -692,8 +1158,8 @@ class DeviceState {
         return;
       }
       case KernelKind::kFillU32: {
-        const uint32_t value = f.Arg<uint32_t>(args, 1);
-        const uint64_t n = std::min(threads, f.Arg<uint64_t>(args, 2));
+        const uint32_t value = Arg<uint32_t>(k, args, 1);
+        const uint64_t n = std::min(threads, Arg<uint64_t>(k, args, 2));
         if (n == 0) return;
         uint8_t* const out = access(0, n, sizeof(uint32_t));
         if (out == nullptr) return;
@@ -701,7 +1167,7 @@ class DeviceState {
         return;
       }
       case KernelKind::kAddOneF32: {
-        const uint64_t n = std::min(threads, f.Arg<uint64_t>(args, 1));
+        const uint64_t n = std::min(threads, Arg<uint64_t>(k, args, 1));
         if (n == 0) return;
         uint8_t* const data = access(0, n, sizeof(float));
         if (data == nullptr) return;
@@ -711,7 +1177,7 @@ class DeviceState {
         return;
       }
       case KernelKind::kCopyBytes: {
-        const uint64_t n = std::min(threads, f.Arg<uint64_t>(args, 2));
+        const uint64_t n = std::min(threads, Arg<uint64_t>(k, args, 2));
         if (n == 0) return;
         uint8_t* const dst = access(0, n, 1);
         if (dst == nullptr) return;
@@ -721,10 +1187,10 @@ class DeviceState {
         return;
       }
       case KernelKind::kFaultIllegalAddress:
-        PoisonLocked(kIllegalAddress, f.name());
+        PoisonLocked(kIllegalAddress, absl::StrCat("fake kernel '", k.name, "'"));
         return;
       case KernelKind::kSpinUs:
-        return;  // Launch sleeps for it outside the lock.
+        return;  // SpinLocked
     }
   }
 
@@ -735,16 +1201,33 @@ class DeviceState {
   DevicePtr next_address_ ABSL_GUARDED_BY(mu_) = kFirstAddress;
   // Empty while healthy; otherwise the sticky fault, without the call name.
   std::string fault_ ABSL_GUARDED_BY(mu_);
-  // spin_us kernels sleeping outside the lock.
-  int running_kernels_ ABSL_GUARDED_BY(mu_) = 0;
+  // Set once by Shutdown: threads stop, waits end.
+  bool shutting_down_ ABSL_GUARDED_BY(mu_) = false;
+  // Every stream's queue, the legacy stream's (kLegacyQueue) included.
+  std::map<uint64_t, std::unique_ptr<Queue>> queues_ ABSL_GUARDED_BY(mu_);
+  uint64_t next_queue_id_ ABSL_GUARDED_BY(mu_) = kLegacyQueue + 1;
+  std::map<uint64_t, EventState> events_ ABSL_GUARDED_BY(mu_);
+  uint64_t next_event_id_ ABSL_GUARDED_BY(mu_) = 1;
+  // Upload and argument bytes queued on every stream.
+  uint64_t queued_bytes_ ABSL_GUARDED_BY(mu_) = 0;
 };
+
+FakeStream::~FakeStream() { state_->DestroyQueue(queue_); }
+
+FakeEvent::~FakeEvent() { state_->DestroyEvent(id_); }
 
 class FakeModule final : public Module {
  public:
-  FakeModule(std::shared_ptr<DeviceState> state, uint64_t device_memory_bytes)
+  FakeModule(std::shared_ptr<DeviceState> state, std::vector<fake::DeclaredKernel> kernels,
+             uint64_t device_memory_bytes)
       : state_(std::move(state)), device_memory_bytes_(device_memory_bytes) {
-    for (const BuiltinKernel& kernel : BuiltinKernels()) {
-      functions_.push_back(std::make_unique<FakeFunction>(state_.get(), kernel));
+    for (fake::DeclaredKernel& declared : kernels) {
+      const BuiltinKernel* const builtin = FindBuiltinKernel(declared.name);
+      if (builtin != nullptr &&
+          (!declared.params || SameLayout(*declared.params, builtin->params))) {
+        functions_.emplace(declared.name, std::make_unique<FakeFunction>(state_.get(), *builtin));
+      }
+      declared_.emplace(std::move(declared.name), std::move(declared.params));
     }
   }
 
@@ -755,21 +1238,38 @@ class FakeModule final : public Module {
   // Module loading only; the map is read-only once the module is handed out.
   absl::Status AddGlobal(const PtxGlobal& global) {
     // A zero-length global still needs an address of its own, and Alloc refuses 0 bytes.
-    GPURPC_ASSIGN_OR_RETURN(
-        const DevicePtr address,
-        state_->Alloc("cuModuleLoadData", std::max<uint64_t>(global.size_bytes, 1)));
+    GPURPC_ASSIGN_OR_RETURN(const DevicePtr address,
+                            state_->Alloc(kLoadCall, std::max<uint64_t>(global.size_bytes, 1)));
     globals_.emplace(global.name, Global{address, global.size_bytes});
     return absl::OkStatus();
   }
 
+  // Only a kernel that the image defines and that the fake implements on the host.
   absl::StatusOr<Function*> GetFunction(const std::string& name) override {
-    GPURPC_RETURN_IF_ERROR(state_->CheckHealthy("cuModuleGetFunction"));
-    for (const std::unique_ptr<FakeFunction>& function : functions_) {
-      if (function->name() == name) return function.get();
+    constexpr absl::string_view kCall = "cuModuleGetFunction";
+    GPURPC_RETURN_IF_ERROR(state_->CheckHealthy(kCall));
+    if (const auto it = functions_.find(name); it != functions_.end()) return it->second.get();
+    const auto declared = declared_.find(name);
+    if (declared == declared_.end()) {
+      return absl::NotFoundError(
+          absl::StrCat(kCall, ": ", kSymbolNotFound, ": the module defines no kernel '", name, "'",
+                       DescribeDeclared(), "; the fake backend runs its built-in host kernels (",
+                       BuiltinKernelNames(), ") for modules that define them"));
+    }
+    const BuiltinKernel* const builtin = FindBuiltinKernel(name);
+    if (builtin == nullptr) {
+      return absl::NotFoundError(
+          absl::StrCat(kCall, ": the module defines kernel '", name,
+                       "', but the fake backend runs only its built-in host kernels (",
+                       BuiltinKernelNames(), "); run this one on a GPU worker"));
     }
     return absl::NotFoundError(
-        absl::StrCat("the fake backend runs only its built-in host kernels (", BuiltinKernelNames(),
-                     "); it has no kernel '", name, "'"));
+        absl::StrCat(kCall, ": the module's kernel '", name, "' takes parameters laid out ",
+                     DescribeLayout(*declared->second),
+                     " (offset:size in bytes), but the fake backend's "
+                     "built-in host kernel '",
+                     name, "' is ", name, builtin->signature, ", laid out ",
+                     DescribeLayout(builtin->params), "; declare it with that signature"));
   }
 
   absl::StatusOr<Global> GetGlobal(const std::string& name) override {
@@ -785,9 +1285,25 @@ class FakeModule final : public Module {
   uint64_t device_memory_bytes() const override { return device_memory_bytes_; }
 
  private:
+  // " (it defines a, b, c)", at most a few names.
+  std::string DescribeDeclared() const {
+    if (declared_.empty()) return " (it defines none)";
+    constexpr size_t kShown = 8;
+    std::vector<absl::string_view> names;
+    for (const auto& [name, params] : declared_) {
+      if (names.size() == kShown) break;
+      names.push_back(name);
+    }
+    return absl::StrCat(" (it defines ", absl::StrJoin(names, ", "),
+                        declared_.size() > kShown ? ", ..." : "", ")");
+  }
+
   const std::shared_ptr<DeviceState> state_;
   const uint64_t device_memory_bytes_;
-  std::vector<std::unique_ptr<FakeFunction>> functions_;
+  // Every kernel the image defines, with its parameter layout when PTX declares one.
+  std::map<std::string, std::optional<std::vector<ParamInfo>>> declared_;
+  // Those the fake runs.
+  std::map<std::string, std::unique_ptr<FakeFunction>> functions_;
   std::map<std::string, Global> globals_;
 };
 
@@ -797,9 +1313,13 @@ class FakeContext final : public Context {
       : info_(MakeDeviceInfo(total_memory_bytes)),
         state_(std::make_shared<DeviceState>(total_memory_bytes)) {}
 
-  // Frees every allocation now, even one a straggling module still names: its later
-  // release finds nothing and does nothing.
-  ~FakeContext() override { state_->ReleaseAll(); }
+  // Stops every stream thread (cutting spin_us kernels short), then frees every allocation,
+  // even one a straggling module still names: its later release finds nothing and does
+  // nothing.
+  ~FakeContext() override {
+    state_->Shutdown();
+    state_->ReleaseAll();
+  }
 
   const DeviceInfo& device() const override { return info_; }
   std::string CompileTarget() const override { return kCompileTarget; }
@@ -827,24 +1347,14 @@ class FakeContext final : public Context {
   }
 
   absl::StatusOr<std::unique_ptr<Module>> LoadModule(absl::Span<const uint8_t> image) override {
-    constexpr absl::string_view kCall = "cuModuleLoadData";
-    GPURPC_RETURN_IF_ERROR(state_->CheckHealthy(kCall));
-    if (image.empty()) {
-      return absl::InvalidArgumentError(
-          absl::StrCat(kCall, ": ", kInvalidImage, ": the image is empty"));
-    }
-    // Reported as the CUDA backend would; an image the CUDA backend would refuse for its
-    // footprint loads here anyway (the fake accepts any image) and counts as unbounded.
-    const uint64_t device_memory_bytes =
-        ModuleFootprintBytes(image).value_or(std::numeric_limits<uint64_t>::max());
-    auto module = std::make_unique<FakeModule>(state_, device_memory_bytes);
-    const absl::string_view text(reinterpret_cast<const char*>(image.data()), image.size());
-    // Cubins and fatbins are accepted too, but only PTX text declares globals the fake can
-    // read. On failure the module's destructor frees the globals allocated so far.
-    if (LooksLikePtxText(text)) {
-      for (const PtxGlobal& global : ParsePtxGlobals(text)) {
-        GPURPC_RETURN_IF_ERROR(module->AddGlobal(global));
-      }
+    GPURPC_RETURN_IF_ERROR(state_->CheckHealthy(kLoadCall));
+    GPURPC_ASSIGN_OR_RETURN(fake::FakeModuleImage read,
+                            fake::ReadFakeModuleImage(image, kLoadCall));
+    auto module =
+        std::make_unique<FakeModule>(state_, std::move(read.kernels), read.device_memory_bytes);
+    // On failure the module's destructor frees the globals allocated so far.
+    for (const PtxGlobal& global : read.globals) {
+      GPURPC_RETURN_IF_ERROR(module->AddGlobal(global));
     }
     return module;
   }
@@ -855,8 +1365,9 @@ class FakeContext final : public Context {
   }
 
   absl::StatusOr<std::unique_ptr<Stream>> CreateStream(bool non_blocking) override {
-    GPURPC_RETURN_IF_ERROR(state_->CheckHealthy("cuStreamCreate"));
-    return std::make_unique<FakeStream>(state_.get());
+    GPURPC_ASSIGN_OR_RETURN(const uint64_t queue,
+                            state_->CreateQueue("cuStreamCreate", non_blocking));
+    return std::make_unique<FakeStream>(state_, queue);
   }
   absl::Status SynchronizeStream(Stream* stream) override {
     return state_->SynchronizeStream(stream);
@@ -869,8 +1380,9 @@ class FakeContext final : public Context {
 
   absl::StatusOr<std::unique_ptr<Event>> CreateEvent(bool disable_timing,
                                                      bool blocking_sync) override {
-    GPURPC_RETURN_IF_ERROR(state_->CheckHealthy("cuEventCreate"));
-    return std::make_unique<FakeEvent>(state_.get(), disable_timing);
+    GPURPC_ASSIGN_OR_RETURN(const uint64_t id,
+                            state_->CreateEvent("cuEventCreate", disable_timing));
+    return std::make_unique<FakeEvent>(state_, id);
   }
   absl::Status RecordEvent(Event* event, Stream* stream) override {
     return state_->RecordEvent(event, stream);
