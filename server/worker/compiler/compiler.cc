@@ -83,6 +83,8 @@ absl::string_view OptionName(absl::string_view option) {
 // Why `option` may not reach NVRTC, or "" when it may. These options make NVRTC read
 // (or, for the timing reports, write) files on the server.
 std::string ForbiddenReason(absl::string_view option) {
+  // NVRTC skips leading blanks: " -I/dir" is an include path.
+  option = absl::StripLeadingAsciiWhitespace(option);
   const absl::string_view name = OptionName(option);
   absl::string_view bare = name;
   while (!bare.empty() && bare.front() == '-') bare.remove_prefix(1);
@@ -107,9 +109,16 @@ std::string ForbiddenReason(absl::string_view option) {
   }
   if (absl::StartsWith(value, "/")) return "option values may not be absolute paths";
   if (absl::StrContains(value, "..")) return "option values may not contain \"..\"";
-  // -Xptxas=-v,-O3 and the like hand options on to an embedded tool, which has its own
-  // file options (--options-file ...): each of those must pass the same checks.
-  if (absl::StartsWith(name, "-X") || absl::StartsWith(bare, "ptxas-options")) {
+  // -Xptxas=-v,-O3 hands options on to ptxas, which has its own file options
+  // (--options-file ...): each of those must pass the same checks. The other -X options
+  // reach tools NVRTC does not document (-Xcudafe: the front end, whose --preinclude,
+  // --sys_include and --error_output read and write files): refused.
+  if (absl::StartsWith(name, "-X") && name != "-Xptxas") {
+    return "only -Xptxas may pass options on to a tool";
+  }
+  // (A value of its own, "ptxas-options" without dashes, is no option: it is not split.)
+  if (absl::StartsWith(option, "-") &&
+      (name == "-Xptxas" || absl::StartsWith(bare, "ptxas-options"))) {
     for (absl::string_view part : absl::StrSplit(value, ',')) {
       if (std::string reason = ForbiddenReason(part); !reason.empty()) {
         return absl::StrCat("in '", part, "': ", reason);
@@ -175,6 +184,19 @@ bool IsRawStringPrefix(absl::string_view before) {
   return prefix.empty() || prefix == "u8" || prefix == "u" || prefix == "U" || prefix == "L";
 }
 
+// True when `before` ends in a preprocessing number (1, 0x1F, 1'000, .5e3): a ' after it
+// is a digit separator.
+bool EndsInNumber(absl::string_view before) {
+  size_t start = before.size();
+  while (start > 0 && (absl::ascii_isalnum(before[start - 1]) || before[start - 1] == '_' ||
+                       before[start - 1] == '.' || before[start - 1] == '\'')) {
+    --start;
+  }
+  absl::string_view token = before.substr(start);
+  while (!token.empty() && token.front() == '.') token.remove_prefix(1);
+  return !token.empty() && absl::ascii_isdigit(token.front());
+}
+
 std::vector<LogicalLine> LogicalLines(absl::string_view raw) {
   // Translation phase 1, for the two trigraphs that matter here.
   std::string text(raw);
@@ -237,7 +259,8 @@ std::vector<LogicalLine> LogicalLines(absl::string_view raw) {
           }
         } else {
           if (c == '"') state = kString;
-          if (c == '\'') state = kChar;
+          // In 1'000 the quote is a digit separator (C++14), not a character literal.
+          if (c == '\'' && !EndsInNumber(current.text)) state = kChar;
           current.text.push_back(c);
         }
         break;
@@ -280,43 +303,47 @@ std::vector<LogicalLine> LogicalLines(absl::string_view raw) {
 absl::Status CheckIncludes(absl::string_view what, absl::string_view text) {
   for (const LogicalLine& logical : LogicalLines(text)) {
     const absl::string_view line = logical.text;
-    absl::string_view rest = absl::StripLeadingAsciiWhitespace(line);
-    absl::string_view operand;
-    size_t has = line.find("__has_include");
-    if (has == absl::string_view::npos) has = line.find("__has_embed");
-    if (has != absl::string_view::npos) {
-      operand = line.substr(has);
-      while (!operand.empty() && (absl::ascii_isalnum(operand.front()) || operand.front() == '_')) {
-        operand.remove_prefix(1);
-      }
-      operand = absl::StripLeadingAsciiWhitespace(operand);
-      if (!absl::ConsumePrefix(&operand, "(")) continue;
-      operand = absl::StripLeadingAsciiWhitespace(operand);
-    } else if (absl::ConsumePrefix(&rest, "#") || absl::ConsumePrefix(&rest, "%:")) {
-      rest = absl::StripLeadingAsciiWhitespace(rest);
-      if (!absl::ConsumePrefix(&rest, "include_next") && !absl::ConsumePrefix(&rest, "include") &&
-          !absl::ConsumePrefix(&rest, "import") && !absl::ConsumePrefix(&rest, "embed")) {
-        continue;
-      }
-      operand = absl::StripLeadingAsciiWhitespace(rest);
-    } else {
-      continue;
-    }
     const auto refuse = [&](absl::string_view why) {
       return absl::InvalidArgumentError(absl::StrCat(
           what, " line ", logical.number, ": '", absl::StripAsciiWhitespace(line), "' ", why,
           "; include headers sent with the request or toolkit headers by relative name"));
     };
-    if (operand.empty() || (operand.front() != '"' && operand.front() != '<')) {
-      return refuse("is a computed #include, which the server does not allow");
+    // The header name an operand names, or a refusal.
+    const auto check = [&](absl::string_view operand) -> absl::Status {
+      if (operand.empty() || (operand.front() != '"' && operand.front() != '<')) {
+        return refuse("is a computed #include, which the server does not allow");
+      }
+      const char close = operand.front() == '"' ? '"' : '>';
+      const size_t end = operand.find(close, 1);
+      const absl::string_view name =
+          operand.substr(1, end == absl::string_view::npos ? absl::string_view::npos : end - 1);
+      if (absl::StartsWith(name, "/") || absl::StrContains(name, "..")) {
+        return refuse("names a file outside the request and the toolkit");
+      }
+      return absl::OkStatus();
+    };
+    // Every __has_include(...) and __has_embed(...) of the line, wherever it stands.
+    for (absl::string_view keyword : {"__has_include", "__has_embed"}) {
+      for (size_t has = line.find(keyword); has != absl::string_view::npos;
+           has = line.find(keyword, has + 1)) {
+        absl::string_view operand = line.substr(has);
+        while (!operand.empty() &&
+               (absl::ascii_isalnum(operand.front()) || operand.front() == '_')) {
+          operand.remove_prefix(1);
+        }
+        operand = absl::StripLeadingAsciiWhitespace(operand);
+        if (!absl::ConsumePrefix(&operand, "(")) continue;  // defined(__has_include) ...
+        GPURPC_RETURN_IF_ERROR(check(absl::StripLeadingAsciiWhitespace(operand)));
+      }
     }
-    const char close = operand.front() == '"' ? '"' : '>';
-    const size_t end = operand.find(close, 1);
-    const absl::string_view name =
-        operand.substr(1, end == absl::string_view::npos ? absl::string_view::npos : end - 1);
-    if (absl::StartsWith(name, "/") || absl::StrContains(name, "..")) {
-      return refuse("names a file outside the request and the toolkit");
+    absl::string_view rest = absl::StripLeadingAsciiWhitespace(line);
+    if (!absl::ConsumePrefix(&rest, "#") && !absl::ConsumePrefix(&rest, "%:")) continue;
+    rest = absl::StripLeadingAsciiWhitespace(rest);
+    if (!absl::ConsumePrefix(&rest, "include_next") && !absl::ConsumePrefix(&rest, "include") &&
+        !absl::ConsumePrefix(&rest, "import") && !absl::ConsumePrefix(&rest, "embed")) {
+      continue;
     }
+    GPURPC_RETURN_IF_ERROR(check(absl::StripLeadingAsciiWhitespace(rest)));
   }
   return absl::OkStatus();
 }
@@ -343,6 +370,16 @@ struct PreparedRequest {
 };
 
 }  // namespace
+
+std::string ForbiddenOptionReason(absl::string_view option) { return ForbiddenReason(option); }
+
+absl::Status CheckIncludeDirectives(absl::string_view what, absl::string_view text) {
+  return CheckIncludes(what, text);
+}
+
+absl::Status CheckRequestName(absl::string_view what, absl::string_view name) {
+  return CheckRelativeName(what, name);
+}
 
 absl::StatusOr<std::unique_ptr<Compiler>> Compiler::Create(CompilerOptions options) {
   GPURPC_ASSIGN_OR_RETURN(std::unique_ptr<const NvrtcLibrary> nvrtc,

@@ -35,7 +35,9 @@
 #include <utility>
 #include <vector>
 
+#include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "server/worker/compiler/compile_helper.h"
 #include "server/worker/compiler/sandbox.h"
 
@@ -90,6 +92,23 @@ struct CompilerOptions {
   // How compiles are confined and bounded (sandbox.h).
   SandboxOptions sandbox;
 };
+
+// The early checks Compile applies to a request before anything else (see the file
+// comment), exposed for tests and fuzzing (tests/fuzz). Pure functions, thread-safe.
+//
+// Why `option` may not reach NVRTC, or "" when it may: include paths, pre-includes,
+// precompiled headers, options files, timing reports, a value that is an absolute path or
+// contains "..", the same for every ','-separated part of -Xptxas / --ptxas-options, and
+// every other -X... pass-through (-Xcudafe reaches the front end's file options). Leading
+// blanks, which NVRTC skips, are skipped here too.
+std::string ForbiddenOptionReason(absl::string_view option);
+// INVALID_ARGUMENT naming `what` and the line when `text` (a source or a header) has an
+// #include, #include_next, #import, #embed, __has_include or __has_embed of an absolute or
+// "../" name, or a computed #include; OK otherwise.
+absl::Status CheckIncludeDirectives(absl::string_view what, absl::string_view text);
+// INVALID_ARGUMENT unless `name` (a header or program name) is non-empty, at most 256
+// characters, not absolute, and has no "..", NUL or backslash.
+absl::Status CheckRequestName(absl::string_view what, absl::string_view name);
 
 struct NvrtcLibrary;
 class CompileCache;

@@ -1,0 +1,1 @@
+3my/params.h

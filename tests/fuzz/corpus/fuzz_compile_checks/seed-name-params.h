@@ -1,0 +1,1 @@
+3params.h

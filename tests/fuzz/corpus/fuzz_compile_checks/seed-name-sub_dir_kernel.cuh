@@ -1,0 +1,1 @@
+3sub/dir/kernel.cuh
