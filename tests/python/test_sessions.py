@@ -169,7 +169,8 @@ def test_keepalive_outlives_the_idle_timeout(ctx: cuda.Context) -> None:
     buf = cuda.mem_alloc(16)
     time.sleep(idle_s * 1.3)  # longer than the daemon waits before reclaiming an idle session
     cuda.memcpy_htod(buf, np.arange(4, dtype=np.float32))
-    assert debug.rpc_counts(include_keepalive=True).get("SessionService.KeepAlive", 0) >= 1
+    # The session's WatchSession stream keeps it, not periodic KeepAlive calls.
+    assert debug.rpc_counts(include_keepalive=True).get(debug.WATCH_OPEN, 0) >= 1
 
 
 def test_garbage_collected_context_closes_its_session(daemon: str) -> None:

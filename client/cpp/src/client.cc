@@ -49,12 +49,139 @@ uint64_t StreamId(const Stream* stream) { return stream == nullptr ? 0 : stream-
 
 absl::Status NoSession() { return absl::FailedPreconditionError("no session (moved from?)"); }
 
-template <typename Request, typename Response, typename Method>
-absl::Status Call(SessionCore& core, Method method, const Request& request, Response* response) {
-  grpc::ClientContext context;
-  core.Prepare(&context);
-  return FromGrpcStatus(method(&context, request, response));
+// The start of `stub.async()->Method(...)`, for internal::RunUnary.
+#define GPURPC_RPC(stub, Method)                                                           \
+  [&rpc_stub = (stub)](grpc::ClientContext* rpc_context, const auto* rpc_request,          \
+                       auto* rpc_response, std::function<void(grpc::Status)> rpc_done) {   \
+    rpc_stub.async()->Method(rpc_context, rpc_request, rpc_response, std::move(rpc_done)); \
+  }
+
+// A session-scoped unary call: the session's health first (a FAULTED or lost session answers
+// at once, without a round trip), then the call with the session metadata and a deadline
+// `timeout` from now.
+template <typename Request, typename Response, typename Start>
+absl::Status SessionCall(SessionCore& core, Start&& start, absl::string_view name, Request request,
+                         Response* response, absl::Duration timeout) {
+  if (absl::Status usable = core.CheckUsable(); !usable.ok()) return usable;
+  return internal::RunUnary(name, std::forward<Start>(start), std::move(request), response, timeout,
+                            [&core](grpc::ClientContext* context) { core.AddMetadata(context); });
 }
+
+template <typename Request, typename Response, typename Start>
+absl::Status SessionCall(SessionCore& core, Start&& start, absl::string_view name, Request request,
+                         Response* response) {
+  const absl::Duration timeout = core.call_timeout();
+  return SessionCall(core, std::forward<Start>(start), name, std::move(request), response, timeout);
+}
+
+// The bound of the cleanup calls of destructors: they must not stall the caller for long.
+absl::Duration CleanupTimeout(const SessionCore& core) {
+  return std::min(core.call_timeout(), internal::kCleanupTimeout);
+}
+
+// A call of the Client (not session-scoped) with a deadline `timeout` from now. When the
+// channel could not reach the daemon (UNAVAILABLE while not connected, e.g. the daemon just
+// restarted and gRPC is waiting before it reconnects), it reconnects at once and tries once
+// more, waiting for the connection at most kReconnectTimeout: then the request was never
+// sent, so even OpenSession is safe to repeat.
+template <typename Request, typename Response, typename Start>
+absl::Status ClientCall(const std::shared_ptr<grpc::Channel>& channel, const std::string& target,
+                        Start&& start, absl::string_view name, const Request& request,
+                        Response* response, absl::Duration timeout) {
+  absl::Status status = internal::RunUnary(name, start, request, response, timeout, nullptr);
+  if (!absl::IsUnavailable(status) ||
+      channel->GetState(/*try_to_connect=*/false) == GRPC_CHANNEL_READY) {
+    return status;
+  }
+  grpc::experimental::ChannelResetConnectionBackoff(channel.get());
+  const absl::Duration wait = std::min(timeout, internal::kReconnectTimeout);
+  absl::Status retried = internal::RunUnary(name, start, request, response, wait, nullptr,
+                                            /*wait_for_ready=*/true);
+  if (absl::IsDeadlineExceeded(retried) &&
+      channel->GetState(/*try_to_connect=*/false) != GRPC_CHANNEL_READY) {
+    return absl::UnavailableError(
+        absl::StrFormat("%s: cannot reach gpurpcd at %s (waited %s for the connection): %s", name,
+                        target, absl::FormatDuration(wait), status.message()));
+  }
+  return retried;
+}
+
+// A streamed upload on gRPC's callback API (see session_core.h for why), written one chunk at
+// a time. Alive until OnDone (self_); a hold keeps OnDone away while chunks are written.
+class UploadCall : public grpc::ClientWriteReactor<v1::UploadStreamRequest> {
+ public:
+  void Begin(SessionCore& core, std::shared_ptr<UploadCall> self) {
+    self_ = std::move(self);
+    core.AddMetadata(&context_);
+    core.memory().async()->UploadStream(&context_, &response_, this);
+    AddHold();
+    StartCall();
+  }
+  // One chunk; the caller waits (WaitWritten) before the next.
+  void Write(v1::UploadStreamRequest message) {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      writing_ = true;
+    }
+    message_ = std::move(message);
+    StartWrite(&message_);  // no lock held: the reaction may run inline
+  }
+  // True once the write ended (its result in *ok), false at the deadline.
+  bool WaitWritten(absl::Time deadline, bool* ok) {
+    std::unique_lock<std::mutex> lock(mu_);
+    if (!Wait(lock, deadline, [&] { return !writing_ || done_; })) return false;
+    *ok = !writing_ && write_ok_;
+    return true;
+  }
+  // No more chunks: half-closes (when `finish`) and lets OnDone come.
+  void Release(bool finish) {
+    if (finish) StartWritesDone();
+    RemoveHold();
+  }
+  // True once the call ended (its status in *status), false at the deadline.
+  bool WaitDone(absl::Time deadline, grpc::Status* status) {
+    std::unique_lock<std::mutex> lock(mu_);
+    if (!Wait(lock, deadline, [&] { return done_; })) return false;
+    *status = status_;
+    return true;
+  }
+  void Cancel() { context_.TryCancel(); }
+
+  void OnWriteDone(bool ok) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    writing_ = false;
+    write_ok_ = ok;
+    cv_.notify_all();
+  }
+  void OnDone(const grpc::Status& status) override {
+    std::shared_ptr<UploadCall> self = std::move(self_);  // released as this returns
+    std::lock_guard<std::mutex> lock(mu_);
+    done_ = true;
+    status_ = status;
+    cv_.notify_all();
+  }
+
+ private:
+  template <typename Predicate>
+  bool Wait(std::unique_lock<std::mutex>& lock, absl::Time deadline, Predicate done) {
+    if (deadline == absl::InfiniteFuture()) {
+      cv_.wait(lock, done);
+      return true;
+    }
+    return cv_.wait_until(lock, absl::ToChronoTime(deadline), done);
+  }
+
+  grpc::ClientContext context_;
+  v1::UploadResponse response_;
+  v1::UploadStreamRequest message_;
+  std::shared_ptr<UploadCall> self_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  bool writing_ = false;
+  bool write_ok_ = true;
+  bool done_ = false;
+  grpc::Status status_;
+};
 
 void SetDim(const Dim3& in, v1::Dim3* out) {
   out->set_x(in.x);
@@ -62,8 +189,20 @@ void SetDim(const Dim3& in, v1::Dim3* out) {
   out->set_z(in.z);
 }
 
+// A streamed transfer has no deadline as a whole (its size has no bound); each of its steps
+// (opening it, every 1 MiB chunk, the final answer) must finish within the call timeout. The
+// download stays on the synchronous API: a cancelled read ends at once.
+absl::Status StreamStepTimeout(absl::string_view call, absl::Duration timeout, uint64_t done,
+                               uint64_t total) {
+  return internal::TimeoutError(
+      call, timeout,
+      absl::StrFormat("no progress after %d of %d bytes, so the transfer was cancelled", done,
+                      total));
+}
+
 absl::Status UploadImpl(SessionCore& core, const DeviceRef& dst, absl::Span<const uint8_t> data,
                         uint64_t stream_id) {
+  if (absl::Status usable = core.CheckUsable(); !usable.ok()) return usable;
   if (absl::Status status = core.Barrier(); !status.ok()) return status;
   if (data.size() <= kTransferChunkBytes) {
     v1::UploadRequest request;
@@ -71,52 +210,75 @@ absl::Status UploadImpl(SessionCore& core, const DeviceRef& dst, absl::Span<cons
     request.set_data(data.data(), data.size());
     request.set_stream_id(stream_id);
     v1::UploadResponse response;
-    grpc::ClientContext context;
-    core.Prepare(&context);
-    return FromGrpcStatus(core.memory().Upload(&context, request, &response));
+    return SessionCall(core, GPURPC_RPC(core.memory(), Upload), "Upload", std::move(request),
+                       &response);
   }
-  grpc::ClientContext context;
-  core.Prepare(&context);
-  v1::UploadResponse response;
-  auto writer = core.memory().UploadStream(&context, &response);
+  const absl::Duration timeout = core.call_timeout();
+  auto call = std::make_shared<UploadCall>();
+  call->Begin(core, call);
   v1::UploadStreamRequest message;
   SetPointer(dst, message.mutable_destination());
   message.set_total_size_bytes(data.size());
   message.set_stream_id(stream_id);
-  for (size_t done = 0; done < data.size();) {
+  size_t done = 0;
+  bool written = true;
+  while (done < data.size() && written) {
     const size_t n = std::min<size_t>(kTransferChunkBytes, data.size() - done);
     message.set_data(data.data() + done, n);
-    if (!writer->Write(message)) break;  // the server ended the call; Finish says why
+    call->Write(std::move(message));
     message.Clear();
-    done += n;
+    if (!call->WaitWritten(internal::DeadlineAfter(timeout), &written)) {
+      call->Cancel();
+      call->Release(/*finish=*/false);
+      return StreamStepTimeout("UploadStream", timeout, done, data.size());
+    }
+    if (written) done += n;  // else the daemon ended the call: its status says why
   }
-  writer->WritesDone();
-  return FromGrpcStatus(writer->Finish());
+  call->Release(/*finish=*/written);
+  grpc::Status status;
+  if (!call->WaitDone(internal::DeadlineAfter(timeout), &status)) {
+    call->Cancel();
+    return StreamStepTimeout("UploadStream", timeout, done, data.size());
+  }
+  return FromGrpcStatus(status);
 }
 
 absl::Status DownloadImpl(SessionCore& core, const DeviceRef& src, absl::Span<uint8_t> out,
                           uint64_t stream_id) {
+  if (absl::Status usable = core.CheckUsable(); !usable.ok()) return usable;
   if (absl::Status status = core.Barrier(); !status.ok()) return status;
   v1::DownloadRequest request;
   SetPointer(src, request.mutable_source());
   request.set_size_bytes(out.size());
   request.set_stream_id(stream_id);
-  grpc::ClientContext context;
-  core.Prepare(&context);
   if (out.size() <= kTransferChunkBytes) {
     v1::DownloadResponse response;
-    grpc::Status status = core.memory().Download(&context, request, &response);
-    if (!status.ok()) return FromGrpcStatus(status);
+    absl::Status status =
+        SessionCall(core, GPURPC_RPC(core.memory(), Download), "Download", request, &response);
+    if (!status.ok()) return status;
     if (response.data().size() != out.size()) {
       return absl::InternalError("Download: the daemon returned a short answer");
     }
     std::copy(response.data().begin(), response.data().end(), out.begin());
     return absl::OkStatus();
   }
-  auto reader = core.memory().DownloadStream(&context, request);
+  const absl::Duration timeout = core.call_timeout();
+  grpc::ClientContext context;
+  core.AddMetadata(&context);
+  bool timed_out = false;
+  std::unique_ptr<grpc::ClientReader<v1::DownloadResponse>> reader;
+  {
+    internal::DeadlineCanceller canceller(&context, internal::DeadlineAfter(timeout));
+    reader = core.memory().DownloadStream(&context, request);
+    timed_out = canceller.fired();
+  }
   v1::DownloadResponse chunk;
   size_t done = 0;
-  while (reader->Read(&chunk)) {
+  while (!timed_out) {
+    internal::DeadlineCanceller canceller(&context, internal::DeadlineAfter(timeout));
+    const bool read = reader->Read(&chunk);
+    timed_out = canceller.fired();
+    if (!read) break;
     if (chunk.data().size() > out.size() - done) {
       context.TryCancel();
       reader->Finish().ok();
@@ -125,7 +287,15 @@ absl::Status DownloadImpl(SessionCore& core, const DeviceRef& src, absl::Span<ui
     std::copy(chunk.data().begin(), chunk.data().end(), out.begin() + done);
     done += chunk.data().size();
   }
-  grpc::Status status = reader->Finish();
+  grpc::Status status;
+  {
+    internal::DeadlineCanceller canceller(&context, internal::DeadlineAfter(timeout));
+    status = reader->Finish();
+    timed_out = timed_out || canceller.fired();
+  }
+  if (timed_out && !status.ok()) {
+    return StreamStepTimeout("DownloadStream", timeout, done, out.size());
+  }
   if (!status.ok()) return FromGrpcStatus(status);
   if (done != out.size()) {
     return absl::InternalError(
@@ -137,15 +307,12 @@ absl::Status DownloadImpl(SessionCore& core, const DeviceRef& src, absl::Span<ui
 }  // namespace
 
 internal::ModuleHandle::~ModuleHandle() {
-  if (core == nullptr || core->closed()) return;
+  if (core == nullptr || !core->CheckUsable().ok()) return;
   v1::UnloadModuleRequest request;
   request.set_module_id(id);
   v1::UnloadModuleResponse response;
-  ReportCleanup("module", Call(*core,
-                               [&](grpc::ClientContext* c, const auto& r, auto* o) {
-                                 return core->modules().UnloadModule(c, r, o);
-                               },
-                               request, &response));
+  ReportCleanup("module", SessionCall(*core, GPURPC_RPC(core->modules(), UnloadModule),
+                                      "UnloadModule", request, &response, CleanupTimeout(*core)));
 }
 
 // ---------------------------------------------------------------------------- Client
@@ -154,58 +321,58 @@ internal::ModuleHandle::~ModuleHandle() {
 
 absl::StatusOr<v1::ListDevicesResponse> Client::ListDevices() const {
   auto stub = v1::DeviceService::NewStub(channel_);
-  grpc::ClientContext context;
   v1::ListDevicesResponse response;
-  grpc::Status status = stub->ListDevices(&context, v1::ListDevicesRequest(), &response);
-  if (!status.ok()) return FromGrpcStatus(status);
+  absl::Status status = ClientCall(channel_, target_, GPURPC_RPC(*stub, ListDevices), "ListDevices",
+                                   v1::ListDevicesRequest(), &response, call_timeout_);
+  if (!status.ok()) return status;
   return response;
 }
 
 absl::StatusOr<Session> Client::OpenSession(int device_ordinal,
                                             const std::string& client_label) const {
   auto stub = v1::SessionService::NewStub(channel_);
-  grpc::ClientContext context;
   v1::OpenSessionRequest request;
   request.set_device_ordinal(device_ordinal);
   request.set_client_label(client_label.empty() ? "gpurpc C++ client" : client_label);
   v1::OpenSessionResponse response;
-  grpc::Status status = stub->OpenSession(&context, request, &response);
-  if (!status.ok()) return FromGrpcStatus(status);
+  absl::Status status = ClientCall(channel_, target_, GPURPC_RPC(*stub, OpenSession), "OpenSession",
+                                   request, &response, call_timeout_);
+  if (!status.ok()) return status;
   Session session;
-  session.core_ = std::make_shared<SessionCore>(channel_, response.session_id(),
-                                                response.device(), response.idle_timeout_ms());
+  session.core_ = std::make_shared<SessionCore>(channel_, response, call_timeout_);
   return session;
 }
 
 absl::StatusOr<v1::GetServerInfoResponse> Client::GetServerInfo() const {
   auto stub = v1::DeviceService::NewStub(channel_);
-  grpc::ClientContext context;
   v1::GetServerInfoResponse response;
-  grpc::Status status = stub->GetServerInfo(&context, v1::GetServerInfoRequest(), &response);
-  if (!status.ok()) return FromGrpcStatus(status);
+  absl::Status status =
+      ClientCall(channel_, target_, GPURPC_RPC(*stub, GetServerInfo), "GetServerInfo",
+                 v1::GetServerInfoRequest(), &response, call_timeout_);
+  if (!status.ok()) return status;
   return response;
 }
 
 absl::StatusOr<v1::ListSessionsResponse> Client::AdminListSessions(
     const std::string& tenant) const {
   auto stub = v1::AdminService::NewStub(channel_);
-  grpc::ClientContext context;
   v1::ListSessionsRequest request;
   request.set_tenant(tenant);
   v1::ListSessionsResponse response;
-  grpc::Status status = stub->ListSessions(&context, request, &response);
-  if (!status.ok()) return FromGrpcStatus(status);
+  absl::Status status = ClientCall(channel_, target_, GPURPC_RPC(*stub, ListSessions),
+                                   "AdminService.ListSessions", request, &response, call_timeout_);
+  if (!status.ok()) return status;
   return response;
 }
 
 absl::StatusOr<v1::AdminCloseSessionResponse> Client::AdminCloseSession(uint64_t session_id) const {
   auto stub = v1::AdminService::NewStub(channel_);
-  grpc::ClientContext context;
   v1::AdminCloseSessionRequest request;
   request.set_session_id(session_id);
   v1::AdminCloseSessionResponse response;
-  grpc::Status status = stub->CloseSession(&context, request, &response);
-  if (!status.ok()) return FromGrpcStatus(status);
+  absl::Status status = ClientCall(channel_, target_, GPURPC_RPC(*stub, CloseSession),
+                                   "AdminService.CloseSession", request, &response, call_timeout_);
+  if (!status.ok()) return status;
   return response;
 }
 
@@ -236,12 +403,32 @@ absl::Status Session::Close() {
 
 absl::StatusOr<v1::KeepAliveResponse> Session::KeepAlive() const {
   if (core_ == nullptr) return NoSession();
-  grpc::ClientContext context;
-  core_->Prepare(&context);
+  // Always a round trip (it asks the daemon), also when the watch already knows better.
+  const absl::Duration timeout = std::min(core_->call_timeout(), internal::kKeepAliveTimeout);
   v1::KeepAliveResponse response;
-  grpc::Status status = core_->sessions().KeepAlive(&context, v1::KeepAliveRequest(), &response);
-  if (!status.ok()) return FromGrpcStatus(status);
+  SessionCore& core = *core_;
+  absl::Status status = internal::RunUnary(
+      "KeepAlive", GPURPC_RPC(core.sessions(), KeepAlive), v1::KeepAliveRequest(), &response,
+      timeout, [&core](grpc::ClientContext* context) { core.AddMetadata(context); });
+  if (!status.ok()) return status;
   return response;
+}
+
+v1::SessionState Session::state() const {
+  return core_ == nullptr ? v1::SESSION_STATE_UNSPECIFIED : core_->state();
+}
+
+absl::Status Session::fault() const {
+  if (core_ == nullptr) return NoSession();
+  return core_->CheckUsable();
+}
+
+absl::Duration Session::call_timeout() const {
+  return core_ == nullptr ? absl::ZeroDuration() : core_->call_timeout();
+}
+
+void Session::set_call_timeout(absl::Duration timeout) {
+  if (core_ != nullptr) core_->set_call_timeout(timeout);
 }
 
 absl::StatusOr<Buffer> Session::Allocate(uint64_t size_bytes) const {
@@ -249,10 +436,9 @@ absl::StatusOr<Buffer> Session::Allocate(uint64_t size_bytes) const {
   v1::AllocateRequest request;
   request.set_size_bytes(size_bytes);
   v1::AllocateResponse response;
-  grpc::ClientContext context;
-  core_->Prepare(&context);
-  grpc::Status status = core_->memory().Allocate(&context, request, &response);
-  if (!status.ok()) return FromGrpcStatus(status);
+  absl::Status status =
+      SessionCall(*core_, GPURPC_RPC(core_->memory(), Allocate), "Allocate", request, &response);
+  if (!status.ok()) return status;
   Buffer buffer;
   buffer.core_ = core_;
   buffer.id_ = response.buffer().buffer_id();
@@ -263,11 +449,10 @@ absl::StatusOr<Buffer> Session::Allocate(uint64_t size_bytes) const {
 
 absl::StatusOr<MemInfo> Session::GetMemInfo() const {
   if (core_ == nullptr) return NoSession();
-  grpc::ClientContext context;
-  core_->Prepare(&context);
   v1::GetMemInfoResponse response;
-  grpc::Status status = core_->memory().GetMemInfo(&context, v1::GetMemInfoRequest(), &response);
-  if (!status.ok()) return FromGrpcStatus(status);
+  absl::Status status = SessionCall(*core_, GPURPC_RPC(core_->memory(), GetMemInfo), "GetMemInfo",
+                                    v1::GetMemInfoRequest(), &response);
+  if (!status.ok()) return status;
   return MemInfo{response.free_bytes(), response.total_bytes()};
 }
 
@@ -303,9 +488,7 @@ absl::Status Session::Memset(const DeviceRef& dst, uint32_t value, uint32_t elem
   request.set_count(count);
   request.set_stream_id(StreamId(stream));
   v1::MemsetResponse response;
-  grpc::ClientContext context;
-  core_->Prepare(&context);
-  return FromGrpcStatus(core_->memory().Memset(&context, request, &response));
+  return SessionCall(*core_, GPURPC_RPC(core_->memory(), Memset), "Memset", request, &response);
 }
 
 absl::Status Session::CopyDeviceToDevice(const DeviceRef& dst, const DeviceRef& src,
@@ -318,14 +501,12 @@ absl::Status Session::CopyDeviceToDevice(const DeviceRef& dst, const DeviceRef& 
   request.set_size_bytes(size_bytes);
   request.set_stream_id(StreamId(stream));
   v1::CopyDeviceToDeviceResponse response;
-  grpc::ClientContext context;
-  core_->Prepare(&context);
-  return FromGrpcStatus(core_->memory().CopyDeviceToDevice(&context, request, &response));
+  return SessionCall(*core_, GPURPC_RPC(core_->memory(), CopyDeviceToDevice), "CopyDeviceToDevice",
+                     request, &response);
 }
 
-absl::Status Session::MemsetAsync(const DeviceRef& dst, uint32_t value,
-                                  uint32_t element_size_bytes, uint64_t count,
-                                  const Stream* stream) const {
+absl::Status Session::MemsetAsync(const DeviceRef& dst, uint32_t value, uint32_t element_size_bytes,
+                                  uint64_t count, const Stream* stream) const {
   if (core_ == nullptr) return NoSession();
   v1::Command command;
   v1::MemsetCommand* memset = command.mutable_memset();
@@ -353,9 +534,9 @@ absl::Status Session::UploadAsync(const DeviceRef& dst, absl::Span<const uint8_t
                                   const Stream* stream) const {
   if (core_ == nullptr) return NoSession();
   if (data.size() > kTransferChunkBytes) {
-    return absl::InvalidArgumentError(absl::StrFormat(
-        "UploadAsync: %d bytes exceed the inline limit of %d; use Upload", data.size(),
-        kTransferChunkBytes));
+    return absl::InvalidArgumentError(
+        absl::StrFormat("UploadAsync: %d bytes exceed the inline limit of %d; use Upload",
+                        data.size(), kTransferChunkBytes));
   }
   v1::Command command;
   v1::UploadCommand* upload = command.mutable_upload();
@@ -380,10 +561,9 @@ absl::StatusOr<CompileResult> Session::Compile(const CompileOptions& options) co
     request.add_name_expressions(expression);
   }
   CompileResult result;
-  grpc::ClientContext context;
-  core_->Prepare(&context);
-  grpc::Status status = core_->modules().Compile(&context, request, &result.response);
-  if (!status.ok()) return FromGrpcStatus(status);
+  absl::Status status = SessionCall(*core_, GPURPC_RPC(core_->modules(), Compile), "Compile",
+                                    std::move(request), &result.response);
+  if (!status.ok()) return status;
   if (result.response.success() && result.response.module_id() != 0) {
     result.module.core_ = core_;
     result.module.handle_ = std::make_shared<internal::ModuleHandle>();
@@ -405,10 +585,9 @@ absl::StatusOr<Module> Session::LoadModule(const std::string& image) const {
   v1::LoadModuleRequest request;
   request.set_image(image);
   v1::LoadModuleResponse response;
-  grpc::ClientContext context;
-  core_->Prepare(&context);
-  grpc::Status status = core_->modules().LoadModule(&context, request, &response);
-  if (!status.ok()) return FromGrpcStatus(status);
+  absl::Status status = SessionCall(*core_, GPURPC_RPC(core_->modules(), LoadModule), "LoadModule",
+                                    std::move(request), &response);
+  if (!status.ok()) return status;
   Module module;
   module.core_ = core_;
   module.handle_ = std::make_shared<internal::ModuleHandle>();
@@ -422,10 +601,9 @@ absl::StatusOr<Stream> Session::CreateStream(bool non_blocking) const {
   v1::CreateStreamRequest request;
   request.set_non_blocking(non_blocking);
   v1::CreateStreamResponse response;
-  grpc::ClientContext context;
-  core_->Prepare(&context);
-  grpc::Status status = core_->execution().CreateStream(&context, request, &response);
-  if (!status.ok()) return FromGrpcStatus(status);
+  absl::Status status = SessionCall(*core_, GPURPC_RPC(core_->execution(), CreateStream),
+                                    "CreateStream", request, &response);
+  if (!status.ok()) return status;
   Stream stream;
   stream.core_ = core_;
   stream.id_ = response.stream_id();
@@ -437,10 +615,9 @@ absl::StatusOr<Event> Session::CreateEvent(bool disable_timing) const {
   v1::CreateEventRequest request;
   request.set_disable_timing(disable_timing);
   v1::CreateEventResponse response;
-  grpc::ClientContext context;
-  core_->Prepare(&context);
-  grpc::Status status = core_->execution().CreateEvent(&context, request, &response);
-  if (!status.ok()) return FromGrpcStatus(status);
+  absl::Status status = SessionCall(*core_, GPURPC_RPC(core_->execution(), CreateEvent),
+                                    "CreateEvent", request, &response);
+  if (!status.ok()) return status;
   Event event;
   event.core_ = core_;
   event.id_ = response.event_id();
@@ -454,7 +631,12 @@ absl::Status Session::Flush() const {
 
 absl::Status Session::Synchronize() const {
   if (core_ == nullptr) return NoSession();
-  return core_->Sync(0, /*whole_session=*/true);
+  return Synchronize(core_->call_timeout());
+}
+
+absl::Status Session::Synchronize(absl::Duration timeout) const {
+  if (core_ == nullptr) return NoSession();
+  return core_->Sync(0, /*whole_session=*/true, timeout, "Session::Synchronize");
 }
 
 // ---------------------------------------------------------------------------- Buffer
@@ -467,7 +649,9 @@ Buffer::Buffer(Buffer&& other) noexcept
 
 Buffer& Buffer::operator=(Buffer&& other) noexcept {
   if (this != &other) {
-    if (id_ != 0) ReportCleanup("buffer", Free());
+    if (id_ != 0 && core_ != nullptr && core_->CheckUsable().ok()) {
+      ReportCleanup("buffer", FreeWithin(CleanupTimeout(*core_)));
+    }
     core_ = std::move(other.core_);
     id_ = std::exchange(other.id_, 0);
     device_address_ = std::exchange(other.device_address_, 0);
@@ -477,19 +661,25 @@ Buffer& Buffer::operator=(Buffer&& other) noexcept {
 }
 
 Buffer::~Buffer() {
-  if (id_ != 0 && core_ != nullptr && !core_->closed()) ReportCleanup("buffer", Free());
+  if (id_ != 0 && core_ != nullptr && core_->CheckUsable().ok()) {
+    ReportCleanup("buffer", FreeWithin(CleanupTimeout(*core_)));
+  }
 }
 
 absl::Status Buffer::Free() {
   if (core_ == nullptr || id_ == 0) return absl::NotFoundError("Free: buffer already freed");
+  return FreeWithin(core_->call_timeout());
+}
+
+absl::Status Buffer::FreeWithin(absl::Duration timeout) {
+  if (absl::Status usable = core_->CheckUsable(); !usable.ok()) return usable;
   // Work queued on the command stream may still use it: let it be enqueued first.
-  if (absl::Status status = core_->Barrier(); !status.ok()) return status;
+  if (absl::Status status = core_->Barrier(timeout); !status.ok()) return status;
   v1::FreeRequest request;
   request.set_buffer_id(std::exchange(id_, 0));
   v1::FreeResponse response;
-  grpc::ClientContext context;
-  core_->Prepare(&context);
-  return FromGrpcStatus(core_->memory().Free(&context, request, &response));
+  return SessionCall(*core_, GPURPC_RPC(core_->memory(), Free), "Free", request, &response,
+                     timeout);
 }
 
 absl::Status Buffer::Upload(absl::Span<const uint8_t> data, uint64_t offset_bytes) const {
@@ -519,20 +709,24 @@ Stream& Stream::operator=(Stream&& other) noexcept {
   return *this;
 }
 Stream::~Stream() {
-  if (id_ == 0 || core_ == nullptr || core_->closed()) return;
-  if (!core_->Barrier().ok()) return;
+  if (id_ == 0 || core_ == nullptr || !core_->CheckUsable().ok()) return;
+  const absl::Duration timeout = CleanupTimeout(*core_);
+  if (!core_->Barrier(timeout).ok()) return;
   v1::DestroyStreamRequest request;
   request.set_stream_id(id_);
   v1::DestroyStreamResponse response;
-  grpc::ClientContext context;
-  core_->Prepare(&context);
-  ReportCleanup("stream",
-                FromGrpcStatus(core_->execution().DestroyStream(&context, request, &response)));
+  ReportCleanup("stream", SessionCall(*core_, GPURPC_RPC(core_->execution(), DestroyStream),
+                                      "DestroyStream", request, &response, timeout));
 }
 
 absl::Status Stream::Synchronize() const {
   if (core_ == nullptr) return NoSession();
-  return core_->Sync(id_, /*whole_session=*/false);
+  return Synchronize(core_->call_timeout());
+}
+
+absl::Status Stream::Synchronize(absl::Duration timeout) const {
+  if (core_ == nullptr) return NoSession();
+  return core_->Sync(id_, /*whole_session=*/false, timeout, "Stream::Synchronize");
 }
 
 absl::Status Stream::WaitEvent(const Event& event) const {
@@ -554,15 +748,14 @@ Event& Event::operator=(Event&& other) noexcept {
   return *this;
 }
 Event::~Event() {
-  if (id_ == 0 || core_ == nullptr || core_->closed()) return;
-  if (!core_->Barrier().ok()) return;
+  if (id_ == 0 || core_ == nullptr || !core_->CheckUsable().ok()) return;
+  const absl::Duration timeout = CleanupTimeout(*core_);
+  if (!core_->Barrier(timeout).ok()) return;
   v1::DestroyEventRequest request;
   request.set_event_id(id_);
   v1::DestroyEventResponse response;
-  grpc::ClientContext context;
-  core_->Prepare(&context);
-  ReportCleanup("event",
-                FromGrpcStatus(core_->execution().DestroyEvent(&context, request, &response)));
+  ReportCleanup("event", SessionCall(*core_, GPURPC_RPC(core_->execution(), DestroyEvent),
+                                     "DestroyEvent", request, &response, timeout));
 }
 
 absl::Status Event::Record(const Stream* stream) const {
@@ -575,13 +768,28 @@ absl::Status Event::Record(const Stream* stream) const {
 
 absl::Status Event::Synchronize() const {
   if (core_ == nullptr) return NoSession();
-  if (absl::Status status = core_->Barrier(); !status.ok()) return status;
+  return Synchronize(core_->call_timeout());
+}
+
+absl::Status Event::Synchronize(absl::Duration timeout) const {
+  if (core_ == nullptr) return NoSession();
+  if (absl::Status usable = core_->CheckUsable(); !usable.ok()) return usable;
+  // One deadline for both steps.
+  const absl::Time deadline = internal::DeadlineAfter(timeout);
+  if (absl::Status status = core_->Barrier(timeout); !status.ok()) return status;
   v1::SynchronizeEventRequest request;
   request.set_event_id(id_);
   v1::SynchronizeEventResponse response;
-  grpc::ClientContext context;
-  core_->Prepare(&context);
-  return FromGrpcStatus(core_->execution().SynchronizeEvent(&context, request, &response));
+  const absl::Duration left = deadline == absl::InfiniteFuture()
+                                  ? timeout
+                                  : std::max(deadline - absl::Now(), absl::ZeroDuration());
+  absl::Status status = SessionCall(*core_, GPURPC_RPC(core_->execution(), SynchronizeEvent),
+                                    "Event::Synchronize", request, &response, left);
+  // The message names the whole timeout, not what was left of it.
+  if (absl::IsDeadlineExceeded(status) && absl::Now() >= deadline) {
+    return internal::TimeoutError("Event::Synchronize", timeout);
+  }
+  return status;
 }
 
 absl::StatusOr<bool> Event::Query() const {
@@ -590,10 +798,9 @@ absl::StatusOr<bool> Event::Query() const {
   v1::QueryEventRequest request;
   request.set_event_id(id_);
   v1::QueryEventResponse response;
-  grpc::ClientContext context;
-  core_->Prepare(&context);
-  grpc::Status status = core_->execution().QueryEvent(&context, request, &response);
-  if (!status.ok()) return FromGrpcStatus(status);
+  absl::Status status = SessionCall(*core_, GPURPC_RPC(core_->execution(), QueryEvent),
+                                    "QueryEvent", request, &response);
+  if (!status.ok()) return status;
   return response.done();
 }
 
@@ -604,10 +811,9 @@ absl::StatusOr<float> Event::ElapsedSince(const Event& start) const {
   request.set_start_event_id(start.id());
   request.set_end_event_id(id_);
   v1::EventElapsedTimeResponse response;
-  grpc::ClientContext context;
-  core_->Prepare(&context);
-  grpc::Status status = core_->execution().EventElapsedTime(&context, request, &response);
-  if (!status.ok()) return FromGrpcStatus(status);
+  absl::Status status = SessionCall(*core_, GPURPC_RPC(core_->execution(), EventElapsedTime),
+                                    "EventElapsedTime", request, &response);
+  if (!status.ok()) return status;
   return response.elapsed_ms();
 }
 
@@ -621,10 +827,9 @@ absl::StatusOr<Function> Module::GetFunction(const std::string& name) const {
   request.set_module_id(id());
   request.set_name(name);
   v1::GetFunctionResponse response;
-  grpc::ClientContext context;
-  core_->Prepare(&context);
-  grpc::Status status = core_->modules().GetFunction(&context, request, &response);
-  if (!status.ok()) return FromGrpcStatus(status);
+  absl::Status status = SessionCall(*core_, GPURPC_RPC(core_->modules(), GetFunction),
+                                    "GetFunction", request, &response);
+  if (!status.ok()) return status;
   Function function;
   function.core_ = core_;
   function.module_ = handle_;
@@ -641,18 +846,17 @@ absl::StatusOr<Module::Global> Module::GetGlobal(const std::string& name) const 
   request.set_module_id(id());
   request.set_name(name);
   v1::GetGlobalResponse response;
-  grpc::ClientContext context;
-  core_->Prepare(&context);
-  grpc::Status status = core_->modules().GetGlobal(&context, request, &response);
-  if (!status.ok()) return FromGrpcStatus(status);
+  absl::Status status =
+      SessionCall(*core_, GPURPC_RPC(core_->modules(), GetGlobal), "GetGlobal", request, &response);
+  if (!status.ok()) return status;
   return Global{response.device_address(), response.size_bytes()};
 }
 
 absl::StatusOr<std::string> Function::Pack(absl::Span<const KernelArg> args) const {
   if (args.size() != params_.size()) {
-    return absl::InvalidArgumentError(absl::StrFormat(
-        "kernel '%s' takes %d parameters; %d arguments were given", name_, params_.size(),
-        args.size()));
+    return absl::InvalidArgumentError(
+        absl::StrFormat("kernel '%s' takes %d parameters; %d arguments were given", name_,
+                        params_.size(), args.size()));
   }
   const size_t total =
       params_.empty() ? 0 : params_.back().offset_bytes() + params_.back().size_bytes();
@@ -660,9 +864,9 @@ absl::StatusOr<std::string> Function::Pack(absl::Span<const KernelArg> args) con
   for (size_t i = 0; i < args.size(); ++i) {
     const std::vector<uint8_t>& bytes = args[i].bytes();
     if (bytes.size() != params_[i].size_bytes()) {
-      return absl::InvalidArgumentError(absl::StrFormat(
-          "kernel '%s' parameter #%d: expected %d bytes, given %d bytes", name_, i,
-          params_[i].size_bytes(), bytes.size()));
+      return absl::InvalidArgumentError(
+          absl::StrFormat("kernel '%s' parameter #%d: expected %d bytes, given %d bytes", name_, i,
+                          params_[i].size_bytes(), bytes.size()));
     }
     std::copy(bytes.begin(), bytes.end(), packed.begin() + params_[i].offset_bytes());
   }
@@ -693,9 +897,7 @@ absl::Status Function::LaunchPacked(const LaunchConfig& config, absl::Span<const
   v1::LaunchRequest request;
   FillLaunch(id_, config, *std::move(packed), request.mutable_launch());
   v1::LaunchResponse response;
-  grpc::ClientContext context;
-  core_->Prepare(&context);
-  return FromGrpcStatus(core_->execution().Launch(&context, request, &response));
+  return SessionCall(*core_, GPURPC_RPC(core_->execution(), Launch), "Launch", request, &response);
 }
 
 absl::Status Function::LaunchBlobAsync(const LaunchConfig& config, std::string packed_args) const {

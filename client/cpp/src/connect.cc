@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <chrono>
+#include <cmath>
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
@@ -16,10 +17,13 @@
 #include <vector>
 
 #include "absl/strings/ascii.h"
+#include "absl/strings/escaping.h"
 #include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "client/cpp/src/session_core.h"
 #include "common/grpc_status.h"
 #include "common/limits.h"
 #include "gpurpc/client.h"
@@ -175,6 +179,35 @@ bool IsTlsFailure(const std::string& message) {
          absl::StrContains(lower, "tls") || absl::StrContains(lower, "certificate");
 }
 
+// The call timeout: explicit, else $GPURPC_TIMEOUT (seconds, or an absl duration such as
+// "90s"), else the default.
+absl::StatusOr<absl::Duration> ResolveCallTimeout(const ConnectOptions& options) {
+  if (options.call_timeout != absl::ZeroDuration()) {
+    if (options.call_timeout < absl::ZeroDuration()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("ConnectOptions::call_timeout must be positive, got ",
+                       absl::FormatDuration(options.call_timeout)));
+    }
+    return options.call_timeout;
+  }
+  const std::string env(absl::StripAsciiWhitespace(Env("GPURPC_TIMEOUT", options.use_environment)));
+  if (env.empty()) return internal::kDefaultCallTimeout;
+  absl::Duration timeout;
+  double seconds = 0;
+  if (absl::SimpleAtod(env, &seconds) && std::isfinite(seconds)) {
+    timeout = absl::Seconds(seconds);
+  } else if (!absl::ParseDuration(env, &timeout) || timeout == absl::InfiniteDuration()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "GPURPC_TIMEOUT='", absl::CHexEscape(env.substr(0, 64)),
+        "' is not a timeout: give seconds (e.g. 90) or a duration (e.g. 90s, 10m, 1h)"));
+  }
+  if (timeout <= absl::ZeroDuration()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("GPURPC_TIMEOUT='", env, "' is not a timeout: it must be positive"));
+  }
+  return timeout;
+}
+
 grpc::Status CallListDevices(const std::shared_ptr<grpc::Channel>& channel, absl::Duration timeout,
                              bool wait_for_ready) {
   auto stub = v1::DeviceService::NewStub(channel);
@@ -237,6 +270,8 @@ absl::StatusOr<Client> Client::Connect(const ConnectOptions& options) {
   if (!target.ok()) return target.status();
   absl::StatusOr<std::string> token = ResolveToken(options);
   if (!token.ok()) return token.status();
+  absl::StatusOr<absl::Duration> call_timeout = ResolveCallTimeout(options);
+  if (!call_timeout.ok()) return call_timeout.status();
 
   // TLS settings from the environment describe a remote daemon; a Unix socket is plain.
   const bool env_tls = options.use_environment && !IsUnixTarget(*target);
@@ -263,6 +298,10 @@ absl::StatusOr<Client> Client::Connect(const ConnectOptions& options) {
   grpc::ChannelArguments args;
   args.SetMaxReceiveMessageSize(kMaxMessageBytes);
   args.SetMaxSendMessageSize(kMaxMessageBytes);
+  // Reconnect soon after the daemon comes back (gRPC's default backoff grows to 120 s): a
+  // session's watch must re-attach within the daemon's grace.
+  args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
+  args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 2000);
   // An http_proxy in the environment must not capture loopback traffic.
   if (IsLoopbackTarget(*target)) args.SetInt(GRPC_ARG_ENABLE_HTTP_PROXY, 0);
   std::shared_ptr<grpc::ChannelCredentials> credentials;
@@ -340,7 +379,8 @@ absl::StatusOr<Client> Client::Connect(const ConnectOptions& options) {
     absl::Status error = FromGrpcStatus(status);
     return absl::Status(error.code(), absl::StrCat("gpurpcd at ", *target, ": ", error.message()));
   }
-  return Client(std::move(channel), *target);
+  internal::KeepCallbackQueueAlive();
+  return Client(std::move(channel), *target, *call_timeout);
 }
 
 }  // namespace gpurpc

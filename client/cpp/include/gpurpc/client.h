@@ -23,7 +23,41 @@
 // Errors: absl::Status with the daemon's code and message (DESIGN §3): INVALID_ARGUMENT
 // for bad input, NOT_FOUND for unknown handles, RESOURCE_EXHAUSTED for memory, ABORTED for
 // the call that observes a kernel fault, FAILED_PRECONDITION for every call on a FAULTED
-// session afterwards.
+// session afterwards (DEADLINE_EXCEEDED instead when the daemon's kernel watchdog ended
+// it), DEADLINE_EXCEEDED naming the call and the timeout when a call's own deadline passed.
+//
+// Deadlines. Every call that waits for the daemon has one: the call timeout
+// (ConnectOptions::call_timeout, else $GPURPC_TIMEOUT, else 5 minutes; per session
+// Session::set_call_timeout; per call Session/Stream/Event::Synchronize(timeout)). A unary
+// call gets it as its gRPC deadline, and returns at it also when the daemon takes no bytes
+// (stopped, wedged: the call is cancelled and abandoned then). The command stream lives as long as
+// the session and has none as a whole; each write of a batch (which blocks while the daemon takes
+// no bytes) and each wait for the daemon's answer (Synchronize, and the wait for queued commands
+// before a unary call) has one. A streamed transfer (Upload/Download above 1 MiB) has no deadline
+// as a whole, its size being unbounded; each step (every 1 MiB chunk, the final answer) must make
+// progress within the call timeout, else it is cancelled. A deadline on a synchronising call
+// does not cancel GPU work: the kernel runs on, and the session stays usable (a later
+// Synchronize waits for it; the daemon's kernel watchdog, not the client, ends kernels that
+// run too long). Close and KeepAlive use short bounds of their own (5 s and 10 s, or the call
+// timeout when shorter); handle destructors' cleanup calls at most 10 s.
+//
+// Liveness and faults. A Session holds one WatchSession stream open while it exists (on
+// gRPC's callback API: no thread is parked per session). It is the daemon's proof that the
+// client lives: a session whose client dies or disconnects is reclaimed after the daemon's
+// grace (--session-grace, default 10 s), and a session that is merely idle is kept however
+// long. A broken stream (connection lost, daemon restarting) is re-opened with a backoff of
+// 50 ms doubling up to a quarter of the grace (at most 2 s) while the Session exists, so a
+// network drop shorter than the grace keeps the session. The stream delivers faults: once it
+// reports the session FAULTED (or gone: NOT_FOUND), every call returns that status at once,
+// without a round trip, and Session::state()/fault() say so.
+//
+// Daemon restarts. Every session-scoped call sends the daemon instance from OpenSession as
+// "gpurpc-instance" metadata; a session of an earlier run of the daemon answers NOT_FOUND
+// with a message that says the daemon restarted, returned as is (also by every later call,
+// once the watch has seen it). The Client needs nothing: its channel reconnects by itself,
+// and Client::OpenSession opens a new session on the new daemon right away (a client call
+// that finds the channel disconnected reconnects at once and tries again, waiting at most
+// 10 s for the connection).
 //
 // Thread safety: a Session and its handles may be used from several threads; commands
 // enqueued from different threads are ordered by when they were enqueued.
@@ -133,6 +167,11 @@ struct ConnectOptions {
 
   // How long Connect waits for the daemon to answer.
   absl::Duration timeout = absl::Seconds(10);
+  // The deadline of every call the client and its sessions make (see "Deadlines" above).
+  // Zero: $GPURPC_TIMEOUT (seconds, e.g. "90", or a duration, e.g. "90s", "10m", "1h";
+  // anything else fails Connect with INVALID_ARGUMENT), else 5 minutes.
+  // absl::InfiniteDuration(): no deadline at all (a hung daemon then hangs the caller).
+  absl::Duration call_timeout = absl::ZeroDuration();
   // False: ignore every GPURPC_* variable (only what is set here counts).
   bool use_environment = true;
 };
@@ -157,13 +196,14 @@ class Client {
   // UNAUTHENTICATED when it refuses the credentials; INVALID_ARGUMENT for unusable options
   // (unreadable token or certificate files, a client certificate without its key).
   static absl::StatusOr<Client> Connect(const ConnectOptions& options);
-  // The same with options.address = address and options.timeout = timeout (credentials from
-  // the environment).
+  // The same with options.address = address and options.timeout = timeout (credentials and
+  // the call timeout from the environment).
   static absl::StatusOr<Client> Connect(const std::string& address,
                                         absl::Duration timeout = absl::Seconds(10));
 
   absl::StatusOr<v1::ListDevicesResponse> ListDevices() const;
-  // Opens a session (one worker process with one context) on a device.
+  // Opens a session (one worker process with one context) on a device; its calls use this
+  // client's call timeout.
   absl::StatusOr<Session> OpenSession(int device_ordinal = 0,
                                       const std::string& client_label = "") const;
   // The daemon as the caller sees it: tenant, how it was authenticated, admin or not,
@@ -178,14 +218,17 @@ class Client {
 
   // The gRPC target connected to (after resolution).
   const std::string& target() const { return target_; }
+  // The deadline of this client's calls and of its sessions' (ConnectOptions::call_timeout).
+  absl::Duration call_timeout() const { return call_timeout_; }
   // The channel, for calling the proto API directly; it adds the token to every call.
   const std::shared_ptr<grpc::Channel>& channel() const { return channel_; }
 
  private:
-  Client(std::shared_ptr<grpc::Channel> channel, std::string target)
-      : channel_(std::move(channel)), target_(std::move(target)) {}
+  Client(std::shared_ptr<grpc::Channel> channel, std::string target, absl::Duration call_timeout)
+      : channel_(std::move(channel)), target_(std::move(target)), call_timeout_(call_timeout) {}
   std::shared_ptr<grpc::Channel> channel_;
   std::string target_;
+  absl::Duration call_timeout_;
 };
 
 // Where device memory is addressed: a buffer plus an offset, or a raw address inside a
@@ -222,6 +265,7 @@ class Buffer {
 
  private:
   friend class Session;
+  absl::Status FreeWithin(absl::Duration timeout);
   std::shared_ptr<internal::SessionCore> core_;
   uint64_t id_ = 0;
   uint64_t device_address_ = 0;
@@ -236,8 +280,11 @@ class Stream {
   Stream& operator=(Stream&&) noexcept;
   ~Stream();
   uint64_t id() const { return id_; }
-  // Waits for the stream's work (flushing queued commands first).
+  // Waits for the stream's work (flushing queued commands first), at most the call timeout
+  // or `timeout`; a deadline that passes returns DEADLINE_EXCEEDED and does not cancel the
+  // work (see "Deadlines").
   absl::Status Synchronize() const;
+  absl::Status Synchronize(absl::Duration timeout) const;
   // Makes this stream wait for `event` (stream ordered, through the command stream).
   absl::Status WaitEvent(const Event& event) const;
 
@@ -257,7 +304,9 @@ class Event {
   uint64_t id() const { return id_; }
   // Records on a stream (nullptr = default), through the command stream.
   absl::Status Record(const Stream* stream = nullptr) const;
+  // Waits for the event, at most the call timeout or `timeout` (as Stream::Synchronize).
   absl::Status Synchronize() const;
+  absl::Status Synchronize(absl::Duration timeout) const;
   absl::StatusOr<bool> Query() const;
   // Milliseconds from `start` to this event.
   absl::StatusOr<float> ElapsedSince(const Event& start) const;
@@ -275,8 +324,8 @@ class KernelArg {
   KernelArg(const Buffer& buffer) : KernelArg(buffer.device_address()) {}  // NOLINT
   KernelArg(const DeviceRef& ref) : KernelArg(ref.device_address) {}       // NOLINT
   // Any trivially copyable value (scalars, vector types, structs): its bytes.
-  template <typename T, typename = std::enable_if_t<std::is_trivially_copyable_v<T> &&
-                                                    !std::is_pointer_v<T>>>
+  template <typename T,
+            typename = std::enable_if_t<std::is_trivially_copyable_v<T> && !std::is_pointer_v<T>>>
   KernelArg(const T& value)  // NOLINT
       : bytes_(reinterpret_cast<const uint8_t*>(&value),
                reinterpret_cast<const uint8_t*>(&value) + sizeof(T)) {}
@@ -365,8 +414,8 @@ struct CompileResult {
 };
 
 // A session: one worker process holding one context on one device. Move-only; closed on
-// destruction. A background thread keeps it alive (KeepAlive at a third of the daemon's
-// idle timeout) while the object exists.
+// destruction. While the object exists its WatchSession stream keeps it alive and reports
+// faults (see "Liveness and faults").
 class Session {
  public:
   Session() = default;
@@ -390,8 +439,8 @@ class Session {
   // element_size_bytes 1, 2 or 4; count in elements. Unary (synchronous argument checks).
   absl::Status Memset(const DeviceRef& dst, uint32_t value, uint32_t element_size_bytes,
                       uint64_t count, const Stream* stream = nullptr) const;
-  absl::Status CopyDeviceToDevice(const DeviceRef& dst, const DeviceRef& src,
-                                  uint64_t size_bytes, const Stream* stream = nullptr) const;
+  absl::Status CopyDeviceToDevice(const DeviceRef& dst, const DeviceRef& src, uint64_t size_bytes,
+                                  const Stream* stream = nullptr) const;
   // Async forms through the command stream.
   absl::Status MemsetAsync(const DeviceRef& dst, uint32_t value, uint32_t element_size_bytes,
                            uint64_t count, const Stream* stream = nullptr) const;
@@ -412,12 +461,38 @@ class Session {
   // Sends queued commands without waiting.
   absl::Status Flush() const;
   // Waits for everything the session has queued. The first asynchronous error since the
-  // last synchronising call is returned here (with its command's sequence number).
+  // last synchronising call is returned here (with its command's sequence number). Waits at
+  // most the call timeout, or `timeout`: give a long kernel a longer one here rather than
+  // raising every call's. A deadline that passes returns DEADLINE_EXCEEDED naming the call
+  // and the timeout; it does not cancel the GPU work, which goes on (the next synchronising
+  // call waits for it and reports its errors).
   absl::Status Synchronize() const;
+  absl::Status Synchronize(absl::Duration timeout) const;
 
-  // The session's state from the daemon (also a bare front-end round trip).
+  // The deadline of this session's calls (from Client::call_timeout()); changing it affects
+  // calls made afterwards, from any thread. absl::InfiniteDuration(): none.
+  absl::Duration call_timeout() const;
+  void set_call_timeout(absl::Duration timeout);
+
+  // What the session's watch knows, without a round trip: ACTIVE, FAULTED, or UNSPECIFIED
+  // once the session is closed or gone (closed or reclaimed by the daemon, or the daemon
+  // restarted).
+  v1::SessionState state() const;
+  // OK while the session is usable as far as the watch knows; else the status every call on
+  // it returns now: the fault's code (FAILED_PRECONDITION, or DEADLINE_EXCEEDED after the
+  // kernel watchdog) with its cause, the daemon's NOT_FOUND for a lost session (its message
+  // says when the daemon restarted), FAILED_PRECONDITION once closed.
+  absl::Status fault() const;
+
+  // The session's state from the daemon (also a bare front-end round trip); at most 10 s.
+  // Not needed to keep the session alive (the watch does).
   absl::StatusOr<v1::KeepAliveResponse> KeepAlive() const;
-  // Closes now; later calls fail. Idempotent.
+  // Closes now; later calls fail. Idempotent. Never waits long: stops the watch and the
+  // command stream at once (commands queued and not yet synchronised are dropped; closing
+  // frees everything anyway), then sends CloseSession with a deadline of 5 s (or the call
+  // timeout when shorter). Returns that call's status: UNAVAILABLE or DEADLINE_EXCEEDED
+  // when the daemon is gone or stopped (the daemon then reclaims the session after its
+  // grace), NOT_FOUND when the session was already gone.
   absl::Status Close();
 
  private:

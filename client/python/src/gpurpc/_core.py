@@ -11,14 +11,29 @@ thread reads the replies (exactly one per batch), delivers download data and rec
 errors of asynchronous commands are raised at the next synchronising call, like CUDA's.
 Unary RPCs that must observe earlier work (frees, event queries, streaming transfers) first
 *drain* the command stream: every batch sent is acknowledged, hence enqueued on the server.
+
+Deadlines. Every call that waits for the daemon has one: the call timeout (``timeout=`` of
+``Client``/``driver.init``, else ``$GPURPC_TIMEOUT``, else 300 s; per session
+``SessionCore.timeout``). A unary call gets it as its gRPC deadline; the command stream,
+which lives as long as the session, gets it per wait (a drain, and the wait for room when
+too many batches are unanswered); a streamed transfer gets it per step (no chunk moved for
+that long cancels it). A passed deadline raises :class:`CallTimeoutError`.
+
+Liveness. Each session holds one ``SessionService.WatchSession`` stream open, read by one
+daemon thread per session, and re-opens it with a backoff while the session is open. The
+watch records faults and the loss of the session (NOT_FOUND: reclaimed, closed, or the
+daemon restarted); later calls raise the recorded error at once.
 """
 from __future__ import annotations
 
 import collections
+import math
 import os
 import queue
+import re
 import stat
 import threading
+import time
 import weakref
 from typing import Any, Callable, Deque, Dict, List, Optional, Tuple
 
@@ -30,9 +45,12 @@ from ._errors import (
     LaunchError,
     LogicError,
     RuntimeError,
+    SessionLost,
     error_from_rpc,
     error_from_status,
+    session_lost_error,
     status_code_from_int,
+    timeout_error,
 )
 from .v1 import (
     admin_service_pb2,
@@ -55,6 +73,14 @@ MAX_INFLIGHT_BATCHES = 64            # unacknowledged batches before the sender 
 MAX_INFLIGHT_DOWNLOAD_BYTES = 256 << 20
 STREAMED_TRANSFER_BYTES = 8 << 20    # synchronous transfers above this use Upload/DownloadStream
 SESSION_METADATA_KEY = "gpurpc-session"
+INSTANCE_METADATA_KEY = "gpurpc-instance"
+
+DEFAULT_TIMEOUT_S = 300.0            # the call timeout without timeout= or GPURPC_TIMEOUT
+CLOSE_TIMEOUT_S = 5.0                # CloseSession (or the call timeout when shorter)
+KEEPALIVE_TIMEOUT_S = 10.0           # an explicit KeepAlive (likewise)
+CLEANUP_TIMEOUT_S = 10.0             # frees of garbage-collected handles (likewise)
+RECONNECT_TIMEOUT_S = 10.0           # a retried call's wait for a lost connection
+WATCH_INITIAL_BACKOFF_S = 0.05       # first wait before re-opening a broken watch; doubles
 
 # The client builds its callables from the service descriptors rather than the generated
 # *_pb2_grpc stubs, which need grpcio >= 1.63: this works with any grpcio.
@@ -206,6 +232,63 @@ def resolve_token(token: Optional[str] = None) -> Optional[str]:
     return None
 
 
+_TIMEOUT_UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "min": 60.0, "h": 3600.0}
+
+
+def resolve_timeout(timeout: Optional[float] = None) -> float:
+    """The call timeout in seconds: ``timeout``, else ``$GPURPC_TIMEOUT`` (seconds, e.g. ``90``,
+    or with a unit: ``500ms``, ``90s``, ``10m``, ``1h``), else 300. ``math.inf`` means no
+    deadline at all (then a hung daemon hangs the caller).
+
+    :raises LogicError: a timeout that is not a positive number (naming where it came from).
+    """
+    origin = "timeout="
+    if timeout is None:
+        env = (os.environ.get("GPURPC_TIMEOUT") or "").strip()
+        if not env:
+            return DEFAULT_TIMEOUT_S
+        origin = "GPURPC_TIMEOUT"
+        match = re.fullmatch(r"([0-9]*\.?[0-9]+(?:[eE][-+]?[0-9]+)?)\s*(ms|s|min|m|h)?", env)
+        if match is None:
+            raise LogicError(f"GPURPC_TIMEOUT={env[:64]!r} is not a timeout: give seconds (e.g. "
+                             "90) or a duration (e.g. 90s, 10m, 1h)",
+                             code=grpc.StatusCode.INVALID_ARGUMENT, operation="connect")
+        timeout = float(match.group(1)) * _TIMEOUT_UNITS[match.group(2) or "s"]
+    try:
+        value = float(timeout)
+    except (TypeError, ValueError):
+        raise LogicError(f"{origin} must be a number of seconds, got {timeout!r}",
+                         code=grpc.StatusCode.INVALID_ARGUMENT, operation="connect") from None
+    if not value > 0:  # also NaN
+        raise LogicError(f"{origin} must be positive (seconds; math.inf for none), got {value!r}",
+                         code=grpc.StatusCode.INVALID_ARGUMENT, operation="connect")
+    return value
+
+
+def grpc_timeout(timeout: float) -> Optional[float]:
+    """gRPC's ``timeout=`` for a timeout in seconds (None: no deadline)."""
+    return None if math.isinf(timeout) else timeout
+
+
+# How long past its deadline a call may take to report it before it is abandoned.
+ABANDON_MARGIN_S = 0.25
+
+
+def _finish(future: Any, operation: str, timeout: float) -> Any:
+    """The result of a unary call started with ``.future()``, waited for at most its deadline.
+
+    A blocking call would wait past its deadline when its request is stuck behind HTTP/2 flow
+    control (gRPC completes it only once the peer reads again: never, for a stopped daemon);
+    this one is cancelled and abandoned then, and :class:`CallTimeoutError` raised at once.
+    """
+    try:
+        return future.result(timeout=None if math.isinf(timeout)
+                             else timeout + ABANDON_MARGIN_S)
+    except grpc.FutureTimeoutError:
+        future.cancel()
+        raise timeout_error(operation, timeout) from None
+
+
 _TRUE = ("1", "true", "yes")
 
 
@@ -214,6 +297,10 @@ class Client:
 
     Where: ``address``, else ``$GPURPC_ADDRESS``, else the first default socket that exists
     (see :func:`resolve_address`).
+
+    Deadlines: ``timeout`` (seconds; default ``$GPURPC_TIMEOUT``, else 300; ``math.inf``: none)
+    bounds every call of this client and of the sessions opened afterwards (see the module
+    docstring); the attribute ``timeout`` may be changed later.
 
     Credentials (a Unix socket needs none: the daemon knows the caller's uid):
 
@@ -234,8 +321,9 @@ class Client:
     def __init__(self, address: Optional[str] = None, *, token: Optional[str] = None,
                  root_certificates: Optional[bytes] = None, tls: Optional[bool] = None,
                  certificate_chain: Optional[bytes] = None, private_key: Optional[bytes] = None,
-                 server_name: Optional[str] = None) -> None:
+                 server_name: Optional[str] = None, timeout: Optional[float] = None) -> None:
         self.target = resolve_address(address)
+        self.timeout: float = resolve_timeout(timeout)
         # What was asked for explicitly (driver.init reuses a client asked for the same).
         self.explicit_credentials: Tuple[Any, ...] = (
             token, root_certificates, tls, certificate_chain, private_key, server_name)
@@ -243,6 +331,10 @@ class Client:
         options: List[Tuple[str, Any]] = [
             ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
             ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
+            # Reconnect soon after the daemon comes back (gRPC's default backoff grows to
+            # 120 s): a session's watch must re-attach within the daemon's grace.
+            ("grpc.initial_reconnect_backoff_ms", 100),
+            ("grpc.max_reconnect_backoff_ms", 2000),
         ]
         if _is_loopback(self.target):
             # An http_proxy in the environment must not capture loopback traffic.
@@ -300,13 +392,40 @@ class Client:
         return fn
 
     def call(self, name: str, request: Any, metadata: Tuple = (), timeout: Optional[float] = None,
-             cls: Optional[type] = None, op: Optional[str] = None) -> Any:
-        """Calls a unary RPC ``Service.Method``; a failure raises the mapped gpurpc error."""
+             cls: Optional[type] = None, op: Optional[str] = None,
+             reconnect: bool = False) -> Any:
+        """Calls a unary RPC ``Service.Method`` with a deadline ``timeout`` seconds from now
+        (default: the client's call timeout); a failure raises the mapped gpurpc error, a
+        passed deadline :class:`CallTimeoutError` naming the call and the timeout.
+
+        ``reconnect``: after UNAVAILABLE (e.g. the daemon just restarted and gRPC waits
+        before reconnecting), try once more, waiting at most 10 s for the connection.
+        """
         debug.count(name)
+        limit = self.timeout if timeout is None else timeout
+        method = self.method(name)
+        started = time.monotonic()
         try:
-            return self.method(name)(request, metadata=metadata + self.auth_metadata,
-                                     timeout=timeout)
+            return _finish(method.future(request, metadata=metadata + self.auth_metadata,
+                                         timeout=grpc_timeout(limit)), op or name, limit)
         except grpc.RpcError as e:
+            code = e.code() if hasattr(e, "code") else None
+            if code == grpc.StatusCode.DEADLINE_EXCEEDED and \
+                    time.monotonic() - started >= limit * 0.999:
+                raise timeout_error(op or name, limit) from None
+            if not (reconnect and code == grpc.StatusCode.UNAVAILABLE):
+                raise error_from_rpc(e, op or name, cls, self.target, self.tls) from None
+            first = e
+        wait = min(limit, RECONNECT_TIMEOUT_S)
+        started = time.monotonic()
+        try:
+            return _finish(method.future(request, metadata=metadata + self.auth_metadata,
+                                         timeout=wait, wait_for_ready=True), op or name, wait)
+        except grpc.RpcError as e:
+            if e.code() == grpc.StatusCode.DEADLINE_EXCEEDED and \
+                    time.monotonic() - started >= wait * 0.999:
+                # Never connected: report why the first attempt could not.
+                raise error_from_rpc(first, op or name, cls, self.target, self.tls) from None
             raise error_from_rpc(e, op or name, cls, self.target, self.tls) from None
 
     def list_devices(self, refresh: bool = False) -> device_service_pb2.ListDevicesResponse:
@@ -314,25 +433,24 @@ class Client:
         with self._lock:
             if self._devices is None or refresh:
                 self._devices = self.call("DeviceService.ListDevices",
-                                          device_service_pb2.ListDevicesRequest(), timeout=30)
+                                          device_service_pb2.ListDevicesRequest())
             return self._devices
 
     def server_info(self) -> device_service_pb2.GetServerInfoResponse:
-        """The daemon as this client sees it: tenant, auth method, admin flag, quota, usage
-        and compile sandbox (``DeviceService.GetServerInfo``)."""
+        """The daemon as this client sees it: tenant, auth method, admin flag, quota, usage,
+        compile sandbox, daemon instance and start time (``DeviceService.GetServerInfo``)."""
         return self.call("DeviceService.GetServerInfo",
-                         device_service_pb2.GetServerInfoRequest(), timeout=30)
+                         device_service_pb2.GetServerInfoRequest(), reconnect=True)
 
     def admin_list_sessions(self, tenant: str = "") -> admin_service_pb2.ListSessionsResponse:
         """Every open session (of ``tenant`` only, when given). Admin tenants only."""
         return self.call("AdminService.ListSessions",
-                         admin_service_pb2.ListSessionsRequest(tenant=tenant), timeout=30)
+                         admin_service_pb2.ListSessionsRequest(tenant=tenant))
 
     def admin_close_session(self, session_id: int) -> admin_service_pb2.AdminCloseSessionResponse:
         """Closes any tenant's session. Admin tenants only."""
         return self.call("AdminService.CloseSession",
-                         admin_service_pb2.AdminCloseSessionRequest(session_id=int(session_id)),
-                         timeout=30)
+                         admin_service_pb2.AdminCloseSessionRequest(session_id=int(session_id)))
 
     def close(self) -> None:
         self.channel.close()
@@ -427,13 +545,15 @@ class CommandStream:
     """
 
     def __init__(self, client: Client, metadata: Tuple, session_id: int,
-                 fault: Dict[str, str]) -> None:
+                 fault: Dict[str, str], state: "_SessionState") -> None:
         # No reference to the SessionCore: the session's finalizer reaches this object, and
         # a reference back would keep the session alive forever.
         self._client = client
         self._metadata = metadata
         self._session_id = session_id
         self._fault = fault
+        self._state = state  # the session's call timeout and closed flag
+        self._closed = False
         self._cv = threading.Condition(threading.Lock())
         self._queue: Optional[queue.SimpleQueue] = None
         self._call: Any = None
@@ -508,6 +628,11 @@ class CommandStream:
     def has_pending(self) -> bool:
         return bool(self._cmds) or bool(self._inflight)
 
+    @property
+    def has_error(self) -> bool:
+        """An error of queued work waits to be raised by the next drain."""
+        return self._error is not None
+
     # -- sending and receiving ------------------------------------------------------------
 
     def _open(self) -> None:
@@ -521,22 +646,34 @@ class CommandStream:
         threading.Thread(target=self._reader, args=(call,), daemon=True,
                          name=f"gpurpc-commands-{self._session_id}").start()
 
-    def flush(self) -> None:
-        """Sends the pending commands as one batch (does not wait for its reply)."""
+    def flush(self, timeout: Optional[float] = None, label: str = "sending queued commands",
+              ) -> None:
+        """Sends the pending commands as one batch (does not wait for its reply; waits at most
+        ``timeout`` s, default the session's call timeout, for room when too many batches
+        are unanswered)."""
         if not self._cmds:
             return
-        batch = _Batch(self._first_seq, self._labels, self._sinks, self._download_bytes)
-        payload = b"".join(self._cmds)
-        self._cmds = []
-        self._labels = []
-        self._sinks = {}
-        self._bytes = 0
-        self._download_bytes = 0
+        limit = self._state.timeout if timeout is None else timeout
+        deadline = time.monotonic() + limit
         with self._cv:
             while (len(self._inflight) >= MAX_INFLIGHT_BATCHES or (
-                    self._inflight and self._inflight_download_bytes + batch.download_bytes
+                    self._inflight and self._inflight_download_bytes + self._download_bytes
                     > MAX_INFLIGHT_DOWNLOAD_BYTES)) and not self._broken:
-                self._cv.wait()
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    raise timeout_error(label, limit, "the daemon answers no batches; the "
+                                        "commands stay queued")
+                self._cv.wait(None if math.isinf(remaining) else remaining)
+            if self._closed:
+                raise LogicError(f"{label}: the context (session {self._session_id}) was "
+                                 "detached; its memory, modules, streams and events are gone")
+            batch = _Batch(self._first_seq, self._labels, self._sinks, self._download_bytes)
+            payload = b"".join(self._cmds)
+            self._cmds = []
+            self._labels = []
+            self._sinks = {}
+            self._bytes = 0
+            self._download_bytes = 0
             if self._broken:
                 self._open()
             self._inflight.append(batch)
@@ -545,26 +682,37 @@ class CommandStream:
         debug.count(debug.BATCH)
         q.put(payload)  # type: ignore[union-attr]
 
-    def drain(self) -> None:
-        """Sends pending commands and waits until every batch is acknowledged.
+    def drain(self, timeout: Optional[float] = None, label: str = "waiting for queued commands",
+              ) -> None:
+        """Sends pending commands and waits until every batch is acknowledged, at most
+        ``timeout`` s (default: the session's call timeout; then :class:`CallTimeoutError`
+        naming ``label``, and the work goes on).
 
         Raises the first error reported since the last drain (asynchronous errors included).
         """
-        self.flush()
+        limit = self._state.timeout if timeout is None else timeout
+        deadline = time.monotonic() + limit
+        self.flush(limit, label)
         with self._cv:
             while self._inflight:
-                self._cv.wait()
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    raise timeout_error(
+                        label, limit, "a deadline does not cancel GPU work: it goes on, and a "
+                        "later synchronising call waits for it")
+                self._cv.wait(None if math.isinf(remaining) else remaining)
             error, self._error = self._error, None
         if error is not None:
             raise error
 
     def sync(self, stream_id: int = 0, whole_session: bool = False, label: str = "synchronize",
-             ) -> None:
-        """Queues a SyncCommand and drains: returns once the work is done on the server."""
+             timeout: Optional[float] = None) -> None:
+        """Queues a SyncCommand and drains: returns once the work is done on the server, or
+        raises :class:`CallTimeoutError` after ``timeout`` s (default: the call timeout)."""
         self.add(label, auto=False,
                  sync=execution_service_pb2.SyncCommand(stream_id=stream_id,
                                                         whole_session=whole_session))
-        self.drain()
+        self.drain(timeout, label)
 
     def _record(self, error: Error) -> None:
         # Caller holds _cv. The first error wins: it is the one that explains the others.
@@ -590,9 +738,9 @@ class CommandStream:
                 error = None
                 if reply.HasField("error"):
                     code = status_code_from_int(reply.error.code)
-                    error = error_from_status(code, reply.error.message,
-                                              batch.label(reply.error.sequence),
-                                              target=self._client.target)
+                    error = session_error(code, reply.error.message,
+                                          batch.label(reply.error.sequence), self._client.target,
+                                          self._session_id)
                     note_fault(self._fault, code, reply.error.message)
                 with self._cv:
                     if error is not None:
@@ -606,9 +754,10 @@ class CommandStream:
         except grpc.RpcError as e:
             code = e.code() if hasattr(e, "code") else grpc.StatusCode.UNKNOWN
             if code != grpc.StatusCode.CANCELLED or self._call is call:
-                end_error = error_from_rpc(e, "ExecutionService.CommandStream",
-                                           target=self._client.target)
-                note_fault(self._fault, code, (e.details() if hasattr(e, "details") else "") or "")
+                details = (e.details() if hasattr(e, "details") else "") or ""
+                end_error = session_error(code, details, "ExecutionService.CommandStream",
+                                          self._client.target, self._session_id)
+                note_fault(self._fault, code, details)
         with self._cv:
             if self._call is call:
                 self._broken = True
@@ -622,20 +771,25 @@ class CommandStream:
                 self._inflight_download_bytes = 0
             self._cv.notify_all()
 
-    def close(self) -> Any:
-        """Half-closes the stream after sending what is pending (does not wait). Returns the
-        call, for the caller to cancel once the session is closed."""
-        try:
-            self.flush()
-        except Error:
-            pass
+    def close(self) -> None:
+        """Ends the stream at once (never waits: closing the session frees everything, so
+        what is still queued is dropped), and wakes every waiter."""
         with self._cv:
             q, call = self._queue, self._call
+            self._closed = True
             self._broken = True
             self._call = None
+            if self._inflight:
+                self._record(LogicError(
+                    f"the context (session {self._session_id}) was detached before its queued "
+                    "work was answered"))
+                self._inflight.clear()
+                self._inflight_download_bytes = 0
+            self._cv.notify_all()
         if q is not None:
             q.put(None)
-        return call
+        if call is not None:
+            call.cancel()
 
 
 def note_fault(fault: Dict[str, str], code: grpc.StatusCode, message: str) -> None:
@@ -644,49 +798,207 @@ def note_fault(fault: Dict[str, str], code: grpc.StatusCode, message: str) -> No
         fault.setdefault("cause", message)
 
 
-class _CloseState:
-    """What a session's finalizer needs, without a reference to the session itself."""
+class ProgressDeadline:
+    """The deadline of a streamed transfer: cancels its call when no step (a chunk sent or
+    received) was made for ``timeout`` seconds. A transfer's size has no bound, so the call
+    as a whole has none. One short-lived thread per streamed transfer (they move >= 8 MiB).
 
-    def __init__(self, client: Client, metadata: Tuple) -> None:
+    Use as a context manager; ``attach(call)`` once the call exists, ``progress()`` after
+    every step; ``fired`` tells whether it cancelled the call.
+    """
+
+    def __init__(self, timeout: float) -> None:
+        self.timeout = timeout
+        self.fired = False
+        self._cv = threading.Condition(threading.Lock())
+        self._last = time.monotonic()
+        self._call: Any = None
+        self._done = False
+        self._thread: Optional[threading.Thread] = None
+
+    def __enter__(self) -> "ProgressDeadline":
+        if not math.isinf(self.timeout):
+            self._thread = threading.Thread(target=self._run, daemon=True,
+                                            name="gpurpc-transfer-deadline")
+            self._thread.start()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        with self._cv:
+            self._done = True
+            self._cv.notify_all()
+        if self._thread is not None:
+            self._thread.join()
+
+    def attach(self, call: Any) -> None:
+        with self._cv:
+            self._call = call
+            self._last = time.monotonic()
+            if self.fired:
+                call.cancel()
+
+    def progress(self) -> None:
+        self._last = time.monotonic()
+
+    def _run(self) -> None:
+        with self._cv:
+            while not self._done:
+                remaining = self._last + self.timeout - time.monotonic()
+                if remaining <= 0:
+                    self.fired = True
+                    if self._call is not None:
+                        self._call.cancel()
+                    return
+                self._cv.wait(remaining)
+
+
+def session_error(code: grpc.StatusCode, details: str, operation: str, target: str,
+                  session_id: int) -> Error:
+    """The exception of a session-scoped call's failure: :class:`SessionLost` when the
+    NOT_FOUND is about the session itself (the daemon restarted, or the session was closed or
+    reclaimed), else as :func:`error_from_status`."""
+    if code == grpc.StatusCode.NOT_FOUND and (details or "").startswith(f"no session {session_id}"):
+        return session_lost_error(details, operation, target)
+    return error_from_status(code, details, operation, target=target)
+
+
+class _SessionState:
+    """What a session's finalizer, watch thread and command stream share, without a
+    reference to the session itself (which would keep it alive forever)."""
+
+    def __init__(self, client: Client, metadata: Tuple, session_id: int,
+                 backoff_cap_s: float) -> None:
         self.client = client
         self.metadata = metadata
+        self.session_id = session_id
+        self.timeout: float = client.timeout  # the session's call timeout, seconds
+        self.backoff_cap_s = backoff_cap_s
         self.stop = threading.Event()
+        self.lock = threading.Lock()
         self.closed = False
         self.commands: Optional[CommandStream] = None
+        self.watch_call: Any = None
+        # What the watch reported: FAULTED (code and cause) or lost (the NOT_FOUND message).
+        self.fault_code: Optional[grpc.StatusCode] = None
+        self.fault_cause = ""
+        self.lost: Optional[str] = None
+
+    def on_event(self, event: Any) -> None:
+        if event.state != session_service_pb2.SESSION_STATE_FAULTED:
+            return
+        with self.lock:
+            if self.fault_code is None and self.lost is None:
+                code = status_code_from_int(event.fault_code) if event.fault_code else \
+                    grpc.StatusCode.FAILED_PRECONDITION
+                if code == grpc.StatusCode.UNKNOWN and event.fault_code != 2:
+                    code = grpc.StatusCode.FAILED_PRECONDITION
+                self.fault_code = code
+                self.fault_cause = event.fault_cause[:4096]
+
+    def on_watch_end(self, code: grpc.StatusCode, details: str) -> None:
+        with self.lock:
+            if code == grpc.StatusCode.NOT_FOUND:
+                self.lost = details or f"no session {self.session_id}"
+            elif code == grpc.StatusCode.OK:
+                self.lost = (f"no session {self.session_id}: it was closed or reclaimed by the "
+                             "daemon (it ended the session's WatchSession stream)")
+
+    @property
+    def health(self) -> str:
+        if self.closed:
+            return "closed"
+        if self.lost is not None:
+            return "lost"
+        if self.fault_code is not None:
+            return "faulted"
+        return "active"
+
+    def unusable_error(self, operation: str) -> Optional[Error]:
+        """The error every call raises now (None while the session is usable)."""
+        with self.lock:
+            lost, code, cause = self.lost, self.fault_code, self.fault_cause
+        if lost is not None:
+            return session_lost_error(lost, operation, self.client.target)
+        if code is not None:
+            # The daemon's own words for a call on a FAULTED session.
+            return error_from_status(
+                code, f"session {self.session_id} is FAULTED: {cause}; close it and open a "
+                "new session", operation, target=self.client.target)
+        return None
 
 
-def _close_session(state: _CloseState) -> None:
-    if state.closed:
-        return
-    state.closed = True
+def _close_session(state: _SessionState) -> None:
+    """Closes a session and never waits long: the watch and the command stream end at once,
+    then CloseSession gets at most 5 s (or the call timeout when shorter). Never raises."""
+    with state.lock:
+        if state.closed:
+            return
+        state.closed = True
+        watch = state.watch_call
     state.stop.set()
-    call = state.commands.close() if state.commands is not None else None
+    if watch is not None:
+        watch.cancel()
+    if state.commands is not None:
+        state.commands.close()
     try:
         state.client.call("SessionService.CloseSession",
-                          session_service_pb2.CloseSessionRequest(), state.metadata, timeout=10)
-    except Exception:  # noqa: BLE001 - closing is best effort (daemon gone, already closed)
+                          session_service_pb2.CloseSessionRequest(), state.metadata,
+                          timeout=min(state.timeout, CLOSE_TIMEOUT_S))
+    except Exception:  # noqa: BLE001 - closing is best effort (daemon gone, stopped, restarted)
         pass
-    if call is not None:
-        call.cancel()
 
 
-def _keepalive_loop(state: _CloseState, interval_s: float, fault: Dict[str, str]) -> None:
-    request = session_service_pb2.KeepAliveRequest()
-    while not state.stop.wait(interval_s):
+# Watch outcomes that end the watch for good: retrying cannot change them.
+_WATCH_FINAL = (grpc.StatusCode.NOT_FOUND, grpc.StatusCode.UNIMPLEMENTED,
+                grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.UNAUTHENTICATED,
+                grpc.StatusCode.PERMISSION_DENIED)
+
+
+def _watch_loop(state: _SessionState) -> None:
+    """Holds the session's WatchSession stream open while the session is, re-opening it with a
+    backoff (50 ms doubling to a quarter of the daemon's grace, at most 2 s) after it breaks,
+    so that a network drop shorter than the grace keeps the session."""
+    request = session_service_pb2.WatchSessionRequest()
+    method = state.client.method("SessionService.WatchSession")
+    backoff = WATCH_INITIAL_BACKOFF_S
+    while not state.stop.is_set():
+        debug.count(debug.WATCH_OPEN)
         try:
-            reply = state.client.call("SessionService.KeepAlive", request, state.metadata,
-                                      timeout=max(5.0, interval_s))
-        except Error as e:
-            if e.code == grpc.StatusCode.NOT_FOUND:
-                fault.setdefault("lost", e.details)
+            # No deadline: the stream is meant to stay open as long as the session is used.
+            call = method(request, metadata=state.metadata + state.client.auth_metadata)
+        except ValueError:  # the Client's channel was closed: nothing to watch with
+            return
+        with state.lock:
+            if state.closed:
+                call.cancel()
                 return
-            continue
-        if reply.state == session_service_pb2.SESSION_STATE_FAULTED:
-            fault.setdefault("cause", reply.fault_cause)
+            state.watch_call = call
+        try:
+            for event in call:
+                backoff = WATCH_INITIAL_BACKOFF_S
+                state.on_event(event)
+            state.on_watch_end(grpc.StatusCode.OK, "")  # the daemon ended it
+            return
+        except grpc.RpcError as e:
+            if state.stop.is_set():
+                return
+            code = e.code() if hasattr(e, "code") else grpc.StatusCode.UNKNOWN
+            if code in _WATCH_FINAL:
+                state.on_watch_end(code, (e.details() if hasattr(e, "details") else "") or "")
+                return
+        except Exception:  # noqa: BLE001 - a daemon thread must not die noisily
+            pass
+        finally:
+            with state.lock:
+                if state.watch_call is call:
+                    state.watch_call = None
+        if state.stop.wait(backoff):
+            return
+        backoff = min(backoff * 2, state.backoff_cap_s)
 
 
 class SessionCore:
-    """One open session: id, metadata, lock, command stream and deferred releases.
+    """One open session: id, metadata, lock, command stream, watch and deferred releases.
 
     Resources (buffers, modules, streams, events) hold a reference to their core, which keeps
     the session open while they live; the session closes at ``close()``, when the core is
@@ -696,60 +1008,104 @@ class SessionCore:
     def __init__(self, client: Client, device_ordinal: int, label: str) -> None:
         reply = client.call("SessionService.OpenSession",
                             session_service_pb2.OpenSessionRequest(
-                                device_ordinal=device_ordinal, client_label=label), timeout=60)
+                                device_ordinal=device_ordinal, client_label=label),
+                            reconnect=True)
         self.client = client
         self.session_id: int = reply.session_id
         self.device_info = reply.device
         self.device_ordinal = device_ordinal
-        self.metadata: Tuple[Tuple[str, str], ...] = (
-            (SESSION_METADATA_KEY, str(reply.session_id)),)
+        self.daemon_instance: str = reply.daemon_instance
+        metadata = [(SESSION_METADATA_KEY, str(reply.session_id))]
+        if reply.daemon_instance:
+            metadata.append((INSTANCE_METADATA_KEY, reply.daemon_instance))
+        self.metadata: Tuple[Tuple[str, str], ...] = tuple(metadata)
         self.lock = threading.RLock()
         self.fault: Dict[str, str] = {}
         self._releases: Deque[Tuple[str, int]] = collections.deque()
         self.caches: Dict[Any, Any] = {}  # per-session memo (compiled kernels, scratch, ...)
-        self._state = _CloseState(client, self.metadata)
-        self.commands = CommandStream(client, self.metadata, self.session_id, self.fault)
+        self.idle_timeout_ms: int = reply.idle_timeout_ms or 0
+        self.grace_ms: int = reply.grace_ms or 0
+        backoff_cap = min(max(self.grace_ms / 4000.0, 0.1), 2.0) if self.grace_ms else 2.0
+        self._state = _SessionState(client, self.metadata, self.session_id, backoff_cap)
+        self.commands = CommandStream(client, self.metadata, self.session_id, self.fault,
+                                      self._state)
         self._state.commands = self.commands
         self._finalizer = weakref.finalize(self, _close_session, self._state)
-        idle_ms = reply.idle_timeout_ms or 0
-        self.idle_timeout_ms: int = idle_ms
-        if idle_ms:
-            threading.Thread(target=_keepalive_loop,
-                             args=(self._state, max(idle_ms / 3000.0, 0.05), self.fault),
-                             daemon=True, name=f"gpurpc-keepalive-{self.session_id}").start()
+        threading.Thread(target=_watch_loop, args=(self._state,), daemon=True,
+                         name=f"gpurpc-watch-{self.session_id}").start()
 
     @property
     def closed(self) -> bool:
         return self._state.closed
 
-    def close(self) -> None:
-        """Closes the session on the daemon (idempotent, never raises)."""
-        with self.lock:
-            self._finalizer()
+    @property
+    def timeout(self) -> float:
+        """The call timeout of this session's calls, seconds (``math.inf``: none)."""
+        return self._state.timeout
 
-    def check_open(self, what: str = "this call") -> None:
+    @timeout.setter
+    def timeout(self, value: Optional[float]) -> None:
+        self._state.timeout = resolve_timeout(value) if value is not None else self.client.timeout
+
+    @property
+    def health(self) -> str:
+        """"active", "faulted", "lost" or "closed", as far as the watch knows."""
+        return self._state.health
+
+    def unusable_error(self, operation: str) -> Optional[Error]:
+        """The error calls on this session raise now, or None while it is usable."""
+        return self._state.unusable_error(operation)
+
+    def close(self) -> None:
+        """Closes the session on the daemon (idempotent, never raises, never waits long; does
+        not take the session lock, so it also ends a call that another thread waits on)."""
+        self._finalizer()
+
+    def check_attached(self, what: str = "this call") -> None:
+        """Raises when the session is detached."""
         if self._state.closed:
             raise LogicError(f"{what}: the context (session {self.session_id}) was detached; "
                              "its memory, modules, streams and events are gone")
 
+    def check_open(self, what: str = "this call") -> None:
+        """Raises when the session is detached, or when the watch found it FAULTED or gone
+        (unless queued work has an error of its own to report first, at the next drain)."""
+        self.check_attached(what)
+        if self._state.fault_code is not None or self._state.lost is not None:
+            if not self.commands.has_error:
+                error = self._state.unusable_error(what)
+                if error is not None:
+                    raise error
+
     def note_status(self, code: grpc.StatusCode, message: str) -> None:
         """Remembers a fault reported by any path, for later messages."""
         note_fault(self.fault, code, message)
+        if code == grpc.StatusCode.NOT_FOUND and (
+                message.startswith(f"no session {self.session_id}")
+                or "restarted" in message.lower()):
+            self._state.on_watch_end(code, message)
 
     def call(self, name: str, request: Any, cls: Optional[type] = None, op: Optional[str] = None,
              timeout: Optional[float] = None) -> Any:
-        """A session-scoped unary RPC (carries the session metadata)."""
+        """A session-scoped unary RPC (carries the session metadata; deadline ``timeout``,
+        default the session's call timeout)."""
         self.check_open(op or name)
         try:
-            return self.client.call(name, request, self.metadata, timeout=timeout, cls=cls, op=op)
+            return self.client.call(name, request, self.metadata,
+                                    timeout=self._state.timeout if timeout is None else timeout,
+                                    cls=cls, op=op)
         except Error as e:
             if e.code is not None:
                 self.note_status(e.code, e.details)
+            if e.code == grpc.StatusCode.NOT_FOUND and not isinstance(e, SessionLost) and \
+                    e.details.startswith(f"no session {self.session_id}"):
+                raise session_lost_error(e.details, op or name, self.client.target) from None
             raise
 
-    def drain(self) -> None:
-        """Waits until every queued command is enqueued on the server (errors raise here)."""
-        self.commands.drain()
+    def drain(self, timeout: Optional[float] = None) -> None:
+        """Waits until every queued command is enqueued on the server (errors raise here), at
+        most ``timeout`` s (default: the session's call timeout)."""
+        self.commands.drain(timeout)
 
     # -- deferred releases of garbage-collected handles -------------------------------------
 
@@ -770,14 +1126,15 @@ class SessionCore:
     def process_releases(self) -> None:
         """Frees garbage-collected handles. The command stream must be drained already, so
         that no queued command still names them."""
-        if self._state.closed:
-            self._releases.clear()
+        if self._state.closed or self._state.health != "active":
+            self._releases.clear()  # a closed, dead or faulted session frees everything
             return
         while self._releases:
             kind, handle = self._releases.popleft()
             name, req_cls, field = self._RELEASE_RPCS[kind]
             try:
-                self.client.call(name, req_cls(**{field: handle}), self.metadata, timeout=30)
+                self.client.call(name, req_cls(**{field: handle}), self.metadata,
+                                 timeout=min(self._state.timeout, CLEANUP_TIMEOUT_S))
             except Error:
                 pass  # a dead or faulted session frees everything anyway; never spam
 

@@ -3,22 +3,28 @@
 PyCUDA users catch ``pycuda.driver.Error`` and its subclasses; gpurpc keeps those names and
 maps the daemon's status codes onto them:
 
-================================  ==============  =============================================
-gRPC status                       exception       PyCUDA equivalent
-================================  ==============  =============================================
-INVALID_ARGUMENT, NOT_FOUND,      LogicError      invalid value / handle, bad launch config
+================================  ================  ===========================================
+gRPC status                       exception         PyCUDA equivalent
+================================  ================  ===========================================
+INVALID_ARGUMENT, NOT_FOUND,      LogicError        invalid value / handle, bad launch config
 OUT_OF_RANGE, ALREADY_EXISTS
-RESOURCE_EXHAUSTED                MemoryError     CUDA_ERROR_OUT_OF_MEMORY
-ABORTED                           LaunchError     the call that observed a kernel fault
-FAILED_PRECONDITION               LaunchError     the session was killed by an earlier fault;
-                                                  like CUDA's sticky error, every later call
-                                                  fails, and the message names the cause
-UNAVAILABLE                       RuntimeError    no daemon / device (CUDA_ERROR_NO_DEVICE);
-                                                  also a failed TLS handshake
-UNAUTHENTICATED,                  Error           (none: missing or refused credentials; the
-PERMISSION_DENIED,                                admin calls of a tenant that is no admin)
-anything else                     Error           CUDA_ERROR_UNKNOWN
-================================  ==============  =============================================
+NOT_FOUND for the session itself  SessionLost       (none: the session is gone: closed,
+                                  (a LogicError)    reclaimed, or the daemon restarted)
+RESOURCE_EXHAUSTED                MemoryError       CUDA_ERROR_OUT_OF_MEMORY
+ABORTED                           LaunchError       the call that observed a kernel fault
+FAILED_PRECONDITION               LaunchError       the session was killed by an earlier fault;
+                                                    like CUDA's sticky error, every later call
+                                                    fails, and the message names the cause
+DEADLINE_EXCEEDED from the        LaunchError       CUDA_ERROR_LAUNCH_TIMEOUT: the daemon's
+daemon                                              kernel watchdog ended the session
+DEADLINE_EXCEEDED of the client   CallTimeoutError  (none: the call's own deadline passed; also
+                                                    a builtins.TimeoutError)
+UNAVAILABLE                       RuntimeError      no daemon / device (CUDA_ERROR_NO_DEVICE);
+                                                    also a failed TLS handshake
+UNAUTHENTICATED,                  Error             (none: missing or refused credentials; the
+PERMISSION_DENIED,                                  admin calls of a tenant that is no admin)
+anything else                     Error             CUDA_ERROR_UNKNOWN
+================================  ================  ===========================================
 
 PyCUDA reports an illegal address as ``LogicError`` (it maps every CUDA error it does not
 know to LogicError). A remote session cannot tell the flavours of a fault apart reliably, so
@@ -42,6 +48,8 @@ __all__ = [
     "MemoryError",
     "RuntimeError",
     "CompileError",
+    "SessionLost",
+    "CallTimeoutError",
     "status_code_from_int",
     "error_from_status",
 ]
@@ -68,6 +76,19 @@ class LogicError(Error):
 
 class LaunchError(Error):
     """A kernel faulted, or the session is dead after a fault (``pycuda.driver.LaunchError``)."""
+
+
+class SessionLost(LogicError):
+    """The session is gone: the daemon restarted (which ends every session of its earlier
+    run), or the session was closed or reclaimed. Every later call on it raises this too;
+    make a new context (``Device(n).make_context()``) to continue. ``code`` is NOT_FOUND."""
+
+
+class CallTimeoutError(Error, builtins.TimeoutError):
+    """A call's own deadline passed (``code`` DEADLINE_EXCEEDED; the message names the call and
+    the timeout). The session stays usable, and a deadline on a synchronising call does not
+    stop GPU work: it goes on, and a later synchronising call waits for it. Also a
+    :class:`builtins.TimeoutError`."""
 
 
 class MemoryError(Error):  # noqa: A001 - PyCUDA's name
@@ -114,6 +135,9 @@ _CLASS_BY_CODE = {
     grpc.StatusCode.RESOURCE_EXHAUSTED: MemoryError,
     grpc.StatusCode.ABORTED: LaunchError,
     grpc.StatusCode.FAILED_PRECONDITION: LaunchError,
+    # From the daemon, DEADLINE_EXCEEDED is its kernel watchdog (the session is FAULTED); a
+    # call's own deadline becomes CallTimeoutError where the call is made.
+    grpc.StatusCode.DEADLINE_EXCEEDED: LaunchError,
     grpc.StatusCode.UNAVAILABLE: RuntimeError,
 }
 
@@ -122,6 +146,34 @@ _TLS_WORDS = ("ssl", "tls", "handshake", "certificate")
 
 _FAULT_HINT = ("the session is unusable after this fault; open a new one "
                "(Device(n).make_context()) to continue")
+_RESTART_HINT = ("the daemon restarted, which ended every session of its earlier run: make a "
+                 "new context (Device(n).make_context()) to continue")
+_LOST_HINT = ("the session is gone: make a new context (Device(n).make_context()) to "
+              "continue")
+
+
+def says_daemon_restarted(details: str) -> bool:
+    """True for the daemon's NOT_FOUND of a session from an earlier run of the daemon."""
+    return "restarted" in (details or "").lower()
+
+
+def session_lost_error(details: str, operation: str, target: str = "") -> SessionLost:
+    """The :class:`SessionLost` for a NOT_FOUND that says the session itself is gone."""
+    hint = _RESTART_HINT if says_daemon_restarted(details) else _LOST_HINT
+    return SessionLost(f"{operation} failed: {details or 'NOT_FOUND'} ({hint}) [NOT_FOUND]",
+                       code=grpc.StatusCode.NOT_FOUND, details=details, operation=operation)
+
+
+def timeout_error(operation: str, timeout: Optional[float], detail: str = "") -> CallTimeoutError:
+    """The :class:`CallTimeoutError` of a call that did not finish within ``timeout`` s."""
+    what = f"{timeout:g} s" if timeout is not None else "its deadline"
+    message = f"{operation} did not finish within {what}"
+    if detail:
+        message += f"; {detail}"
+    message += (" (the call timeout: timeout= of init()/Client(), Context.timeout, a call's "
+                "timeout=, or GPURPC_TIMEOUT) [DEADLINE_EXCEEDED]")
+    return CallTimeoutError(message, code=grpc.StatusCode.DEADLINE_EXCEEDED, details=message,
+                            operation=operation)
 
 
 def status_code_from_int(value: int) -> grpc.StatusCode:
@@ -155,10 +207,12 @@ def error_from_status(code: grpc.StatusCode, details: str, operation: str,
     ``target`` and ``tls`` (whether the channel uses TLS, None if unknown) tune the hint.
     """
     if cls is None:
+        if code == grpc.StatusCode.NOT_FOUND and says_daemon_restarted(details):
+            return session_lost_error(details, operation, target)
         cls = _CLASS_BY_CODE.get(code, Error)
     message = f"{operation} failed: {details or code.name}"
-    if code in (grpc.StatusCode.ABORTED, grpc.StatusCode.FAILED_PRECONDITION) and \
-            issubclass(cls, LaunchError):
+    if code in (grpc.StatusCode.ABORTED, grpc.StatusCode.FAILED_PRECONDITION,
+                grpc.StatusCode.DEADLINE_EXCEEDED) and issubclass(cls, LaunchError):
         message += f" ({_FAULT_HINT})"
     elif code == grpc.StatusCode.UNAVAILABLE and target:
         message += _unavailable_hint(details or "", target, tls)

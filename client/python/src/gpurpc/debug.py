@@ -10,7 +10,10 @@ launch takes one round trip::
     func(drv.Out(dest), drv.In(a), drv.In(b), block=(400, 1, 1))
     assert debug.rpc_counts() == {"ExecutionService.CommandStream/batch": 1}
 
-KeepAlive calls of the background thread are counted under ``"SessionService.KeepAlive"``.
+Each opening of a session's ``WatchSession`` stream (its liveness: once per session, again
+after a broken connection) is counted under ``"SessionService.WatchSession"``, explicit
+``KeepAlive`` calls under ``"SessionService.KeepAlive"``; both are left out unless asked for,
+since the watch opens on its own thread at its own time.
 """
 from __future__ import annotations
 
@@ -18,10 +21,13 @@ import threading
 from collections import Counter
 from typing import Dict
 
-__all__ = ["rpc_counts", "reset_rpc_counts", "round_trips", "BATCH", "STREAM_OPEN"]
+__all__ = ["rpc_counts", "reset_rpc_counts", "round_trips", "BATCH", "STREAM_OPEN",
+           "WATCH_OPEN"]
 
 BATCH = "ExecutionService.CommandStream/batch"
 STREAM_OPEN = "ExecutionService.CommandStream/open"
+WATCH_OPEN = "SessionService.WatchSession"
+_LIVENESS = ("SessionService.KeepAlive", WATCH_OPEN)
 
 _lock = threading.Lock()
 _counts: Counter = Counter()
@@ -34,16 +40,19 @@ def count(name: str, n: int = 1) -> None:
 
 
 def rpc_counts(include_keepalive: bool = False) -> Dict[str, int]:
-    """Returns a copy of the counters, without KeepAlive unless asked."""
+    """Returns a copy of the counters, without the liveness calls (KeepAlive, WatchSession)
+    unless ``include_keepalive``."""
     with _lock:
         result = {k: v for k, v in _counts.items() if v}
     if not include_keepalive:
-        result.pop("SessionService.KeepAlive", None)
+        for name in _LIVENESS:
+            result.pop(name, None)
     return result
 
 
 def round_trips() -> int:
-    """Unary RPCs plus command-stream batches since the last reset (KeepAlive excluded)."""
+    """Unary RPCs plus command-stream batches since the last reset (liveness calls
+    excluded)."""
     counts = rpc_counts()
     counts.pop(STREAM_OPEN, None)
     return sum(counts.values())

@@ -40,7 +40,17 @@ What differs from PyCUDA, and why:
   stream (or context) is synchronised.
 * After a kernel fault the session is dead (the daemon killed its worker): the faulting call
   raises :class:`LaunchError`, and so does every later call, with a message naming the cause.
-  Open a new context to continue.
+  Open a new context to continue. Each context watches its session (one
+  ``WatchSession`` stream): a fault it reports makes the next call raise at once, and
+  ``Context.state``/``Context.fault`` tell without a call.
+* Every call has a deadline: ``timeout=`` of :func:`init` (seconds; default
+  ``$GPURPC_TIMEOUT``, else 300), ``Context.timeout`` per context, and ``timeout=`` of
+  ``Context.synchronize``/``Stream.synchronize``/``Event.synchronize`` per call. A passed
+  deadline raises :class:`CallTimeoutError` naming the call; it does not stop GPU work.
+* When the daemon restarts, every session of its earlier run is gone: calls on such a context
+  raise :class:`SessionLost` (a :class:`LogicError`) saying so; make a new context (the
+  connection reconnects by itself). ``detach`` and the exit path never hang, also when the
+  daemon is stopped or gone.
 * Not available: texture/surface references, arrays, managed and mapped memory, IPC handles,
   ``Linker``/``DynamicModule``, ``Context.set_limit``. They raise :class:`LogicError`.
 """
@@ -53,6 +63,7 @@ import re
 import socket
 import struct
 import threading
+import time
 import weakref
 from typing import Any, Callable, Dict, Iterator, List, Literal, Optional, Sequence, Tuple, Union
 
@@ -73,13 +84,15 @@ from ._enums import (
     stream_flags,
 )
 from ._errors import (
+    CallTimeoutError,
     CompileError,
     Error,
     LaunchError,
     LogicError,
     MemoryError,
     RuntimeError,
-    error_from_rpc,
+    SessionLost,
+    timeout_error,
 )
 from .v1 import (
     execution_service_pb2 as _ex,
@@ -91,6 +104,7 @@ from .v1 import (
 __all__ = [
     # errors
     "Error", "LogicError", "LaunchError", "MemoryError", "RuntimeError", "CompileError",
+    "SessionLost", "CallTimeoutError",
     # enums
     "device_attribute", "function_attribute", "ctx_flags", "event_flags", "stream_flags",
     "host_alloc_flags", "func_cache", "shared_config", "limit",
@@ -121,12 +135,13 @@ _default_client: Optional[Client] = None
 def init(flags: int = 0, address: Optional[str] = None, *, token: Optional[str] = None,
          root_certificates: Optional[bytes] = None, tls: Optional[bool] = None,
          certificate_chain: Optional[bytes] = None, private_key: Optional[bytes] = None,
-         server_name: Optional[str] = None) -> None:
+         server_name: Optional[str] = None, timeout: Optional[float] = None) -> None:
     """Connects to the daemon (``cuInit``). Called implicitly by the first call that needs it.
 
     Devices, contexts and everything else use this connection afterwards. Calling it again
-    with nothing, or with the same address and credentials, keeps the connection; anything
-    else replaces it (objects made before keep theirs).
+    with nothing, or with the same address and credentials, keeps the connection (a
+    ``timeout`` given then applies to contexts made afterwards); anything else replaces it
+    (objects made before keep theirs).
 
     :param flags: accepted for PyCUDA compatibility (must be 0 in CUDA; ignored).
     :param address: gRPC target (``host:port``, ``unix:PATH`` or an absolute socket path);
@@ -142,6 +157,9 @@ def init(flags: int = 0, address: Optional[str] = None, *, token: Optional[str] 
     :param private_key: PEM key of that certificate (default: ``$GPURPC_TLS_KEY``).
     :param server_name: the name the daemon's certificate carries when it differs from the
         address (default ``$GPURPC_TLS_SERVER_NAME``).
+    :param timeout: the call timeout in seconds (default ``$GPURPC_TIMEOUT``, else 300;
+        ``math.inf``: no deadline): every call waits at most this long, then raises
+        :class:`CallTimeoutError`.
     :raises RuntimeError: the daemon cannot be reached (or no address is known).
     :raises Error: with ``code`` UNAUTHENTICATED when the daemon refuses the credentials.
     :raises LogicError: unusable settings (an unreadable token or certificate file, ...).
@@ -153,11 +171,13 @@ def init(flags: int = 0, address: Optional[str] = None, *, token: Optional[str] 
                 address is None or resolve_address(address) == _default_client.target) and (
                 all(v is None for v in explicit)
                 or explicit == _default_client.explicit_credentials):
+            if timeout is not None:
+                _default_client.timeout = _core.resolve_timeout(timeout)
             _default_client.list_devices()
             return
         client = Client(address, token=token, root_certificates=root_certificates, tls=tls,
                         certificate_chain=certificate_chain, private_key=private_key,
-                        server_name=server_name)
+                        server_name=server_name, timeout=timeout)
         try:
             client.list_devices()
         except BaseException:
@@ -370,6 +390,9 @@ class Context:
     ``push``/``pop`` manage a per-thread stack like PyCUDA's and never close anything;
     ``detach`` closes the session. ``synchronize`` works on an instance or, as
     ``Context.synchronize()``, on the current context.
+
+    gpurpc additions: ``timeout`` (the call timeout of this context's calls, seconds),
+    ``state`` and ``fault`` (what the session's watch knows, without a call).
     """
 
     def __init__(self, core: SessionCore, device: Device) -> None:
@@ -388,10 +411,36 @@ class Context:
     def handle(self) -> int:
         return self._core.session_id
 
+    @property
+    def timeout(self) -> float:
+        """The call timeout of this context's calls in seconds (``math.inf``: none). Settable;
+        ``None`` restores the connection's (``init(timeout=)``, ``$GPURPC_TIMEOUT``, 300)."""
+        return self._core.timeout
+
+    @timeout.setter
+    def timeout(self, value: Optional[float]) -> None:
+        self._core.timeout = value
+
+    @property
+    def state(self) -> str:
+        """``"active"``; ``"faulted"`` after a kernel fault or the worker's death (or the
+        daemon's kernel watchdog); ``"lost"`` when the session is gone (the daemon restarted,
+        or closed or reclaimed it); ``"closed"`` after :meth:`detach`. Known from the
+        session's watch, without a call."""
+        return self._core.health
+
+    @property
+    def fault(self) -> Optional[Error]:
+        """The exception calls on this context raise now (:class:`LaunchError` for a faulted
+        session, :class:`SessionLost` for a lost one), or None while it is usable."""
+        if self._core.closed:
+            return LogicError(f"the context (session {self._core.session_id}) was detached")
+        return self._core.unusable_error("Context")
+
     def push(self) -> None:
         """Makes this context current in the calling thread."""
         global _last_context
-        self._core.check_open("Context.push")
+        self._core.check_attached("Context.push")  # a faulted or lost one raises at its calls
         _stack().append(self)
         self._use_count += 1
         _last_context = weakref.ref(self)
@@ -406,7 +455,9 @@ class Context:
         ctx._use_count -= 1
 
     def detach(self) -> None:
-        """Closes the session: its memory, modules, streams and events are freed."""
+        """Closes the session: its memory, modules, streams and events are freed. Never hangs:
+        work still queued is dropped, and the daemon gets at most 5 s to confirm (a daemon
+        that is gone or stopped reclaims the session after its grace period)."""
         stack = _stack()
         stack[:] = [c for c in stack if c is not self]
         self._core.close()
@@ -430,12 +481,17 @@ class Context:
         return _current_context("Context.get_device")._device
 
     @_hybridmethod
-    def synchronize(self: Optional["Context"]) -> None:
-        """Waits for all work of the context; raises any pending asynchronous error."""
+    def synchronize(self: Optional["Context"], *, timeout: Optional[float] = None) -> None:
+        """Waits for all work of the context; raises any pending asynchronous error.
+
+        Waits at most ``timeout`` seconds (default: the context's call timeout), then raises
+        :class:`CallTimeoutError`; the GPU work is not stopped by that and a later
+        synchronising call waits for it."""
         core = (self or _current_context("Context.synchronize"))._core
         with core.lock:
             core.check_open("Context.synchronize")
-            core.commands.sync(whole_session=True, label="Context.synchronize")
+            limit = _core.resolve_timeout(timeout) if timeout is not None else None
+            core.commands.sync(whole_session=True, label="Context.synchronize", timeout=limit)
             core.process_releases()
 
     def get_api_version(self) -> int:
@@ -467,7 +523,7 @@ class Context:
         return shared_config.DEFAULT_BANK_SIZE
 
     def __repr__(self) -> str:
-        state = "closed" if self._core.closed else "open"
+        state = self._core.health
         return (f"<gpurpc.driver.Context session {self._core.session_id} ({state}) "
                 f"on {self._device!r}>")
 
@@ -671,7 +727,7 @@ def _upload(core: SessionCore, address: int, data: memoryview, stream_id: int, s
         if n == 0:
             return
         if sync and n > _core.STREAMED_TRANSFER_BYTES:
-            commands.drain()
+            commands.drain(label=label)
             _upload_stream(core, address, data, stream_id, label)
             return
         chunk = _core.UPLOAD_CHUNK_BYTES
@@ -686,7 +742,7 @@ def _upload(core: SessionCore, address: int, data: memoryview, stream_id: int, s
         if progress is not None:
             progress.close()
         if sync:
-            commands.drain()
+            commands.drain(label=label)
 
 
 def _upload_stream(core: SessionCore, address: int, data: memoryview, stream_id: int,
@@ -694,18 +750,44 @@ def _upload_stream(core: SessionCore, address: int, data: memoryview, stream_id:
     n = data.nbytes
     chunk = _core.UPLOAD_CHUNK_BYTES
     progress = _progress.bar(n, label)
+    core.check_open(label)
+    sent = 0
+    deadline = _core.ProgressDeadline(core.timeout)
 
     def requests() -> Iterator[_mem.UploadStreamRequest]:
+        nonlocal sent
         yield _mem.UploadStreamRequest(destination=device_pointer(address), total_size_bytes=n,
                                        stream_id=stream_id, data=data[:chunk].tobytes())
-        progress.update(min(chunk, n))
+        sent = min(chunk, n)
+        deadline.progress()
+        progress.update(sent)
         for offset in range(chunk, n, chunk):
             piece = data[offset:offset + chunk].tobytes()
             yield _mem.UploadStreamRequest(data=piece)
+            sent += len(piece)
+            deadline.progress()
             progress.update(len(piece))
 
+    _core.debug.count("MemoryService.UploadStream")
     try:
-        core.call("MemoryService.UploadStream", requests(), op=label)
+        with deadline:
+            # No deadline on the call as a whole: each step has one (ProgressDeadline).
+            future = core.client.method("MemoryService.UploadStream").future(
+                requests(), metadata=core.metadata + core.client.auth_metadata)
+            deadline.attach(future)
+            try:
+                future.result()
+            except (grpc.RpcError, grpc.FutureCancelledError) as e:
+                if deadline.fired:
+                    raise timeout_error(label, core.timeout, f"no progress after {sent} of {n} "
+                                        "bytes, so the transfer was cancelled") from None
+                if not isinstance(e, grpc.RpcError):
+                    raise
+                err = _core.session_error(e.code(), e.details() or "", label,
+                                          core.client.target, core.session_id)
+                if err.code is not None:
+                    core.note_status(err.code, err.details)
+                raise err from None
     finally:
         progress.close()
 
@@ -728,7 +810,7 @@ def _download(core: SessionCore, address: int, dest: memoryview, stream_id: int,
         if n == 0:
             return
         if sync and n > _core.STREAMED_TRANSFER_BYTES:
-            commands.drain()
+            commands.drain(label=label)
             _download_stream(core, address, dest, stream_id, label)
             return
         for offset in range(0, n, _DOWNLOAD_COMMAND_BYTES):
@@ -739,7 +821,7 @@ def _download(core: SessionCore, address: int, dest: memoryview, stream_id: int,
                          download=_ex.DownloadCommand(source=device_pointer(address + offset),
                                                       size_bytes=size, stream_id=stream_id))
         if sync:
-            commands.drain()
+            commands.drain(label=label)
 
 
 def _download_stream(core: SessionCore, address: int, dest: memoryview, stream_id: int,
@@ -752,18 +834,28 @@ def _download_stream(core: SessionCore, address: int, dest: memoryview, stream_i
     _core.debug.count("MemoryService.DownloadStream")
     progress = _progress.bar(n, label)
     offset = 0
+    deadline = _core.ProgressDeadline(core.timeout)
     try:
-        replies = core.client.method("MemoryService.DownloadStream")(
-            request, metadata=core.metadata + core.client.auth_metadata)
-        for reply in replies:
-            piece = reply.data
-            if offset + len(piece) > n:
-                raise Error(f"{label}: the daemon sent more than the {n} bytes asked for")
-            dest[offset:offset + len(piece)] = piece
-            offset += len(piece)
-            progress.update(len(piece))
+        with deadline:
+            # No deadline on the call as a whole: each step has one (ProgressDeadline).
+            replies = core.client.method("MemoryService.DownloadStream")(
+                request, metadata=core.metadata + core.client.auth_metadata)
+            deadline.attach(replies)
+            for reply in replies:
+                deadline.progress()
+                piece = reply.data
+                if offset + len(piece) > n:
+                    replies.cancel()
+                    raise Error(f"{label}: the daemon sent more than the {n} bytes asked for")
+                dest[offset:offset + len(piece)] = piece
+                offset += len(piece)
+                progress.update(len(piece))
     except grpc.RpcError as e:
-        err = error_from_rpc(e, label, target=core.client.target)
+        if deadline.fired:
+            raise timeout_error(label, core.timeout, f"no progress after {offset} of {n} bytes, "
+                                "so the transfer was cancelled") from None
+        err = _core.session_error(e.code(), e.details() or "", label, core.client.target,
+                                  core.session_id)
         if err.code is not None:
             core.note_status(err.code, err.details)
         raise err from None
@@ -810,7 +902,7 @@ def _copy(dest: Any, src: Any, size: int, stream_id: int, sync: bool, label: str
                 destination=device_pointer(_address(dest)), source=device_pointer(_address(src)),
                 size_bytes=size, stream_id=stream_id))
         if sync:
-            core.commands.drain()
+            core.commands.drain(label=label)
 
 
 def memcpy_dtod(dest: Any, src: Any, size: int) -> None:
@@ -834,7 +926,7 @@ def _memset(dest: Any, value: int, count: int, element_size: int, stream_id: int
                 destination=device_pointer(_address(dest)), value=int(value) & mask,
                 element_size_bytes=element_size, count=int(count), stream_id=stream_id))
         if sync:
-            core.commands.drain()
+            core.commands.drain(label=label)
 
 
 def memset_d8(dest: Any, data: int, count: int) -> None:
@@ -941,12 +1033,15 @@ class Stream:
         finalizer = weakref.finalize(self, core.defer_release, "stream", self.handle)
         finalizer.atexit = False
 
-    def synchronize(self) -> None:
-        """Waits for the stream's work; raises any pending asynchronous error."""
+    def synchronize(self, *, timeout: Optional[float] = None) -> None:
+        """Waits for the stream's work; raises any pending asynchronous error. Waits at most
+        ``timeout`` seconds (default: the context's call timeout; then
+        :class:`CallTimeoutError`, and the work goes on)."""
         core = self._core
         with core.lock:
             core.check_open("Stream.synchronize")
-            core.commands.sync(self.handle, label="Stream.synchronize")
+            limit = _core.resolve_timeout(timeout) if timeout is not None else None
+            core.commands.sync(self.handle, label="Stream.synchronize", timeout=limit)
             if core.has_releases:
                 core.process_releases()
 
@@ -994,13 +1089,21 @@ class Event:
                 event_id=self.handle, stream_id=_stream_id(stream)))
         return self
 
-    def synchronize(self) -> "Event":
-        """Waits for the event; returns self."""
+    def synchronize(self, *, timeout: Optional[float] = None) -> "Event":
+        """Waits for the event; returns self. Waits at most ``timeout`` seconds (default: the
+        context's call timeout; then :class:`CallTimeoutError`, and the work goes on)."""
         core = self._core
+        limit = _core.resolve_timeout(timeout) if timeout is not None else core.timeout
         with core.lock:
-            core.drain()
-            core.call("ExecutionService.SynchronizeEvent",
-                      _ex.SynchronizeEventRequest(event_id=self.handle), op="Event.synchronize")
+            started = time.monotonic()
+            core.drain(limit)
+            left = max(limit - (time.monotonic() - started), 0.001)
+            try:
+                core.call("ExecutionService.SynchronizeEvent",
+                          _ex.SynchronizeEventRequest(event_id=self.handle),
+                          op="Event.synchronize", timeout=left)
+            except CallTimeoutError:
+                raise timeout_error("Event.synchronize", limit) from None
             if core.has_releases:
                 core.process_releases()
         return self
@@ -1044,9 +1147,12 @@ class Event:
 
 
 def _session_faulted(core: SessionCore) -> bool:
+    if core.health != "active":
+        return True
     try:
         reply = core.client.call("SessionService.KeepAlive", _sess.KeepAliveRequest(),
-                                 core.metadata, timeout=10)
+                                 core.metadata,
+                                 timeout=min(core.timeout, _core.KEEPALIVE_TIMEOUT_S))
     except Error:
         return True
     if reply.state == _sess.SESSION_STATE_FAULTED:

@@ -127,7 +127,7 @@ class MemoryServiceServicer(object):
 
     def GetAllocation(self, request, context):
         """Describes a buffer, or the buffer that contains a device address.
-        Codes: OK; NOT_FOUND.
+        Codes: OK; NOT_FOUND; INVALID_ARGUMENT when the request names neither.
         Retry: safe.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)

@@ -110,7 +110,8 @@ class ModuleServiceServicer(object):
 
     def GetFunction(self, request, context):
         """Looks up a kernel by (lowered) name and reports its parameter layout and attributes.
-        Codes: OK; NOT_FOUND for an unknown module or kernel name.
+        Codes: OK; NOT_FOUND for an unknown module or kernel name; INVALID_ARGUMENT for an
+        empty name, one with a NUL byte or one longer than 4096 bytes.
         Retry: safe.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
@@ -120,7 +121,7 @@ class ModuleServiceServicer(object):
     def GetGlobal(self, request, context):
         """Looks up a module global (e.g. __constant__ data). The range it names can be used with
         MemoryService calls through its device address.
-        Codes: OK; NOT_FOUND.
+        Codes: OK; NOT_FOUND; INVALID_ARGUMENT for a name as GetFunction refuses it.
         Retry: safe.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)

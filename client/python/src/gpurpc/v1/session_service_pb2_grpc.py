@@ -85,9 +85,10 @@ class SessionServiceServicer(object):
     def OpenSession(self, request, context):
         """Opens a session on a device. The response carries the id that every session-scoped
         call sends as "gpurpc-session" metadata.
-        Codes: OK; NOT_FOUND for an unknown ordinal; RESOURCE_EXHAUSTED when the daemon's
-        session limit is reached; UNAVAILABLE when no worker could be started (the message
-        says why).
+        Codes: OK; NOT_FOUND for an unknown ordinal; INVALID_ARGUMENT for a client_label over
+        256 bytes; RESOURCE_EXHAUSTED when the daemon's or the tenant's session limit is
+        reached, or too many opens and closes are waiting; UNAVAILABLE when no worker could be
+        started (the message says why).
         Retry: not idempotent; a retry after a lost response leaves a session to be reclaimed
         by the idle timeout.
         """
