@@ -8,8 +8,10 @@
 #   DIR/bin/gpurpcd                    launcher: sets LD_LIBRARY_PATH, execs the real daemon
 #   DIR/bin/gpurpc-run-tests           runs every installed test binary, prints a summary
 #   DIR/bin/gpurpc_bench_*             launchers for the benchmarks (when they are built)
+#   DIR/bin/gpurpc-soak                launcher for the soak and leak check (tests/soak)
 #   DIR/libexec/gpurpc/gpurpcd         the real daemon (workers re-execute it via /proc/self/exe)
 #   DIR/libexec/gpurpc/bench/          benchmark binaries
+#   DIR/libexec/gpurpc/gpurpc-soak     the soak program (re-executes itself for its killed clients)
 #   DIR/libexec/gpurpc/tests/          every executable under tests/ whose name ends in _test
 #   DIR/lib/gpurpc/                    every non-system shared library those binaries need
 #   DIR/share/doc/gpurpc/              README.md and the systemd unit
@@ -77,6 +79,17 @@ if(TARGET gpurpcd)
   install(TARGETS gpurpcd RUNTIME DESTINATION "${GPURPC_INSTALL_LIBEXECDIR}" COMPONENT gpurpc)
   gpurpc_install_launcher(gpurpcd "${GPURPC_INSTALL_LIBEXECDIR}/gpurpcd")
   list(APPEND _gpurpc_installed_executables gpurpcd)
+endif()
+
+# The soak and leak check (tests/soak, built with the tests). Its launcher sets GPURPCD_BIN to
+# this install's daemon, which it starts by default.
+if(TARGET gpurpc_soak)
+  set_target_properties(gpurpc_soak PROPERTIES
+    INSTALL_RPATH "$ORIGIN/../../${GPURPC_INSTALL_PRIVATE_LIBDIR}")
+  install(TARGETS gpurpc_soak RUNTIME DESTINATION "${GPURPC_INSTALL_LIBEXECDIR}" COMPONENT gpurpc
+          OPTIONAL)
+  gpurpc_install_launcher(gpurpc-soak "${GPURPC_INSTALL_LIBEXECDIR}/gpurpc-soak")
+  list(APPEND _gpurpc_installed_executables gpurpc_soak)
 endif()
 
 # Benchmarks: any executable named gpurpc_bench_* anywhere in the project (today

@@ -11,6 +11,7 @@
 #include <cstdlib>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "gpurpc/client.h"
@@ -52,12 +53,14 @@ struct DaemonUnderTest {
 
 inline DaemonUnderTest StartDaemon(int argc, char** argv) {
   DaemonUnderTest out;
+  std::vector<std::string> daemon_args;  // --daemon-arg=FLAG, repeatable: passed to gpurpcd
   for (int i = 1; i < argc; ++i) {
     std::string arg = argv[i];
     if (arg.rfind("--address=", 0) == 0) {
       out.tcp_address = arg.substr(10);
       return out;
     }
+    if (arg.rfind("--daemon-arg=", 0) == 0) daemon_args.push_back(arg.substr(13));
   }
   // The TCP listener authenticates with a bearer token, as a remote client's would: made by
   // `gpurpcd --new-token`, and handed to the client through GPURPC_TOKEN.
@@ -75,6 +78,7 @@ inline DaemonUnderTest StartDaemon(int argc, char** argv) {
   testing::TestDaemon::Options options;
   options.backend = "cuda";
   options.extra_flags = {"--listen=127.0.0.1:50777", "--tokens-file=" + tokens_file};
+  options.extra_flags.insert(options.extra_flags.end(), daemon_args.begin(), daemon_args.end());
   auto daemon = testing::TestDaemon::Start(options);
   Check(daemon.status(), "start gpurpcd");
   out.daemon = *std::move(daemon);

@@ -9,14 +9,22 @@
 # 3. a daemon on the GPU (Unix socket, bearer tokens on loopback, health listener) and the
 #    Python suite against it (auth, quota and escape tests start their own daemons);
 # 4. the Python escape test against CUDA workers; a token-authenticated kernel over TCP;
-#    the daemon's log checked for the token.
+#    the daemon's log checked for the token;
+# 5. the soak and leak check (gpurpc-soak: 64 clients, 1000 open/close cycles, 8 clients
+#    killed mid-upload) on the GPU, and the compute and memory benchmarks with the kernel
+#    watchdog on (the default) and off (its cost per launch).
+# GPURPC_GPU_STEPS (default "tests python soak bench") picks steps: tests = 1-2,
+# python = 3-4, soak = 5's soak, bench = 5's benchmarks.
 # Logs and gtest XML go to $OUT. Prints a summary line per step.
 set -u
 cd "$(dirname "$0")/../.."
 OUT=${OUT:-$(mktemp -d)}
 R=$PWD/dist/gpurpc
+STEPS=" ${GPURPC_GPU_STEPS:-tests python soak bench} "
+want() { [[ "$STEPS" == *" $1 "* ]]; }
 echo "== machine"; uname -r; cat /sys/kernel/security/lsm; echo
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
+if want tests; then
 echo "== all installed C++ tests (unit, service on the fake backend, gpu on the H200)"
 L=$(mktemp -d)
 $R/bin/gpurpc-run-tests -o "$L/ctest" > "$OUT/run-tests.log" 2>&1; echo "rc=$?"
@@ -25,6 +33,9 @@ grep -E "passed|failed|FAILED" "$OUT/run-tests.log" | tail -25
 echo "== C++ escape test against CUDA workers"
 GPURPC_ESCAPE_TEST_BACKEND=cuda $R/bin/gpurpc-run-tests '*compile_escape*' > "$OUT/escape-cuda.log" 2>&1; echo "rc=$?"
 grep -E "^\[  |passed|failed" "$OUT/escape-cuda.log" | tail -14
+grep -E "^\[ info \]" "$OUT/run-tests.log" | tail -8
+fi
+if want python; then
 echo "== daemon on the GPU: unix socket + tokens on loopback + health"
 T=$(mktemp -d); chmod 755 "$T"
 $R/bin/gpurpcd --new-token=alice > "$T/alice"; sed -n 2p "$T/alice" > "$T/tokens"; chmod 600 "$T/tokens"
@@ -55,3 +66,20 @@ GPURPC_ADDRESS=unix:$T/run/gpurpcd.sock timeout 60 python3 -c "import gpurpc.adm
 kill $D; wait $D; cp "$T/daemon.log" "$OUT/daemon.log"
 grep -c "alice\|gpurpc_" "$T/daemon.log" | sed 's/^/daemon log lines naming alice or a token prefix: /'
 grep -F "$(head -1 "$T/alice")" "$T/daemon.log" && echo "TOKEN LEAKED INTO LOG" || echo "token not in the daemon log"
+fi
+if want soak; then
+echo "== soak and leak check on the GPU: 64 clients x 30 s, 1000 cycles, 8 clients killed mid-upload"
+timeout 400 $R/bin/gpurpc-soak --daemon-arg=--backend=cuda --clients=64 --seconds=30 \
+  --cycles=1000 --killed=8 > "$OUT/soak.log" 2>&1; echo "rc=$?"
+grep -vE "^\[" "$OUT/soak.log" | tail -22
+fi
+if want bench; then
+echo "== benchmarks (kernel watchdog on, the default)"
+timeout 150 $R/bin/gpurpc_bench_compute > "$OUT/bench-compute.log" 2>&1; echo "rc=$?"
+grep -A12 "^Compute path" "$OUT/bench-compute.log"
+echo "== benchmarks (kernel watchdog off: --kernel-timeout=0)"
+timeout 150 $R/bin/gpurpc_bench_compute --daemon-arg=--kernel-timeout=0 > "$OUT/bench-compute-nowd.log" 2>&1; echo "rc=$?"
+grep -A12 "^Compute path" "$OUT/bench-compute-nowd.log"
+timeout 150 $R/bin/gpurpc_bench_memory > "$OUT/bench-memory.log" 2>&1; echo "rc=$?"
+grep -vE "^\[" "$OUT/bench-memory.log" | tail -16
+fi
