@@ -8,8 +8,10 @@
 
 namespace gpurpc {
 
-// Codes map one to one (both follow google.rpc.Code). Messages longer than 4 KiB are
-// truncated so that a runaway log cannot blow up trailers.
+// Codes map one to one (both follow google.rpc.Code). Messages may quote what a client sent:
+// ToGrpcStatus escapes control and non-ASCII bytes (as \xNN; newlines and tabs stay) and
+// truncates the message at 4 KiB on the wire, so that no message can forge terminal output
+// or blow up the peer's trailer limit.
 grpc::Status ToGrpcStatus(const absl::Status& status);
 absl::Status FromGrpcStatus(const grpc::Status& status);
 

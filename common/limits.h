@@ -15,6 +15,8 @@ inline constexpr uint64_t kTransferChunkBytes = 1ull << 20;
 inline constexpr uint64_t kMaxTransferChunkBytes = 4ull << 20;
 // Metadata key carrying the session id (decimal) on session-scoped calls.
 inline constexpr char kSessionMetadataKey[] = "gpurpc-session";
+// The most threads (so calls running at once) a worker's gRPC server has.
+inline constexpr int kWorkerMaxThreads = 64;
 // Metadata key carrying the daemon instance from OpenSession beside the session id.
 inline constexpr char kInstanceMetadataKey[] = "gpurpc-instance";
 // Trailing metadata a worker adds to every status it sends, so that the front end tells a

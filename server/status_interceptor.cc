@@ -1,33 +1,79 @@
-#include "server/worker/status_marker.h"
+#include "server/status_interceptor.h"
 
+#include <string>
+
+#include "absl/strings/str_format.h"
 #include "common/limits.h"
 
-namespace gpurpc::worker {
+namespace gpurpc {
 namespace {
 
-class StatusMarker final : public grpc::experimental::Interceptor {
+class StatusInterceptor final : public grpc::experimental::Interceptor {
  public:
+  StatusInterceptor(const char* method, bool mark_worker_answers, int max_threads)
+      : method_(method != nullptr ? method : "this method"),
+        mark_worker_answers_(mark_worker_answers),
+        max_threads_(max_threads) {}
+
   void Intercept(grpc::experimental::InterceptorBatchMethods* methods) override {
     if (methods->QueryInterceptionHookPoint(
             grpc::experimental::InterceptionHookPoints::PRE_SEND_STATUS)) {
-      methods->GetSendTrailingMetadata()->emplace(kWorkerAnswerMetadataKey, "1");
+      const grpc::Status status = methods->GetSendStatus();
+      if ((status.error_code() == grpc::StatusCode::INTERNAL ||
+           status.error_code() == grpc::StatusCode::UNIMPLEMENTED) &&
+          status.error_message().empty()) {
+        methods->ModifySendStatus(grpc::Status(
+            grpc::StatusCode::INVALID_ARGUMENT,
+            absl::StrFormat("%s: the request is not a valid message of the method's request "
+                            "type (it does not parse as protobuf), or none was sent",
+                            method_)));
+      } else if (status.error_code() == grpc::StatusCode::RESOURCE_EXHAUSTED &&
+                 status.error_message() == "Server Threadpool Exhausted") {
+        methods->ModifySendStatus(grpc::Status(
+            grpc::StatusCode::RESOURCE_EXHAUSTED,
+            absl::StrFormat("%s was not started: %s already runs as many calls at once as it "
+                            "may (%d, each holding one of its threads); retry when some have "
+                            "finished",
+                            method_,
+                            mark_worker_answers_ ? "this session's worker" : "gpurpcd",
+                            max_threads_)));
+      }
+      if (mark_worker_answers_) {
+        methods->GetSendTrailingMetadata()->emplace(kWorkerAnswerMetadataKey, "1");
+      }
     }
     methods->Proceed();
   }
+
+ private:
+  const std::string method_;
+  const bool mark_worker_answers_;
+  const int max_threads_;
 };
 
-class StatusMarkerFactory final : public grpc::experimental::ServerInterceptorFactoryInterface {
+class StatusInterceptorFactory final
+    : public grpc::experimental::ServerInterceptorFactoryInterface {
  public:
+  StatusInterceptorFactory(bool mark_worker_answers, int max_threads)
+      : mark_worker_answers_(mark_worker_answers), max_threads_(max_threads) {}
+
   grpc::experimental::Interceptor* CreateServerInterceptor(
-      grpc::experimental::ServerRpcInfo*) override {
-    return new StatusMarker();
+      grpc::experimental::ServerRpcInfo* info) override {
+    return new StatusInterceptor(info->method(), mark_worker_answers_, max_threads_);
   }
+
+ private:
+  const bool mark_worker_answers_;
+  const int max_threads_;
 };
 
 }  // namespace
 
-std::unique_ptr<grpc::experimental::ServerInterceptorFactoryInterface> MakeStatusMarker() {
-  return std::make_unique<StatusMarkerFactory>();
+std::vector<std::unique_ptr<grpc::experimental::ServerInterceptorFactoryInterface>>
+StatusInterceptors(bool mark_worker_answers, int max_threads) {
+  std::vector<std::unique_ptr<grpc::experimental::ServerInterceptorFactoryInterface>> out;
+  out.push_back(std::make_unique<StatusInterceptorFactory>(mark_worker_answers, max_threads));
+  return out;
 }
 
-}  // namespace gpurpc::worker
+}  // namespace gpurpc

@@ -1,20 +1,30 @@
-// Marks every status the worker's gRPC server sends with trailing metadata
-// (kWorkerAnswerMetadataKey, common/limits.h), so that the front end's relay can tell the
-// worker's own answer (say UNAVAILABLE for an event that is not ready) from the status gRPC
-// makes up when the worker's channel breaks (the worker died). Without the mark the relay
-// would have to wait for the worker's exit on every UNAVAILABLE to know which it was.
-#ifndef GPURPC_SERVER_WORKER_STATUS_MARKER_H_
-#define GPURPC_SERVER_WORKER_STATUS_MARKER_H_
+// A server interceptor for both halves of the daemon, applied to every call:
+// - A request that does not parse as its protobuf type (or a unary call with no request) is
+//   answered by gRPC with INTERNAL or UNIMPLEMENTED and no message; the interceptor turns
+//   that into INVALID_ARGUMENT naming the method, as every other bad argument is answered.
+//   (gpurpc's own statuses always carry a message.)
+// - gRPC's "Server Threadpool Exhausted" (RESOURCE_EXHAUSTED when every thread of the
+//   server's resource quota is busy) is reworded to name the limit, `max_threads`.
+// - In a worker (mark_worker_answers), every status the worker sends is marked with
+//   trailing metadata (kWorkerAnswerMetadataKey, common/limits.h), so that the front end's
+//   relay tells the worker's own answer (say UNAVAILABLE for an event that is not ready)
+//   from the status gRPC makes up when the worker's channel breaks (the worker died).
+//   Without the mark the relay would have to wait for the worker's exit on every
+//   UNAVAILABLE to know which it was.
+#ifndef GPURPC_SERVER_STATUS_INTERCEPTOR_H_
+#define GPURPC_SERVER_STATUS_INTERCEPTOR_H_
 
 #include <memory>
+#include <vector>
 
 #include "grpcpp/support/server_interceptor.h"
 
-namespace gpurpc::worker {
+namespace gpurpc {
 
-// Register with ServerBuilder::experimental().SetInterceptorCreators.
-std::unique_ptr<grpc::experimental::ServerInterceptorFactoryInterface> MakeStatusMarker();
+// For ServerBuilder::experimental().SetInterceptorCreators.
+std::vector<std::unique_ptr<grpc::experimental::ServerInterceptorFactoryInterface>>
+StatusInterceptors(bool mark_worker_answers, int max_threads);
 
-}  // namespace gpurpc::worker
+}  // namespace gpurpc
 
-#endif  // GPURPC_SERVER_WORKER_STATUS_MARKER_H_
+#endif  // GPURPC_SERVER_STATUS_INTERCEPTOR_H_

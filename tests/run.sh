@@ -9,11 +9,14 @@
 #
 # Then the same unit and service tests once more from a second build with AddressSanitizer
 # and UndefinedBehaviorSanitizer (GPURPC_SANITIZE=ON, in <build dir>-asan), so that memory
-# errors and undefined behaviour fail CI.
+# errors and undefined behaviour fail CI. Last, the libFuzzer targets (tests/fuzz, a clang
+# build in build-fuzz): their saved reproducers, then each target for a bounded time
+# (tests/fuzz/run-fuzzers.sh).
 #
 # Environment: GPURPC_BUILD_DIR (default build), GPURPC_JOBS (default: all cores),
 # GPURPC_SKIP_SETUP=1 to skip deploy/dev/setup.sh, GPURPC_SKIP_SANITIZE=1 to skip the
-# sanitizer build, PYTHON (default python3).
+# sanitizer build, GPURPC_SKIP_FUZZ=1 to skip the fuzzing, GPURPC_FUZZ_SECONDS (fuzzing per
+# target, default 45), PYTHON (default python3).
 # The GPU tests run elsewhere: `ctest --test-dir build -L gpu`, or gpurpc-run-tests from a
 # relocatable install on a GPU box (README.md).
 set -uo pipefail
@@ -122,6 +125,14 @@ if cmake --install "$build_dir" --prefix "$install_dir" >"$build_dir/install-che
 else
   tail -n 20 "$build_dir/install-check.log"
   record install FAILED
+fi
+
+# libFuzzer targets: saved reproducers, then each target from a copy of its seed corpus.
+if [[ "${GPURPC_SKIP_FUZZ:-0}" != 1 ]]; then
+  step "fuzz (tests/fuzz/run-fuzzers.sh)"
+  bash tests/fuzz/run-fuzzers.sh "${GPURPC_FUZZ_SECONDS:-45}"
+  rc=$?
+  if ((rc == 0)); then record fuzz ok; else record fuzz "FAILED (exit $rc)"; fi
 fi
 
 finish

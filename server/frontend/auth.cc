@@ -236,6 +236,10 @@ absl::StatusOr<Identity> Authenticator::AuthenticateTcp(
     }
   }
   std::string token_tenant;
+  if (metadata.count("authorization") > 1) {
+    return absl::UnauthenticatedError(
+        "the call carries more than one authorization header; send exactly one");
+  }
   if (auto it = metadata.find("authorization"); it != metadata.end()) {
     const absl::string_view value(it->second.data(), it->second.size());
     if (!absl::StartsWith(value, kBearerPrefix)) {

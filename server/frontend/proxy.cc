@@ -5,11 +5,15 @@
 #include <mutex>
 #include <string>
 
+#include "absl/container/flat_hash_map.h"
+#include "absl/strings/escaping.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "common/grpc_status.h"
 #include "common/limits.h"
+#include "google/protobuf/descriptor.h"
+#include "gpurpc/v1/execution_service.pb.h"
 #include "gpurpc/v1/memory_service.pb.h"
 #include "gpurpc/v1/module_service.grpc.pb.h"
 #include "grpcpp/impl/codegen/proto_utils.h"
@@ -21,13 +25,39 @@ namespace {
 
 // Services whose calls belong to a session and run in its worker.
 constexpr const char* kSessionServices[] = {
-    "/gpurpc.v1.MemoryService/",
-    "/gpurpc.v1.ModuleService/",
-    "/gpurpc.v1.ExecutionService/",
-    "/gpurpc.v1.HostRegionService/",
+    "gpurpc.v1.MemoryService",
+    "gpurpc.v1.ModuleService",
+    "gpurpc.v1.ExecutionService",
 };
+// Reserved in the API for same-host shared-memory transfers; not served yet.
+constexpr char kHostRegionPrefix[] = "/gpurpc.v1.HostRegionService/";
+
+// Every method of the session services, by its exact path ("/package.Service/Method"),
+// from the generated descriptors: true for a method whose client streams (unary and
+// server-streaming methods take exactly one request message).
+const absl::flat_hash_map<std::string, bool>& SessionMethods() {
+  static const auto* const kMethods = [] {
+    // Touch one message of each file so that its descriptors are linked in and registered.
+    v1::AllocateRequest::descriptor();
+    v1::CompileRequest::descriptor();
+    v1::CreateStreamRequest::descriptor();
+    auto* methods = new absl::flat_hash_map<std::string, bool>();
+    for (const char* name : kSessionServices) {
+      const google::protobuf::ServiceDescriptor* service =
+          google::protobuf::DescriptorPool::generated_pool()->FindServiceByName(name);
+      if (service == nullptr) continue;
+      for (int i = 0; i < service->method_count(); ++i) {
+        const google::protobuf::MethodDescriptor* method = service->method(i);
+        methods->emplace(absl::StrCat("/", name, "/", method->name()), method->client_streaming());
+      }
+    }
+    return methods;
+  }();
+  return *kMethods;
+}
 
 constexpr char kCommandStreamMethod[] = "/gpurpc.v1.ExecutionService/CommandStream";
+constexpr char kUploadStreamMethod[] = "/gpurpc.v1.MemoryService/UploadStream";
 constexpr char kAllocateMethod[] = "/gpurpc.v1.MemoryService/Allocate";
 constexpr char kFreeMethod[] = "/gpurpc.v1.MemoryService/Free";
 constexpr char kCompileMethod[] = "/gpurpc.v1.ModuleService/Compile";
@@ -80,13 +110,6 @@ bool ParseRelayed(const grpc::ByteBuffer& buffer, Message* message) {
   return grpc::SerializationTraits<Message>::Deserialize(&copy, message).ok();
 }
 
-bool IsSessionMethod(const std::string& method) {
-  for (const char* prefix : kSessionServices) {
-    if (absl::StartsWith(method, prefix)) return true;
-  }
-  return false;
-}
-
 // Answers a call at once with a status.
 class RejectReactor final : public grpc::ServerGenericBidiReactor {
  public:
@@ -107,11 +130,12 @@ class RelayReactor final : public grpc::ServerGenericBidiReactor {
   // For Ledger::kCompile the caller has taken a compile slot of the session's tenant,
   // which this relay gives back when the call ends.
   RelayReactor(grpc::GenericCallbackServerContext* context, SessionManager* sessions,
-               std::shared_ptr<SessionRecord> session, Ledger ledger)
+               std::shared_ptr<SessionRecord> session, Ledger ledger, bool client_streaming)
       : context_(context),
         sessions_(sessions),
         session_(std::move(session)),
         ledger_(ledger),
+        client_streaming_(client_streaming),
         worker_half_(this) {
     // Callbacks may fire on other threads before the constructor is done.
     std::lock_guard<std::mutex> lock(mu_);
@@ -140,8 +164,35 @@ class RelayReactor final : public grpc::ServerGenericBidiReactor {
     std::lock_guard<std::mutex> lock(mu_);
     session_->Touch();
     if (!to_worker_open_) return;
-    if (ok && !LedgerBeforeWorkerLocked()) {
-      // Refused by the ledger: the worker never sees the request.
+    if (!client_streaming_) {
+      // A method that takes one request message: the message is held until the client
+      // half-closes, so that a call with none or with more than one is refused before the
+      // worker sees anything (gRPC's clients send the message and the half-close together).
+      if (ok && !request_held_) {
+        request_held_ = true;
+        StartRead(&extra_);
+        return;
+      }
+      if (ok || !request_held_) {
+        refusal_ = grpc::Status(
+            grpc::StatusCode::UNIMPLEMENTED,
+            absl::StrFormat("%s takes exactly one request message; this call sent %s",
+                            context_->method(), ok ? "more" : "none"));
+        worker_context_.TryCancel();
+        CloseToWorkerLocked();
+        return;
+      }
+      // The one message, then the half-close.
+      if (!LedgerBeforeWorkerLocked()) {
+        worker_context_.TryCancel();
+        CloseToWorkerLocked();
+        return;
+      }
+      worker_half_.StartWriteLast(&from_client_, grpc::WriteOptions());
+      return;
+    }
+    if (ok && (!StreamMessageParses() || !LedgerBeforeWorkerLocked())) {
+      // Refused: the worker never sees the request.
       worker_context_.TryCancel();
       CloseToWorkerLocked();
       return;
@@ -216,10 +267,10 @@ class RelayReactor final : public grpc::ServerGenericBidiReactor {
 
   void OnWorkerWriteDone(bool ok) {
     std::lock_guard<std::mutex> lock(mu_);
-    if (ok) {
+    if (ok && client_streaming_) {
       StartRead(&from_client_);
     } else {
-      CloseToWorkerLocked();
+      CloseToWorkerLocked();  // a one-message call's only write, or the worker is gone
     }
   }
 
@@ -286,7 +337,7 @@ class RelayReactor final : public grpc::ServerGenericBidiReactor {
   }
 
   // True when the worker's own server sent the status (it marks every answer, see
-  // server/worker/status_marker.h), false when gRPC made it up for a broken call.
+  // server/status_interceptor.h), false when gRPC made it up for a broken call.
   bool AnsweredByWorker() const {
     const auto& trailers = worker_context_.GetServerTrailingMetadata();
     return trailers.find(kWorkerAnswerMetadataKey) != trailers.end();
@@ -364,6 +415,33 @@ class RelayReactor final : public grpc::ServerGenericBidiReactor {
     return false;
   }
 
+  // The client-streaming methods' messages are parsed here: a worker's blocking reader
+  // cannot tell a message that does not parse from the end of the stream, and would take the
+  // rest of the stream as never sent (the batches of a command stream dropped silently).
+  // False, with the refusal recorded, when the message does not parse. Unary requests that
+  // do not parse are answered by the worker itself (server/status_interceptor.h).
+  bool StreamMessageParses() {
+    ++stream_messages_;
+    bool parses = true;
+    const char* type = nullptr;
+    if (context_->method() == kCommandStreamMethod) {
+      thread_local v1::CommandBatch batch;  // kept: its buffers are reused
+      parses = ParseRelayed(from_client_, &batch);
+      type = "gpurpc.v1.CommandBatch";
+    } else if (context_->method() == kUploadStreamMethod) {
+      thread_local v1::UploadStreamRequest chunk;
+      parses = ParseRelayed(from_client_, &chunk);
+      type = "gpurpc.v1.UploadStreamRequest";
+    }
+    if (parses) return true;
+    refusal_ = grpc::Status(
+        grpc::StatusCode::INVALID_ARGUMENT,
+        absl::StrFormat("%s: message %d of the stream is not a valid %s (it does not parse as "
+                        "protobuf); the stream ends here and that message was not applied",
+                        context_->method(), stream_messages_, type));
+    return false;
+  }
+
   // True for OK; otherwise records the refusal and returns false.
   bool Admitted(const absl::Status& status) {
     if (status.ok()) return true;
@@ -418,6 +496,10 @@ class RelayReactor final : public grpc::ServerGenericBidiReactor {
   SessionManager* sessions_;
   std::shared_ptr<SessionRecord> session_;
   const Ledger ledger_;
+  const bool client_streaming_;
+  bool request_held_ = false;  // a one-message call's message is in from_client_
+  uint64_t stream_messages_ = 0;  // of a client-streaming call, read so far
+  grpc::ByteBuffer extra_;     // where a one-message call's half-close (or excess) is read
   bool request_seen_ = false;
   uint64_t reserved_bytes_ = 0;
   uint64_t freed_buffer_ = 0;
@@ -445,15 +527,26 @@ class RelayReactor final : public grpc::ServerGenericBidiReactor {
 
 grpc::ServerGenericBidiReactor* SessionProxy::CreateReactor(
     grpc::GenericCallbackServerContext* context) {
-  if (!IsSessionMethod(context->method())) {
+  const auto& methods = SessionMethods();
+  const auto method = methods.find(context->method());
+  const bool host_region = absl::StartsWith(context->method(), kHostRegionPrefix);
+  if (method == methods.end() && !host_region) {
     return new RejectReactor(
         grpc::Status(grpc::StatusCode::UNIMPLEMENTED,
-                     absl::StrFormat("gpurpcd has no method %s", context->method())));
+                     absl::StrFormat("gpurpcd has no method %s",
+                                     absl::CHexEscape(context->method().substr(0, 256)))));
   }
   auto identity = auth_->Authenticate(*context);
   if (!identity.ok()) return new RejectReactor(ToGrpcStatus(identity.status()));
   auto session = sessions_->FindFromMetadata(context->client_metadata(), identity->tenant);
   if (!session.ok()) return new RejectReactor(ToGrpcStatus(session.status()));
+  if (host_region) {
+    return new RejectReactor(grpc::Status(
+        grpc::StatusCode::UNIMPLEMENTED,
+        absl::StrFormat("%s: HostRegionService (same-host shared-memory transfers) is not "
+                        "served by this gpurpcd yet; use MemoryService's uploads and downloads",
+                        absl::CHexEscape(context->method().substr(0, 256)))));
+  }
   if (absl::Status usable = (*session)->CheckUsable(); !usable.ok()) {
     return new RejectReactor(ToGrpcStatus(usable));
   }
@@ -463,7 +556,8 @@ grpc::ServerGenericBidiReactor* SessionProxy::CreateReactor(
       return new RejectReactor(ToGrpcStatus(slot));
     }
   }
-  return new RelayReactor(context, sessions_, *std::move(session), ledger);
+  return new RelayReactor(context, sessions_, *std::move(session), ledger,
+                          /*client_streaming=*/method->second);
 }
 
 }  // namespace gpurpc::frontend

@@ -1,5 +1,7 @@
 #include "server/frontend/session_manager.h"
 
+#include <pthread.h>
+
 #include <utility>
 #include <vector>
 
@@ -213,6 +215,8 @@ absl::Status SessionManager::RunBlocking(std::function<void()> work) {
 }
 
 void SessionManager::BlockingLoop() {
+  // Named, so that an operator (and gpurpc-soak) tells this pool from gRPC's threads.
+  pthread_setname_np(pthread_self(), "gpurpc-blocking");
   absl::MutexLock lock(&blocking_mu_);
   for (;;) {
     ++blocking_idle_;
@@ -469,18 +473,24 @@ absl::StatusOr<std::shared_ptr<SessionRecord>> SessionManager::Find(uint64_t ses
 
 absl::StatusOr<std::shared_ptr<SessionRecord>> SessionManager::FindFromMetadata(
     const std::multimap<grpc::string_ref, grpc::string_ref>& metadata, const std::string& tenant) {
+  if (metadata.count(kSessionMetadataKey) > 1) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "the call carries more than one '", kSessionMetadataKey, "' metadata value; send one"));
+  }
   auto it = metadata.find(kSessionMetadataKey);
   if (it == metadata.end()) {
     return absl::InvalidArgumentError(
         absl::StrCat("this call is session-scoped: send the session id from OpenSession as '",
                      kSessionMetadataKey, "' metadata"));
   }
-  const std::string value(it->second.data(), std::min<size_t>(it->second.size(), 64));
+  // The whole value is parsed; only the message quotes at most 64 bytes of it.
+  const absl::string_view value(it->second.data(), it->second.size());
   uint64_t id = 0;
-  if (!absl::SimpleAtoi(value, &id) || id == 0) {
+  if (value.size() > 64 || !absl::SimpleAtoi(value, &id) || id == 0) {
     return absl::InvalidArgumentError(
-        absl::StrFormat("'%s' metadata '%s' is not a session id (a decimal 64-bit number)",
-                        kSessionMetadataKey, absl::CHexEscape(value)));
+        absl::StrFormat("'%s' metadata '%s%s' is not a session id (a decimal 64-bit number)",
+                        kSessionMetadataKey, absl::CHexEscape(value.substr(0, 64)),
+                        value.size() > 64 ? "..." : ""));
   }
   auto session = Find(id, tenant);
   if (session.ok() || !absl::IsNotFound(session.status())) return session;

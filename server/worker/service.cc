@@ -112,13 +112,14 @@ class MemoryServiceImpl final : public v1::MemoryService::Service {
     auto address =
         session_->Resolve(request->destination(), request->data().size(), "Upload destination");
     if (!address.ok()) return ToGrpcStatus(address.status());
-    absl::Status status = session_->Upload(*address, request->data().data(),
-                                           request->data().size(), request->stream_id());
+    absl::Status status = session_->Upload(*address, request->data().data(), request->data().size(),
+                                           request->stream_id());
     if (status.ok()) response->set_bytes_written(request->data().size());
     return ToGrpcStatus(status);
   }
 
-  grpc::Status UploadStream(grpc::ServerContext*, grpc::ServerReader<v1::UploadStreamRequest>* reader,
+  grpc::Status UploadStream(grpc::ServerContext*,
+                            grpc::ServerReader<v1::UploadStreamRequest>* reader,
                             v1::UploadResponse* response) override {
     v1::UploadStreamRequest message;
     if (!reader->Read(&message)) {
@@ -132,6 +133,12 @@ class MemoryServiceImpl final : public v1::MemoryService::Service {
     uint64_t written = 0;
     do {
       const std::string& data = message.data();
+      if (data.size() > kMaxTransferChunkBytes) {
+        return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                            absl::StrFormat("UploadStream: a chunk of %d bytes exceeds the limit "
+                                            "of %d bytes per message; send 1 MiB chunks",
+                                            data.size(), kMaxTransferChunkBytes));
+      }
       if (data.size() > total - written) {
         return grpc::Status(
             grpc::StatusCode::INVALID_ARGUMENT,
@@ -169,12 +176,12 @@ class MemoryServiceImpl final : public v1::MemoryService::Service {
 
   grpc::Status DownloadStream(grpc::ServerContext*, const v1::DownloadRequest* request,
                               grpc::ServerWriter<v1::DownloadResponse>* writer) override {
-    uint64_t chunk = request->chunk_size_bytes() == 0 ? kTransferChunkBytes
-                                                      : request->chunk_size_bytes();
+    uint64_t chunk =
+        request->chunk_size_bytes() == 0 ? kTransferChunkBytes : request->chunk_size_bytes();
     if (chunk > kMaxTransferChunkBytes) {
       return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
-                          absl::StrFormat("DownloadStream: chunk_size_bytes %d exceeds %d",
-                                          chunk, kMaxTransferChunkBytes));
+                          absl::StrFormat("DownloadStream: chunk_size_bytes %d exceeds %d", chunk,
+                                          kMaxTransferChunkBytes));
     }
     const uint64_t total = request->size_bytes();
     auto base = session_->Resolve(request->source(), total, "DownloadStream source");
@@ -208,7 +215,8 @@ class MemoryServiceImpl final : public v1::MemoryService::Service {
     return ToGrpcStatus(session_->Memset(command));
   }
 
-  grpc::Status CopyDeviceToDevice(grpc::ServerContext*, const v1::CopyDeviceToDeviceRequest* request,
+  grpc::Status CopyDeviceToDevice(grpc::ServerContext*,
+                                  const v1::CopyDeviceToDeviceRequest* request,
                                   v1::CopyDeviceToDeviceResponse*) override {
     v1::CopyCommand command;
     *command.mutable_destination() = request->destination();
@@ -235,11 +243,10 @@ class ModuleServiceImpl final : public v1::ModuleService::Service {
   grpc::Status LoadModule(grpc::ServerContext*, const v1::LoadModuleRequest* request,
                           v1::LoadModuleResponse* response) override {
     uint64_t device_memory_bytes = 0;
-    return Answer(session_->LoadModule(request->image(), &device_memory_bytes),
-                  [&](uint64_t id) {
-                    response->set_module_id(id);
-                    response->set_device_memory_bytes(device_memory_bytes);
-                  });
+    return Answer(session_->LoadModule(request->image(), &device_memory_bytes), [&](uint64_t id) {
+      response->set_module_id(id);
+      response->set_device_memory_bytes(device_memory_bytes);
+    });
   }
 
   grpc::Status UnloadModule(grpc::ServerContext*, const v1::UnloadModuleRequest* request,
@@ -358,6 +365,8 @@ class WorkerControlImpl final : public internal::v1::WorkerControl::Service {
     limits.max_streams = request->quota().max_streams_per_session();
     limits.max_events = request->quota().max_events_per_session();
     limits.max_modules = request->quota().max_modules_per_session();
+    limits.max_concurrent_compiles = request->quota().max_concurrent_compiles();
+    limits.kernel_timeout_ms = request->quota().kernel_timeout_ms();
     return ToGrpcStatus(session_->Bind(request->tenant(), limits));
   }
 
@@ -381,7 +390,8 @@ void ToProto(const backend::DeviceInfo& info, v1::DeviceInfo* out) {
   out->set_max_shared_memory_per_block_optin_bytes(info.max_shared_memory_per_block_optin_bytes);
   out->set_warp_size(info.warp_size);
   out->set_pci_bus_id(info.pci_bus_id);
-  for (const auto& [attribute, value] : info.attributes) (*out->mutable_attributes())[attribute] = value;
+  for (const auto& [attribute, value] : info.attributes)
+    (*out->mutable_attributes())[attribute] = value;
   out->set_is_fake(info.is_fake);
 }
 

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cstring>
 #include <utility>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -39,32 +40,106 @@ std::string DescribeParams(const std::vector<backend::ParamInfo>& params) {
 
 uint32_t ArgSize(const v1::KernelArg& arg) {
   switch (arg.value_case()) {
-    case v1::KernelArg::kU8: return 1;
-    case v1::KernelArg::kU16: return 2;
-    case v1::KernelArg::kU32: return 4;
-    case v1::KernelArg::kU64: return 8;
-    case v1::KernelArg::kF32: return 4;
-    case v1::KernelArg::kF64: return 8;
-    case v1::KernelArg::kBuffer: return 8;
-    case v1::KernelArg::kRaw: return static_cast<uint32_t>(arg.raw().size());
-    case v1::KernelArg::kDeviceAddress: return 8;
-    default: return 0;
+    case v1::KernelArg::kU8:
+      return 1;
+    case v1::KernelArg::kU16:
+      return 2;
+    case v1::KernelArg::kU32:
+      return 4;
+    case v1::KernelArg::kU64:
+      return 8;
+    case v1::KernelArg::kF32:
+      return 4;
+    case v1::KernelArg::kF64:
+      return 8;
+    case v1::KernelArg::kBuffer:
+      return 8;
+    case v1::KernelArg::kRaw:
+      return static_cast<uint32_t>(arg.raw().size());
+    case v1::KernelArg::kDeviceAddress:
+      return 8;
+    default:
+      return 0;
   }
 }
 
 const char* ArgKind(const v1::KernelArg& arg) {
   switch (arg.value_case()) {
-    case v1::KernelArg::kU8: return "u8";
-    case v1::KernelArg::kU16: return "u16";
-    case v1::KernelArg::kU32: return "u32";
-    case v1::KernelArg::kU64: return "u64";
-    case v1::KernelArg::kF32: return "f32";
-    case v1::KernelArg::kF64: return "f64";
-    case v1::KernelArg::kBuffer: return "buffer pointer";
-    case v1::KernelArg::kRaw: return "raw bytes";
-    case v1::KernelArg::kDeviceAddress: return "device address";
-    default: return "unset";
+    case v1::KernelArg::kU8:
+      return "u8";
+    case v1::KernelArg::kU16:
+      return "u16";
+    case v1::KernelArg::kU32:
+      return "u32";
+    case v1::KernelArg::kU64:
+      return "u64";
+    case v1::KernelArg::kF32:
+      return "f32";
+    case v1::KernelArg::kF64:
+      return "f64";
+    case v1::KernelArg::kBuffer:
+      return "buffer pointer";
+    case v1::KernelArg::kRaw:
+      return "raw bytes";
+    case v1::KernelArg::kDeviceAddress:
+      return "device address";
+    default:
+      return "unset";
   }
+}
+
+// Names are C strings to the driver: "k\0x" would find "k".
+absl::Status CheckName(const char* call, const char* field, const std::string& name) {
+  if (name.empty()) {
+    return absl::InvalidArgumentError(absl::StrFormat("%s: %s is empty", call, field));
+  }
+  if (name.size() > kMaxNameBytes) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("%s: %s is %d bytes, more than the limit of %d bytes", call, field,
+                        name.size(), kMaxNameBytes));
+  }
+  if (const size_t nul = name.find('\0'); nul != std::string::npos) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("%s: %s has a NUL byte at offset %d; names are C strings without NUL bytes",
+                        call, field, nul));
+  }
+  return absl::OkStatus();
+}
+
+// The packed size of a kernel's parameters as the driver reports them, after checking that
+// the layout can be packed: every parameter non-empty, inside kMaxParamBytes and
+// overlapping no other, in whatever order they come. A module image is the client's
+// input, so a layout that fails is INVALID_ARGUMENT.
+absl::StatusOr<uint32_t> CheckParamLayout(const std::string& kernel,
+                                          const std::vector<backend::ParamInfo>& params) {
+  std::vector<size_t> order(params.size());
+  for (size_t i = 0; i < order.size(); ++i) order[i] = i;
+  std::sort(order.begin(), order.end(),
+            [&](size_t a, size_t b) { return params[a].offset_bytes < params[b].offset_bytes; });
+  uint64_t end = 0;
+  for (size_t k = 0; k < order.size(); ++k) {
+    const size_t i = order[k];
+    const uint64_t offset = params[i].offset_bytes;
+    const uint64_t size = params[i].size_bytes;
+    if (size == 0 || offset + size > kMaxParamBytes) {
+      return absl::InvalidArgumentError(absl::StrFormat(
+          "GetFunction: kernel '%s' reports parameter #%d as %d bytes at offset %d, which "
+          "is not within a parameter block of 1 to %d bytes; the module image is malformed",
+          kernel, i, size, offset, kMaxParamBytes));
+    }
+    if (k > 0) {
+      const size_t previous = order[k - 1];
+      if (offset < uint64_t{params[previous].offset_bytes} + params[previous].size_bytes) {
+        return absl::InvalidArgumentError(absl::StrFormat(
+            "GetFunction: kernel '%s' reports parameter #%d (%d bytes at offset %d) "
+            "overlapping parameter #%d (%d bytes at offset %d); the module image is malformed",
+            kernel, i, size, offset, previous, params[previous].size_bytes,
+            params[previous].offset_bytes));
+      }
+    }
+    end = std::max(end, offset + size);
+  }
+  return static_cast<uint32_t>(end);
 }
 
 absl::Status CheckDim(const char* name, const v1::Dim3& dim, const std::array<int, 3>& max,
@@ -73,12 +148,12 @@ absl::Status CheckDim(const char* name, const v1::Dim3& dim, const std::array<in
   static constexpr const char* kAxis[3] = {"x", "y", "z"};
   for (int i = 0; i < 3; ++i) {
     if (v[i] == 0) {
-      return absl::InvalidArgumentError(absl::StrFormat(
-          "%s.%s is 0; every launch dimension must be at least 1", name, kAxis[i]));
+      return absl::InvalidArgumentError(
+          absl::StrFormat("%s.%s is 0; every launch dimension must be at least 1", name, kAxis[i]));
     }
     if (max[i] > 0 && v[i] > static_cast<uint32_t>(max[i])) {
-      return absl::InvalidArgumentError(absl::StrFormat(
-          "%s.%s = %d exceeds the device limit of %d", name, kAxis[i], v[i], max[i]));
+      return absl::InvalidArgumentError(absl::StrFormat("%s.%s = %d exceeds the device limit of %d",
+                                                        name, kAxis[i], v[i], max[i]));
     }
   }
   *out = backend::Dim3{v[0], v[1], v[2]};
@@ -88,39 +163,79 @@ absl::Status CheckDim(const char* name, const v1::Dim3& dim, const std::array<in
 }  // namespace
 
 Session::Session(std::unique_ptr<backend::Context> context, compiler::Compiler* compiler,
-                 absl::Status compiler_status)
+                 absl::Status compiler_status, Watchdog::FireFn on_kernel_timeout)
     : context_(std::move(context)),
       compiler_(compiler),
-      compiler_status_(std::move(compiler_status)) {}
+      compiler_status_(std::move(compiler_status)),
+      on_kernel_timeout_(on_kernel_timeout ? std::move(on_kernel_timeout)
+                                           : ExitOnKernelTimeout(-1)) {}
 
 Session::~Session() {
-  // Dependency order: nothing may outlive the context it was made in.
-  functions_.clear();
-  modules_.clear();
-  events_.clear();
-  streams_.clear();
-  for (const auto& [id, address] : buffers_) {
+  // No call is in flight any more. The watchdog's thread stops and its events go first:
+  // nothing may outlive the context it was made in.
+  watchdog_ptr_.store(nullptr, std::memory_order_release);
+  std::unique_ptr<Watchdog> watchdog;
+  std::unordered_map<uint64_t, std::shared_ptr<FunctionEntry>> functions;
+  std::unordered_map<uint64_t, std::shared_ptr<ModuleEntry>> modules;
+  std::unordered_map<uint64_t, std::shared_ptr<backend::Event>> events;
+  std::unordered_map<uint64_t, std::shared_ptr<backend::Stream>> streams;
+  std::unordered_map<uint64_t, backend::DevicePtr> buffers;
+  {
+    absl::MutexLock lock(&mu_);
+    watchdog = std::move(watchdog_);
+    functions.swap(functions_);
+    modules.swap(modules_);
+    events.swap(events_);
+    streams.swap(streams_);
+    buffers.swap(buffers_);
+    ranges_.clear();
+  }
+  // Dependency order, outside mu_ (each is a backend call).
+  watchdog.reset();
+  functions.clear();
+  modules.clear();
+  events.clear();
+  streams.clear();
+  for (const auto& [id, address] : buffers) {
     absl::Status status = context_->Free(address);
     (void)status;  // The context is going away; a failure here frees nothing less.
   }
-  buffers_.clear();
   context_.reset();
 }
 
 absl::Status Session::Bind(const std::string& tenant, const Limits& limits) {
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   if (bound_) {
     return absl::FailedPreconditionError("Bind: this worker is already bound to a session");
   }
   bound_ = true;
   tenant_ = tenant;
   limits_ = limits;
+  if (limits.kernel_timeout_ms > 0) {
+    Watchdog::Options options;
+    options.timeout_ms = limits.kernel_timeout_ms;
+    // Creates no backend object yet (events come with the first launches).
+    watchdog_ = std::make_unique<Watchdog>(context_.get(), std::move(options), on_kernel_timeout_);
+    watchdog_ptr_.store(watchdog_.get(), std::memory_order_release);
+  }
   return absl::OkStatus();
 }
 
 std::string Session::tenant() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   return tenant_;
+}
+
+Session::TableSizes Session::table_sizes() const {
+  absl::MutexLock lock(&mu_);
+  TableSizes sizes;
+  sizes.buffers = buffers_.size();
+  sizes.ranges = ranges_.size();
+  sizes.modules = modules_.size();
+  sizes.functions = functions_.size();
+  sizes.streams = streams_.size();
+  sizes.events = events_.size();
+  return sizes;
 }
 
 uint64_t Session::NewIdLocked() {
@@ -145,7 +260,7 @@ absl::Status Session::CheckCountLocked(const char* what, size_t count, uint32_t 
 absl::Status Session::Check(absl::Status status) {
   if (status.ok() || !IsSticky(status)) return status;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    absl::MutexLock lock(&mu_);
     if (fault_.ok()) {
       // The call that observes the fault reports it as it is (ABORTED or DATA_LOSS).
       fault_ = status;
@@ -158,7 +273,7 @@ absl::Status Session::Check(absl::Status status) {
 
 absl::Status Session::fault() const {
   if (!faulted_.load(std::memory_order_acquire)) return absl::OkStatus();
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   // Every call after the observing one: the session is unusable, retrying cannot help.
   return absl::FailedPreconditionError(
       absl::StrCat("the session FAULTED earlier: ", fault_.message()));
@@ -172,7 +287,7 @@ absl::StatusOr<v1::BufferInfo> Session::Allocate(uint64_t size_bytes) {
   GPURPC_ASSIGN_OR_RETURN(backend::DevicePtr address, Check(context_->Alloc(size_bytes)));
   uint64_t id;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    absl::MutexLock lock(&mu_);
     id = NewIdLocked();
     buffers_[id] = address;
     ranges_[address] = Range{id, size_bytes};
@@ -188,7 +303,7 @@ absl::Status Session::Free(uint64_t buffer_id) {
   GPURPC_RETURN_IF_ERROR(fault());
   backend::DevicePtr address;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    absl::MutexLock lock(&mu_);
     auto it = buffers_.find(buffer_id);
     if (it == buffers_.end()) {
       return absl::NotFoundError(absl::StrFormat("Free: no buffer %d in this session", buffer_id));
@@ -201,7 +316,7 @@ absl::Status Session::Free(uint64_t buffer_id) {
 }
 
 absl::StatusOr<v1::BufferInfo> Session::GetAllocation(const v1::GetAllocationRequest& request) {
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   v1::BufferInfo info;
   if (request.target_case() == v1::GetAllocationRequest::kBufferId) {
     auto it = buffers_.find(request.buffer_id());
@@ -238,21 +353,20 @@ absl::StatusOr<backend::MemInfo> Session::GetMemInfo() {
 
 absl::StatusOr<backend::DevicePtr> Session::Resolve(const v1::DevicePointer& pointer,
                                                     uint64_t size_bytes, const char* what) {
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   return ResolveLocked(pointer, size_bytes, what);
 }
 
 absl::StatusOr<backend::DevicePtr> Session::ResolveLocked(const v1::DevicePointer& pointer,
-                                                          uint64_t size_bytes,
-                                                          const char* what) {
+                                                          uint64_t size_bytes, const char* what) {
   backend::DevicePtr base = 0;
   uint64_t offset = 0;
   uint64_t limit = 0;
   if (pointer.target_case() == v1::DevicePointer::kBuffer) {
     auto it = buffers_.find(pointer.buffer().buffer_id());
     if (it == buffers_.end()) {
-      return absl::NotFoundError(absl::StrFormat("%s: no buffer %d in this session", what,
-                                                 pointer.buffer().buffer_id()));
+      return absl::NotFoundError(
+          absl::StrFormat("%s: no buffer %d in this session", what, pointer.buffer().buffer_id()));
     }
     base = it->second;
     offset = pointer.buffer().offset_bytes();
@@ -261,24 +375,24 @@ absl::StatusOr<backend::DevicePtr> Session::ResolveLocked(const v1::DevicePointe
     const uint64_t address = pointer.device_address();
     auto it = ranges_.upper_bound(address);
     if (it == ranges_.begin()) {
-      return absl::NotFoundError(absl::StrFormat(
-          "%s: address 0x%x is in no buffer of this session", what, address));
+      return absl::NotFoundError(
+          absl::StrFormat("%s: address 0x%x is in no buffer of this session", what, address));
     }
     --it;
     base = it->first;
     offset = address - base;
     limit = it->second.size_bytes;
     if (offset >= limit && !(offset == limit && size_bytes == 0)) {
-      return absl::NotFoundError(absl::StrFormat(
-          "%s: address 0x%x is in no buffer of this session", what, address));
+      return absl::NotFoundError(
+          absl::StrFormat("%s: address 0x%x is in no buffer of this session", what, address));
     }
   } else {
     return absl::InvalidArgumentError(absl::StrFormat("%s: pointer not set", what));
   }
   if (offset > limit || size_bytes > limit - offset) {
-    return absl::InvalidArgumentError(absl::StrFormat(
-        "%s: range [%d, %d) of %s is outside the buffer of %d bytes", what, offset,
-        offset + size_bytes, DescribePointer(pointer), limit));
+    return absl::InvalidArgumentError(
+        absl::StrFormat("%s: range [%d, %d) of %s is outside the buffer of %d bytes", what, offset,
+                        offset + size_bytes, DescribePointer(pointer), limit));
   }
   return base + offset;
 }
@@ -286,8 +400,9 @@ absl::StatusOr<backend::DevicePtr> Session::ResolveLocked(const v1::DevicePointe
 absl::Status Session::Upload(backend::DevicePtr address, const void* data, uint64_t size_bytes,
                              uint64_t stream_id) {
   GPURPC_RETURN_IF_ERROR(fault());
-  if (size_bytes == 0) return absl::OkStatus();
+  // The stream is checked even when there is nothing to copy: an unknown id is NOT_FOUND.
   GPURPC_ASSIGN_OR_RETURN(auto stream, FindStream(stream_id));
+  if (size_bytes == 0) return absl::OkStatus();
   return Check(context_->Upload(address, data, size_bytes, stream.get()));
 }
 
@@ -303,8 +418,8 @@ absl::Status Session::Memset(const v1::MemsetCommand& command) {
   GPURPC_RETURN_IF_ERROR(fault());
   const uint32_t element = command.element_size_bytes();
   if (element != 1 && element != 2 && element != 4) {
-    return absl::InvalidArgumentError(absl::StrFormat(
-        "Memset: element_size_bytes must be 1, 2 or 4, got %d", element));
+    return absl::InvalidArgumentError(
+        absl::StrFormat("Memset: element_size_bytes must be 1, 2 or 4, got %d", element));
   }
   if (command.count() > (~0ull) / element) {
     return absl::InvalidArgumentError("Memset: count * element size overflows");
@@ -316,8 +431,8 @@ absl::Status Session::Memset(const v1::MemsetCommand& command) {
     return absl::InvalidArgumentError(absl::StrFormat(
         "Memset: destination 0x%x is not aligned to the element size %d", address, element));
   }
-  if (command.count() == 0) return absl::OkStatus();
   GPURPC_ASSIGN_OR_RETURN(auto stream, FindStream(command.stream_id()));
+  if (command.count() == 0) return absl::OkStatus();
   return Check(context_->Memset(address, command.value(), element, command.count(), stream.get()));
 }
 
@@ -326,11 +441,10 @@ absl::Status Session::Copy(const v1::CopyCommand& command) {
   GPURPC_ASSIGN_OR_RETURN(
       backend::DevicePtr dst,
       Resolve(command.destination(), command.size_bytes(), "CopyDeviceToDevice destination"));
-  GPURPC_ASSIGN_OR_RETURN(
-      backend::DevicePtr src,
-      Resolve(command.source(), command.size_bytes(), "CopyDeviceToDevice source"));
-  if (command.size_bytes() == 0) return absl::OkStatus();
+  GPURPC_ASSIGN_OR_RETURN(backend::DevicePtr src, Resolve(command.source(), command.size_bytes(),
+                                                          "CopyDeviceToDevice source"));
   GPURPC_ASSIGN_OR_RETURN(auto stream, FindStream(command.stream_id()));
+  if (command.size_bytes() == 0) return absl::OkStatus();
   return Check(context_->CopyDeviceToDevice(dst, src, command.size_bytes(), stream.get()));
 }
 
@@ -339,9 +453,8 @@ absl::Status Session::Copy(const v1::CopyCommand& command) {
 absl::StatusOr<v1::CompileResponse> Session::Compile(const v1::CompileRequest& request) {
   GPURPC_RETURN_IF_ERROR(fault());
   if (compiler_ == nullptr) {
-    return absl::UnavailableError(
-        absl::StrCat("Compile: NVRTC is not available on this server: ",
-                     compiler_status_.message()));
+    return absl::UnavailableError(absl::StrCat("Compile: NVRTC is not available on this server: ",
+                                               compiler_status_.message()));
   }
   compiler::CompileRequest creq;
   creq.source = request.source();
@@ -354,7 +467,12 @@ absl::StatusOr<v1::CompileResponse> Session::Compile(const v1::CompileRequest& r
                                request.name_expressions().end());
   creq.target = context_->CompileTarget();
   creq.tenant = tenant();
-  GPURPC_ASSIGN_OR_RETURN(compiler::CompileResult result, compiler_->Compile(creq));
+  // Every compile that misses the cache is a helper process: bound how many run at once
+  // (the front end's per-tenant count ends when a client cancels, the compile does not).
+  GPURPC_RETURN_IF_ERROR(BeginCompile());
+  absl::StatusOr<compiler::CompileResult> compiled = compiler_->Compile(creq);
+  EndCompile();
+  GPURPC_ASSIGN_OR_RETURN(compiler::CompileResult result, std::move(compiled));
 
   v1::CompileResponse response;
   response.set_success(result.success);
@@ -372,12 +490,33 @@ absl::StatusOr<v1::CompileResponse> Session::Compile(const v1::CompileRequest& r
   response.mutable_image()->assign(result.image.begin(), result.image.end());
   if (!request.compile_only()) {
     uint64_t device_memory_bytes = 0;
-    GPURPC_ASSIGN_OR_RETURN(uint64_t module_id,
-                            LoadModule(response.image(), &device_memory_bytes));
+    GPURPC_ASSIGN_OR_RETURN(uint64_t module_id, LoadModule(response.image(), &device_memory_bytes));
     response.set_module_id(module_id);
     response.set_device_memory_bytes(device_memory_bytes);
   }
   return response;
+}
+
+absl::Status Session::BeginCompile() {
+  absl::MutexLock lock(&mu_);
+  uint32_t limit = kMaxConcurrentCompiles;
+  if (limits_.max_concurrent_compiles != 0 && limits_.max_concurrent_compiles < limit) {
+    limit = limits_.max_concurrent_compiles;
+  }
+  if (compiles_running_ >= limit) {
+    return absl::ResourceExhaustedError(absl::StrFormat(
+        "Compile: this session already runs %d compiles, the most it may run at once (quota "
+        "max_concurrent_compiles of tenant '%s', at most %d per session); retry when one has "
+        "finished",
+        compiles_running_, tenant_, kMaxConcurrentCompiles));
+  }
+  ++compiles_running_;
+  return absl::OkStatus();
+}
+
+void Session::EndCompile() {
+  absl::MutexLock lock(&mu_);
+  --compiles_running_;
 }
 
 absl::StatusOr<uint64_t> Session::LoadModule(const std::string& image,
@@ -385,21 +524,20 @@ absl::StatusOr<uint64_t> Session::LoadModule(const std::string& image,
   GPURPC_RETURN_IF_ERROR(fault());
   if (image.empty()) return absl::InvalidArgumentError("LoadModule: the image is empty");
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    absl::MutexLock lock(&mu_);
     GPURPC_RETURN_IF_ERROR(CheckCountLocked("modules", modules_.size(), limits_.max_modules,
                                             "max_modules_per_session"));
   }
-  GPURPC_ASSIGN_OR_RETURN(
-      std::unique_ptr<backend::Module> module,
-      Check(context_->LoadModule(absl::Span<const uint8_t>(
-          reinterpret_cast<const uint8_t*>(image.data()), image.size()))));
+  GPURPC_ASSIGN_OR_RETURN(std::unique_ptr<backend::Module> module,
+                          Check(context_->LoadModule(absl::Span<const uint8_t>(
+                              reinterpret_cast<const uint8_t*>(image.data()), image.size()))));
   const uint64_t footprint = module->device_memory_bytes();
   auto entry = std::make_shared<ModuleEntry>();
   entry->module = std::move(module);
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   // Checked again: concurrent loads may have passed the first check together.
-  GPURPC_RETURN_IF_ERROR(CheckCountLocked("modules", modules_.size(), limits_.max_modules,
-                                          "max_modules_per_session"));
+  GPURPC_RETURN_IF_ERROR(
+      CheckCountLocked("modules", modules_.size(), limits_.max_modules, "max_modules_per_session"));
   const uint64_t id = NewIdLocked();
   modules_[id] = std::move(entry);
   if (device_memory_bytes != nullptr) *device_memory_bytes = footprint;
@@ -410,7 +548,7 @@ absl::Status Session::UnloadModule(uint64_t module_id) {
   GPURPC_RETURN_IF_ERROR(fault());
   std::shared_ptr<ModuleEntry> entry;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    absl::MutexLock lock(&mu_);
     auto it = modules_.find(module_id);
     if (it == modules_.end()) {
       return absl::NotFoundError(
@@ -426,12 +564,13 @@ absl::Status Session::UnloadModule(uint64_t module_id) {
 }
 
 absl::StatusOr<v1::GetFunctionResponse> Session::GetFunction(uint64_t module_id,
-                                                            const std::string& name) {
+                                                             const std::string& name) {
   GPURPC_RETURN_IF_ERROR(fault());
+  GPURPC_RETURN_IF_ERROR(CheckName("GetFunction", "name", name));
   std::shared_ptr<ModuleEntry> entry;
   v1::GetFunctionResponse response;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    absl::MutexLock lock(&mu_);
     auto it = modules_.find(module_id);
     if (it == modules_.end()) {
       return absl::NotFoundError(
@@ -441,20 +580,29 @@ absl::StatusOr<v1::GetFunctionResponse> Session::GetFunction(uint64_t module_id,
     auto known = entry->functions_by_name.find(name);
     if (known != entry->functions_by_name.end()) response.set_function_id(known->second);
   }
+  // `entry` keeps the module, and so `function`, alive whatever UnloadModule does meanwhile.
   GPURPC_ASSIGN_OR_RETURN(backend::Function * function, Check(entry->module->GetFunction(name)));
+  GPURPC_ASSIGN_OR_RETURN(const uint32_t packed_bytes, CheckParamLayout(name, function->params()));
   if (response.function_id() == 0) {
     auto function_entry = std::make_shared<FunctionEntry>();
     function_entry->function = function;
-    function_entry->name = name;
+    function_entry->name = std::make_shared<const std::string>(name);
     function_entry->module = entry;
     function_entry->module_id = module_id;
-    std::lock_guard<std::mutex> lock(mu_);
-    auto [it, inserted] = entry->functions_by_name.emplace(name, 0);
-    if (inserted) {
-      it->second = NewIdLocked();
-      functions_[it->second] = std::move(function_entry);
+    function_entry->packed_bytes = packed_bytes;
+    absl::MutexLock lock(&mu_);
+    // Unloaded while we looked: registering the function now would resurrect the module.
+    auto it = modules_.find(module_id);
+    if (it == modules_.end() || it->second != entry) {
+      return absl::NotFoundError(absl::StrFormat(
+          "GetFunction: module %d was unloaded while kernel '%s' was looked up", module_id, name));
     }
-    response.set_function_id(it->second);
+    auto [known, inserted] = entry->functions_by_name.emplace(name, 0);
+    if (inserted) {
+      known->second = NewIdLocked();
+      functions_[known->second] = std::move(function_entry);
+    }
+    response.set_function_id(known->second);
   }
   for (const backend::ParamInfo& param : function->params()) {
     v1::ParamInfo* info = response.add_params();
@@ -475,11 +623,12 @@ absl::StatusOr<v1::GetFunctionResponse> Session::GetFunction(uint64_t module_id,
 }
 
 absl::StatusOr<v1::GetGlobalResponse> Session::GetGlobal(uint64_t module_id,
-                                                        const std::string& name) {
+                                                         const std::string& name) {
   GPURPC_RETURN_IF_ERROR(fault());
+  GPURPC_RETURN_IF_ERROR(CheckName("GetGlobal", "name", name));
   std::shared_ptr<ModuleEntry> entry;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    absl::MutexLock lock(&mu_);
     auto it = modules_.find(module_id);
     if (it == modules_.end()) {
       return absl::NotFoundError(
@@ -489,9 +638,15 @@ absl::StatusOr<v1::GetGlobalResponse> Session::GetGlobal(uint64_t module_id,
   }
   GPURPC_ASSIGN_OR_RETURN(backend::Module::Global global, Check(entry->module->GetGlobal(name)));
   {
-    // Register the global as a device range so that memory calls can address it.
-    std::lock_guard<std::mutex> lock(mu_);
-    if (modules_.count(module_id) != 0 && global.size_bytes > 0 &&
+    // Register the global as a device range so that memory calls can address it; never
+    // for a module unloaded meanwhile (its globals are gone with it).
+    absl::MutexLock lock(&mu_);
+    auto it = modules_.find(module_id);
+    if (it == modules_.end() || it->second != entry) {
+      return absl::NotFoundError(absl::StrFormat(
+          "GetGlobal: module %d was unloaded while global '%s' was looked up", module_id, name));
+    }
+    if (global.size_bytes > 0 &&
         ranges_.emplace(global.address, Range{0, global.size_bytes}).second) {
       entry->global_addresses.push_back(global.address);
     }
@@ -506,7 +661,7 @@ absl::StatusOr<v1::GetGlobalResponse> Session::GetGlobal(uint64_t module_id,
 
 absl::StatusOr<std::shared_ptr<backend::Stream>> Session::FindStream(uint64_t stream_id) {
   if (stream_id == 0) return std::shared_ptr<backend::Stream>();
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   auto it = streams_.find(stream_id);
   if (it == streams_.end()) {
     return absl::NotFoundError(absl::StrFormat("no stream %d in this session", stream_id));
@@ -515,7 +670,7 @@ absl::StatusOr<std::shared_ptr<backend::Stream>> Session::FindStream(uint64_t st
 }
 
 absl::StatusOr<std::shared_ptr<backend::Event>> Session::FindEvent(uint64_t event_id) {
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   auto it = events_.find(event_id);
   if (it == events_.end()) {
     return absl::NotFoundError(absl::StrFormat("no event %d in this session", event_id));
@@ -525,7 +680,7 @@ absl::StatusOr<std::shared_ptr<backend::Event>> Session::FindEvent(uint64_t even
 
 absl::StatusOr<std::shared_ptr<Session::FunctionEntry>> Session::FindFunction(
     uint64_t function_id) {
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   auto it = functions_.find(function_id);
   if (it == functions_.end()) {
     return absl::NotFoundError(absl::StrFormat("no function %d in this session", function_id));
@@ -536,15 +691,15 @@ absl::StatusOr<std::shared_ptr<Session::FunctionEntry>> Session::FindFunction(
 absl::StatusOr<uint64_t> Session::CreateStream(bool non_blocking) {
   GPURPC_RETURN_IF_ERROR(fault());
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    absl::MutexLock lock(&mu_);
     GPURPC_RETURN_IF_ERROR(CheckCountLocked("streams", streams_.size(), limits_.max_streams,
                                             "max_streams_per_session"));
   }
   GPURPC_ASSIGN_OR_RETURN(std::unique_ptr<backend::Stream> stream,
                           Check(context_->CreateStream(non_blocking)));
-  std::lock_guard<std::mutex> lock(mu_);
-  GPURPC_RETURN_IF_ERROR(CheckCountLocked("streams", streams_.size(), limits_.max_streams,
-                                          "max_streams_per_session"));
+  absl::MutexLock lock(&mu_);
+  GPURPC_RETURN_IF_ERROR(
+      CheckCountLocked("streams", streams_.size(), limits_.max_streams, "max_streams_per_session"));
   const uint64_t id = NewIdLocked();
   streams_[id] = std::move(stream);
   return id;
@@ -554,7 +709,7 @@ absl::Status Session::DestroyStream(uint64_t stream_id) {
   GPURPC_RETURN_IF_ERROR(fault());
   std::shared_ptr<backend::Stream> stream;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    absl::MutexLock lock(&mu_);
     auto it = streams_.find(stream_id);
     if (it == streams_.end()) {
       return absl::NotFoundError(
@@ -587,15 +742,15 @@ absl::Status Session::Synchronize() {
 absl::StatusOr<uint64_t> Session::CreateEvent(bool disable_timing, bool blocking_sync) {
   GPURPC_RETURN_IF_ERROR(fault());
   {
-    std::lock_guard<std::mutex> lock(mu_);
-    GPURPC_RETURN_IF_ERROR(CheckCountLocked("events", events_.size(), limits_.max_events,
-                                            "max_events_per_session"));
+    absl::MutexLock lock(&mu_);
+    GPURPC_RETURN_IF_ERROR(
+        CheckCountLocked("events", events_.size(), limits_.max_events, "max_events_per_session"));
   }
   GPURPC_ASSIGN_OR_RETURN(std::unique_ptr<backend::Event> event,
                           Check(context_->CreateEvent(disable_timing, blocking_sync)));
-  std::lock_guard<std::mutex> lock(mu_);
-  GPURPC_RETURN_IF_ERROR(CheckCountLocked("events", events_.size(), limits_.max_events,
-                                          "max_events_per_session"));
+  absl::MutexLock lock(&mu_);
+  GPURPC_RETURN_IF_ERROR(
+      CheckCountLocked("events", events_.size(), limits_.max_events, "max_events_per_session"));
   const uint64_t id = NewIdLocked();
   events_[id] = std::move(event);
   return id;
@@ -603,11 +758,18 @@ absl::StatusOr<uint64_t> Session::CreateEvent(bool disable_timing, bool blocking
 
 absl::Status Session::DestroyEvent(uint64_t event_id) {
   GPURPC_RETURN_IF_ERROR(fault());
-  std::lock_guard<std::mutex> lock(mu_);
-  if (events_.erase(event_id) == 0) {
-    return absl::NotFoundError(
-        absl::StrFormat("DestroyEvent: no event %d in this session", event_id));
+  std::shared_ptr<backend::Event> event;
+  {
+    absl::MutexLock lock(&mu_);
+    auto it = events_.find(event_id);
+    if (it == events_.end()) {
+      return absl::NotFoundError(
+          absl::StrFormat("DestroyEvent: no event %d in this session", event_id));
+    }
+    event = std::move(it->second);
+    events_.erase(it);
   }
+  // Destroyed here, outside mu_ (a backend call), unless a call in flight still uses it.
   return absl::OkStatus();
 }
 
@@ -649,15 +811,14 @@ absl::Status Session::CheckLaunchDims(const FunctionEntry& entry, const v1::Laun
   const backend::DeviceInfo& device = context_->device();
   GPURPC_RETURN_IF_ERROR(CheckDim("grid", launch.grid(), device.max_grid_dim, &config->grid));
   GPURPC_RETURN_IF_ERROR(CheckDim("block", launch.block(), device.max_block_dim, &config->block));
-  const uint64_t threads =
-      uint64_t{config->block.x} * config->block.y * config->block.z;
+  const uint64_t threads = uint64_t{config->block.x} * config->block.y * config->block.z;
   int limit = device.max_threads_per_block;
   const int function_limit = entry.function->attributes().max_threads_per_block;
   if (function_limit > 0 && (limit <= 0 || function_limit < limit)) limit = function_limit;
   if (limit > 0 && threads > static_cast<uint64_t>(limit)) {
     return absl::InvalidArgumentError(absl::StrFormat(
-        "kernel '%s': a block of %d threads exceeds the limit of %d threads per block",
-        entry.name, threads, limit));
+        "kernel '%s': a block of %d threads exceeds the limit of %d threads per block", *entry.name,
+        threads, limit));
   }
   const uint64_t shared =
       uint64_t{launch.shared_memory_bytes()} + entry.function->attributes().shared_size_bytes;
@@ -667,8 +828,8 @@ absl::Status Session::CheckLaunchDims(const FunctionEntry& entry, const v1::Laun
     return absl::InvalidArgumentError(absl::StrFormat(
         "kernel '%s': %d bytes of dynamic shared memory plus %d static exceed the device "
         "limit of %d bytes per block",
-        entry.name, launch.shared_memory_bytes(),
-        entry.function->attributes().shared_size_bytes, shared_limit));
+        *entry.name, launch.shared_memory_bytes(), entry.function->attributes().shared_size_bytes,
+        shared_limit));
   }
   config->shared_memory_bytes = launch.shared_memory_bytes();
   return absl::OkStatus();
@@ -678,49 +839,73 @@ absl::StatusOr<absl::Span<const uint8_t>> Session::PackArgs(const FunctionEntry&
                                                             const v1::LaunchCommand& launch,
                                                             std::vector<uint8_t>* scratch) {
   const std::vector<backend::ParamInfo>& params = entry.function->params();
-  const uint64_t expected =
-      params.empty() ? 0 : uint64_t{params.back().offset_bytes} + params.back().size_bytes;
+  const std::string& kernel = *entry.name;
+  const uint64_t expected = entry.packed_bytes;
   if (launch.args_size() > 0 && !launch.packed_args().empty()) {
-    return absl::InvalidArgumentError(absl::StrFormat(
-        "kernel '%s': give either packed_args or typed args, not both", entry.name));
+    return absl::InvalidArgumentError(
+        absl::StrFormat("kernel '%s': give either packed_args or typed args, not both", kernel));
   }
   if (launch.args_size() == 0) {
     if (launch.packed_args().size() != expected) {
       return absl::InvalidArgumentError(absl::StrFormat(
           "kernel '%s' takes %d parameters in %d bytes (%s); the packed arguments are %d "
           "bytes",
-          entry.name, params.size(), expected, DescribeParams(params),
-          launch.packed_args().size()));
+          kernel, params.size(), expected, DescribeParams(params), launch.packed_args().size()));
     }
     // The blob is used where it lies: no copy on the launch path.
-    return absl::Span<const uint8_t>(
-        reinterpret_cast<const uint8_t*>(launch.packed_args().data()), expected);
+    return absl::Span<const uint8_t>(reinterpret_cast<const uint8_t*>(launch.packed_args().data()),
+                                     expected);
   }
   if (static_cast<size_t>(launch.args_size()) != params.size()) {
     return absl::InvalidArgumentError(
-        absl::StrFormat("kernel '%s' takes %d parameters (%s); %d arguments were given",
-                        entry.name, params.size(), DescribeParams(params), launch.args_size()));
+        absl::StrFormat("kernel '%s' takes %d parameters (%s); %d arguments were given", kernel,
+                        params.size(), DescribeParams(params), launch.args_size()));
   }
   std::vector<uint8_t>* packed = scratch;
   packed->assign(expected, 0);
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   for (int i = 0; i < launch.args_size(); ++i) {
     const v1::KernelArg& arg = launch.args(i);
     const backend::ParamInfo& param = params[i];
     const uint32_t size = ArgSize(arg);
     if (size != param.size_bytes) {
-      return absl::InvalidArgumentError(absl::StrFormat(
-          "kernel '%s' parameter #%d: expected %d bytes, given %d bytes (%s)", entry.name, i,
-          param.size_bytes, size, ArgKind(arg)));
+      return absl::InvalidArgumentError(
+          absl::StrFormat("kernel '%s' parameter #%d: expected %d bytes, given %d bytes (%s)",
+                          kernel, i, param.size_bytes, size, ArgKind(arg)));
+    }
+    // CheckParamLayout saw to this when the function was looked up; whatever the layout,
+    // nothing is ever written outside `packed`.
+    if (uint64_t{param.offset_bytes} + size > packed->size()) {
+      return absl::InternalError(absl::StrFormat(
+          "kernel '%s' parameter #%d: %d bytes at offset %d lie outside the %d-byte parameter "
+          "block",
+          kernel, i, size, param.offset_bytes, packed->size()));
     }
     uint8_t* out = packed->data() + param.offset_bytes;
     uint64_t u64 = 0;
     switch (arg.value_case()) {
-      case v1::KernelArg::kU8: u64 = arg.u8(); break;
-      case v1::KernelArg::kU16: u64 = arg.u16(); break;
-      case v1::KernelArg::kU32: u64 = arg.u32(); break;
-      case v1::KernelArg::kU64: u64 = arg.u64(); break;
-      case v1::KernelArg::kDeviceAddress: u64 = arg.device_address(); break;
+      case v1::KernelArg::kU8:
+      case v1::KernelArg::kU16: {
+        const uint32_t value = arg.value_case() == v1::KernelArg::kU8 ? arg.u8() : arg.u16();
+        const uint32_t max = size == 1 ? 0xFFu : 0xFFFFu;
+        if (value > max) {
+          return absl::InvalidArgumentError(absl::StrFormat(
+              "kernel '%s' parameter #%d: %s value %d does not fit in %d bits (0 to %d); give "
+              "a negative value as its %d-bit two's complement, e.g. %d for -1",
+              kernel, i, ArgKind(arg), value, size * 8, max, size * 8, max));
+        }
+        u64 = value;
+        break;
+      }
+      case v1::KernelArg::kU32:
+        u64 = arg.u32();
+        break;
+      case v1::KernelArg::kU64:
+        u64 = arg.u64();
+        break;
+      case v1::KernelArg::kDeviceAddress:
+        u64 = arg.device_address();
+        break;
       case v1::KernelArg::kF32: {
         const float f = arg.f32();
         std::memcpy(out, &f, 4);
@@ -737,7 +922,7 @@ absl::StatusOr<absl::Span<const uint8_t>> Session::PackArgs(const FunctionEntry&
         auto address = ResolveLocked(pointer, 0, "kernel argument");
         if (!address.ok()) {
           return absl::Status(address.status().code(),
-                              absl::StrFormat("kernel '%s' parameter #%d: %s", entry.name, i,
+                              absl::StrFormat("kernel '%s' parameter #%d: %s", kernel, i,
                                               address.status().message()));
         }
         u64 = *address;
@@ -748,7 +933,7 @@ absl::StatusOr<absl::Span<const uint8_t>> Session::PackArgs(const FunctionEntry&
         continue;
       default:
         return absl::InvalidArgumentError(
-            absl::StrFormat("kernel '%s' parameter #%d: argument not set", entry.name, i));
+            absl::StrFormat("kernel '%s' parameter #%d: argument not set", kernel, i));
     }
     // Little-endian integer of `size` bytes (x86-64 and aarch64 hosts and the GPU agree).
     std::memcpy(out, &u64, size);
@@ -758,14 +943,18 @@ absl::StatusOr<absl::Span<const uint8_t>> Session::PackArgs(const FunctionEntry&
 
 absl::Status Session::Launch(const v1::LaunchCommand& launch) {
   GPURPC_RETURN_IF_ERROR(fault());
-  GPURPC_ASSIGN_OR_RETURN(std::shared_ptr<FunctionEntry> entry,
-                          FindFunction(launch.function_id()));
+  GPURPC_ASSIGN_OR_RETURN(std::shared_ptr<FunctionEntry> entry, FindFunction(launch.function_id()));
   backend::LaunchConfig config;
   GPURPC_RETURN_IF_ERROR(CheckLaunchDims(*entry, launch, &config));
   thread_local std::vector<uint8_t> scratch;
   GPURPC_ASSIGN_OR_RETURN(absl::Span<const uint8_t> packed, PackArgs(*entry, launch, &scratch));
   GPURPC_ASSIGN_OR_RETURN(auto stream, FindStream(launch.stream_id()));
-  return Check(context_->Launch(entry->function, config, packed, stream.get()));
+  GPURPC_RETURN_IF_ERROR(Check(context_->Launch(entry->function, config, packed, stream.get())));
+  // Every launch, unary or in a command batch, comes through here.
+  if (Watchdog* watchdog = watchdog_ptr_.load(std::memory_order_acquire)) {
+    watchdog->OnLaunch(launch.stream_id(), stream.get(), entry->name);
+  }
+  return absl::OkStatus();
 }
 
 // ---------------------------------------------------------------------------- commands
@@ -782,9 +971,9 @@ absl::Status Session::RunCommand(const v1::Command& command, v1::CommandReply* r
     case v1::Command::kUpload: {
       const v1::UploadCommand& upload = command.upload();
       if (upload.data().size() > kMaxInlineBytes) {
-        return absl::InvalidArgumentError(absl::StrFormat(
-            "UploadCommand: %d bytes exceed the inline limit of %d; split it",
-            upload.data().size(), kMaxInlineBytes));
+        return absl::InvalidArgumentError(
+            absl::StrFormat("UploadCommand: %d bytes exceed the inline limit of %d; split it",
+                            upload.data().size(), kMaxInlineBytes));
       }
       GPURPC_ASSIGN_OR_RETURN(
           backend::DevicePtr address,
@@ -823,14 +1012,20 @@ absl::Status Session::RunCommand(const v1::Command& command, v1::CommandReply* r
 
 absl::Status Session::RunBatch(const v1::CommandBatch& batch, uint64_t* last_sequence,
                                v1::CommandReply* reply) {
+  // Every sequence number of the batch first, the skipped ones included: a batch whose
+  // numbers do not increase runs nothing, and the last number seen only grows.
+  uint64_t previous = *last_sequence;
+  for (const v1::Command& command : batch.commands()) {
+    if (command.sequence() <= previous) {
+      return absl::InvalidArgumentError(
+          absl::StrFormat("command stream: sequence %d does not increase (last was %d)",
+                          command.sequence(), previous));
+    }
+    previous = command.sequence();
+  }
   uint64_t download_bytes = 0;
   for (int i = 0; i < batch.commands_size(); ++i) {
     const v1::Command& command = batch.commands(i);
-    if (command.sequence() <= *last_sequence) {
-      return absl::InvalidArgumentError(absl::StrFormat(
-          "command stream: sequence %d does not increase (last was %d)", command.sequence(),
-          *last_sequence));
-    }
     *last_sequence = command.sequence();
     absl::Status status = RunCommand(command, reply, &download_bytes);
     if (!status.ok()) {

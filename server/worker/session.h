@@ -7,28 +7,42 @@
 // FAILED_PRECONDITION naming it; the front end marks the session FAULTED on the first and
 // ends the worker process.
 //
+// Kernel watchdog: Bind with a non-zero Limits::kernel_timeout_ms starts a Watchdog
+// (watchdog.h) that every successful launch, unary or in a command batch, reports to; a
+// kernel that runs past the timeout calls `on_kernel_timeout` (in the worker: write the
+// reason to the front end's status pipe and _exit(kExitKernelTimeout)).
+//
+// Names (kernels, globals) are C strings to the driver: a name with a NUL byte, an empty
+// name or one over kMaxNameBytes is INVALID_ARGUMENT naming the field.
+//
 // Thread safety: all methods may be called concurrently. Handle tables are guarded by one
-// mutex that is never held across a blocking backend call.
+// mutex that is never held across a backend call. Functions and globals stay valid while a
+// call uses them even if their module is unloaded concurrently: calls hold the module's
+// entry (a shared_ptr) for their duration, and a function looked up while its module is
+// being unloaded is never registered.
 #ifndef GPURPC_SERVER_WORKER_SESSION_H_
 #define GPURPC_SERVER_WORKER_SESSION_H_
 
 #include <atomic>
+#include <cstddef>
 #include <cstdint>
 #include <map>
 #include <memory>
-#include <mutex>
 #include <string>
 #include <unordered_map>
 #include <vector>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
 #include "common/handle_ids.h"
 #include "gpurpc/v1/execution_service.pb.h"
 #include "gpurpc/v1/memory_service.pb.h"
 #include "gpurpc/v1/module_service.pb.h"
 #include "server/worker/backend/backend.h"
 #include "server/worker/compiler/compiler.h"
+#include "server/worker/watchdog.h"
 
 namespace gpurpc::worker {
 
@@ -36,15 +50,23 @@ namespace gpurpc::worker {
 inline constexpr uint64_t kMaxInlineBytes = 1ull << 20;
 // Largest total of DownloadCommand bytes in one command batch.
 inline constexpr uint64_t kMaxBatchDownloadBytes = 64ull << 20;
+// Longest kernel or global name looked up in a module.
+inline constexpr size_t kMaxNameBytes = 4096;
+// Largest parameter block a kernel may report (CUDA 12.1+ on Volta and later: 32764 bytes).
+inline constexpr uint32_t kMaxParamBytes = 32764;
+// Compiles of one session running at once, whatever the tenant's quota says: each one that
+// misses the cache is a compile helper process (compiler/compile_helper.h).
+inline constexpr uint32_t kMaxConcurrentCompiles = 8;
 
 class Session {
  public:
   // `compiler` may be null (NVRTC missing): Compile then answers UNAVAILABLE with
   // `compiler_status`'s message. The compiler is not owned and must outlive the session.
+  // `on_kernel_timeout` is the watchdog's fire action (null: ExitOnKernelTimeout(-1)).
   Session(std::unique_ptr<backend::Context> context, compiler::Compiler* compiler,
-          absl::Status compiler_status);
-  // Frees everything in dependency order: functions and modules, events, streams, buffers,
-  // then the context.
+          absl::Status compiler_status, Watchdog::FireFn on_kernel_timeout = nullptr);
+  // Stops the watchdog, then frees everything in dependency order: functions and modules,
+  // events, streams, buffers, then the context.
   ~Session();
 
   Session(const Session&) = delete;
@@ -57,12 +79,30 @@ class Session {
     uint32_t max_streams = 0;
     uint32_t max_events = 0;
     uint32_t max_modules = 0;
+    // Compiles at once (never more than kMaxConcurrentCompiles).
+    uint32_t max_concurrent_compiles = 0;
+    // The kernel watchdog's timeout; 0 = no watchdog.
+    uint64_t kernel_timeout_ms = 0;
   };
-  // Binds the session to the tenant the front end handed it to (see worker_control.proto).
-  // FAILED_PRECONDITION when already bound. Until bound, the tenant is "" and there are no
-  // limits: the front end binds every worker before it relays a client's call to it.
-  absl::Status Bind(const std::string& tenant, const Limits& limits);
-  std::string tenant() const;
+  // Binds the session to the tenant the front end handed it to (see worker_control.proto)
+  // and starts the watchdog when the limits ask for one. FAILED_PRECONDITION when already
+  // bound. Until bound, the tenant is "" and there are no limits: the front end binds every
+  // worker before it relays a client's call to it.
+  absl::Status Bind(const std::string& tenant, const Limits& limits) ABSL_LOCKS_EXCLUDED(mu_);
+  std::string tenant() const ABSL_LOCKS_EXCLUDED(mu_);
+
+  // How many objects the session's tables hold (tests, and to show they stay bounded).
+  struct TableSizes {
+    size_t buffers = 0;
+    size_t ranges = 0;
+    size_t modules = 0;
+    size_t functions = 0;
+    size_t streams = 0;
+    size_t events = 0;
+  };
+  TableSizes table_sizes() const ABSL_LOCKS_EXCLUDED(mu_);
+  // The watchdog started by Bind, or null (tests).
+  const Watchdog* watchdog() const { return watchdog_ptr_.load(std::memory_order_acquire); }
 
   // Memory.
   absl::StatusOr<v1::BufferInfo> Allocate(uint64_t size_bytes);
@@ -72,8 +112,8 @@ class Session {
   // Resolves `pointer` to a device address such that [address, address + size_bytes) lies
   // inside one buffer (or module global) of this session. `what` names the operand in
   // error messages ("destination", "source").
-  absl::StatusOr<backend::DevicePtr> Resolve(const v1::DevicePointer& pointer,
-                                             uint64_t size_bytes, const char* what);
+  absl::StatusOr<backend::DevicePtr> Resolve(const v1::DevicePointer& pointer, uint64_t size_bytes,
+                                             const char* what);
   absl::Status Upload(backend::DevicePtr address, const void* data, uint64_t size_bytes,
                       uint64_t stream_id);
   absl::Status Download(backend::DevicePtr address, void* data, uint64_t size_bytes,
@@ -91,8 +131,11 @@ class Session {
   absl::StatusOr<uint64_t> LoadModule(const std::string& image,
                                       uint64_t* device_memory_bytes = nullptr);
   absl::Status UnloadModule(uint64_t module_id);
-  absl::StatusOr<v1::GetFunctionResponse> GetFunction(uint64_t module_id,
-                                                     const std::string& name);
+  // INVALID_ARGUMENT for a bad name (see the file comment) and for a kernel whose parameter
+  // layout, as the driver reports it, cannot be packed (an empty parameter, parameters that
+  // overlap, or one ending past kMaxParamBytes); NOT_FOUND when the module was unloaded
+  // while the kernel was looked up.
+  absl::StatusOr<v1::GetFunctionResponse> GetFunction(uint64_t module_id, const std::string& name);
   absl::StatusOr<v1::GetGlobalResponse> GetGlobal(uint64_t module_id, const std::string& name);
 
   // Streams and events.
@@ -110,7 +153,9 @@ class Session {
   absl::Status StreamWaitEvent(uint64_t stream_id, uint64_t event_id);
 
   // Checks a launch against the kernel's parameter layout and the device and function
-  // limits, then enqueues it.
+  // limits, then enqueues it (and reports it to the watchdog). Typed u8/u16 arguments must
+  // fit their width: a larger value is INVALID_ARGUMENT naming the parameter, its type and
+  // the value, never truncated.
   absl::Status Launch(const v1::LaunchCommand& launch);
 
   // Runs one command-stream batch in order and fills `reply`. Returns non-OK only for a
@@ -121,19 +166,23 @@ class Session {
                         v1::CommandReply* reply);
 
   // OK, or FAILED_PRECONDITION naming the sticky fault once one happened.
-  absl::Status fault() const;
+  absl::Status fault() const ABSL_LOCKS_EXCLUDED(mu_);
 
  private:
   struct ModuleEntry {
     std::unique_ptr<backend::Module> module;
+    // Guarded by the session's mu_ (an annotation cannot name another object's member).
     std::map<std::string, uint64_t> functions_by_name;
     std::vector<backend::DevicePtr> global_addresses;
   };
   struct FunctionEntry {
-    backend::Function* function = nullptr;
-    std::string name;
-    std::shared_ptr<ModuleEntry> module;  // keeps the module loaded while in use
+    backend::Function* function = nullptr;    // owned by `module`
+    std::shared_ptr<const std::string> name;  // shared with the watchdog's markers
+    std::shared_ptr<ModuleEntry> module;      // keeps the module loaded while in use
     uint64_t module_id = 0;
+    // The packed size of the parameters: the end of the last byte of any of them, checked
+    // (CheckParamLayout) when the function was looked up.
+    uint32_t packed_bytes = 0;
   };
   // A resolvable device range: a buffer (id != 0) or a module global (id == 0).
   struct Range {
@@ -149,45 +198,59 @@ class Session {
     return value;
   }
 
-  absl::StatusOr<std::shared_ptr<backend::Stream>> FindStream(uint64_t stream_id);
-  absl::StatusOr<std::shared_ptr<backend::Event>> FindEvent(uint64_t event_id);
-  absl::StatusOr<std::shared_ptr<FunctionEntry>> FindFunction(uint64_t function_id);
-  // Under mu_.
+  absl::StatusOr<std::shared_ptr<backend::Stream>> FindStream(uint64_t stream_id)
+      ABSL_LOCKS_EXCLUDED(mu_);
+  absl::StatusOr<std::shared_ptr<backend::Event>> FindEvent(uint64_t event_id)
+      ABSL_LOCKS_EXCLUDED(mu_);
+  absl::StatusOr<std::shared_ptr<FunctionEntry>> FindFunction(uint64_t function_id)
+      ABSL_LOCKS_EXCLUDED(mu_);
   absl::StatusOr<backend::DevicePtr> ResolveLocked(const v1::DevicePointer& pointer,
-                                                   uint64_t size_bytes, const char* what);
+                                                   uint64_t size_bytes, const char* what)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Status CheckLaunchDims(const FunctionEntry& entry, const v1::LaunchCommand& launch,
                                backend::LaunchConfig* config) const;
   // The launch's arguments as the kernel takes them: the packed blob itself, or typed
   // arguments packed into `scratch`.
   absl::StatusOr<absl::Span<const uint8_t>> PackArgs(const FunctionEntry& entry,
                                                      const v1::LaunchCommand& launch,
-                                                     std::vector<uint8_t>* scratch);
+                                                     std::vector<uint8_t>* scratch)
+      ABSL_LOCKS_EXCLUDED(mu_);
   absl::Status RunCommand(const v1::Command& command, v1::CommandReply* reply,
                           uint64_t* download_bytes);
-  // A fresh id that no live handle of this session has. Under mu_.
-  uint64_t NewIdLocked();
+  // A fresh id that no live handle of this session has. Nothing is remembered per id
+  // (HandleIdGenerator), so creating and destroying handles in a loop grows nothing.
+  uint64_t NewIdLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // RESOURCE_EXHAUSTED naming the quota when `count` objects of a kind already reach
-  // `limit` (0 = none). Under mu_.
+  // `limit` (0 = none).
   absl::Status CheckCountLocked(const char* what, size_t count, uint32_t limit,
-                                const char* quota_name) const;
+                                const char* quota_name) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Compile's slot: RESOURCE_EXHAUSTED when the session's compiles at once are at their
+  // bound; EndCompile gives the slot back.
+  absl::Status BeginCompile() ABSL_LOCKS_EXCLUDED(mu_);
+  void EndCompile() ABSL_LOCKS_EXCLUDED(mu_);
 
   std::unique_ptr<backend::Context> context_;
-  compiler::Compiler* compiler_;
-  absl::Status compiler_status_;
+  compiler::Compiler* const compiler_;
+  const absl::Status compiler_status_;
+  const Watchdog::FireFn on_kernel_timeout_;
   HandleIdGenerator ids_;
 
-  mutable std::mutex mu_;
-  bool bound_ = false;                                  // guarded by mu_
-  std::string tenant_;                                  // guarded by mu_
-  Limits limits_;                                       // guarded by mu_
-  absl::Status fault_;                                  // guarded by mu_
-  std::map<backend::DevicePtr, Range> ranges_;          // by start address
-  std::unordered_map<uint64_t, backend::DevicePtr> buffers_;
-  std::unordered_map<uint64_t, std::shared_ptr<ModuleEntry>> modules_;
-  std::unordered_map<uint64_t, std::shared_ptr<FunctionEntry>> functions_;
-  std::unordered_map<uint64_t, std::shared_ptr<backend::Stream>> streams_;
-  std::unordered_map<uint64_t, std::shared_ptr<backend::Event>> events_;
+  mutable absl::Mutex mu_;
+  bool bound_ ABSL_GUARDED_BY(mu_) = false;
+  std::string tenant_ ABSL_GUARDED_BY(mu_);
+  Limits limits_ ABSL_GUARDED_BY(mu_);
+  absl::Status fault_ ABSL_GUARDED_BY(mu_);
+  uint32_t compiles_running_ ABSL_GUARDED_BY(mu_) = 0;
+  std::map<backend::DevicePtr, Range> ranges_ ABSL_GUARDED_BY(mu_);  // by start address
+  std::unordered_map<uint64_t, backend::DevicePtr> buffers_ ABSL_GUARDED_BY(mu_);
+  std::unordered_map<uint64_t, std::shared_ptr<ModuleEntry>> modules_ ABSL_GUARDED_BY(mu_);
+  std::unordered_map<uint64_t, std::shared_ptr<FunctionEntry>> functions_ ABSL_GUARDED_BY(mu_);
+  std::unordered_map<uint64_t, std::shared_ptr<backend::Stream>> streams_ ABSL_GUARDED_BY(mu_);
+  std::unordered_map<uint64_t, std::shared_ptr<backend::Event>> events_ ABSL_GUARDED_BY(mu_);
   std::atomic<bool> faulted_{false};
+  // Set once by Bind; the launch path reads the pointer without mu_.
+  std::unique_ptr<Watchdog> watchdog_ ABSL_GUARDED_BY(mu_);
+  std::atomic<Watchdog*> watchdog_ptr_{nullptr};
 };
 
 }  // namespace gpurpc::worker

@@ -3,9 +3,13 @@
 #include <fcntl.h>
 #include <signal.h>
 #include <sys/prctl.h>
+#include <sys/resource.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <cerrno>
 #include <chrono>
+#include <cstring>
 #include <functional>
 #include <future>
 #include <memory>
@@ -14,6 +18,7 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
 #include "common/limits.h"
 #include "common/status_macros.h"
 #include "grpcpp/grpcpp.h"
@@ -21,14 +26,61 @@
 #include "server/worker/backend/backend.h"
 #include "server/worker/compiler/compile_cache.h"
 #include "server/worker/compiler/compiler.h"
+#include "server/status_interceptor.h"
 #include "server/worker/service.h"
 #include "server/worker/session.h"
-#include "server/worker/status_marker.h"
 #include "spdlog/sinks/stdout_color_sinks.h"
 #include "spdlog/spdlog.h"
 
 namespace gpurpc::worker {
 namespace {
+
+// Bounds of the worker's gRPC server. The front end relays at most what clients send, but a
+// worker must never grow without limit whatever arrives: calls beyond the thread bound are
+// answered RESOURCE_EXHAUSTED by gRPC, streams beyond the stream bound wait in the front
+// end's channel.
+constexpr int kWorkerMaxConcurrentStreams = 128;
+constexpr size_t kWorkerMemoryBytes = 1ull << 30;
+// Open files: gRPC's socket, the driver's device files, compile cache files and the sockets
+// of compile helpers (at most kMaxConcurrentCompiles at once) need far fewer.
+constexpr rlim_t kWorkerMaxOpenFiles = 4096;
+
+// Limits of this process, set before any tenant input. Soft and hard alike, so that nothing
+// in the worker can raise them again.
+//  - RLIMIT_CORE 0: no core file with a tenant's data (PR_SET_DUMPABLE 0 already stops
+//    them; this holds even if something makes the process dumpable again).
+//  - RLIMIT_NOFILE: kWorkerMaxOpenFiles (or the lower hard limit we were given).
+// Not RLIMIT_NPROC: it counts every process and thread of the daemon's user -- the front
+// end and every tenant's worker together --, so a value here would fail thread creation in
+// this worker (CUDA's and gRPC's threads) because of what other tenants' workers do, and
+// bound nothing of this worker's own. What bounds this worker's threads and processes
+// instead: gRPC's threads (kWorkerMaxThreads), CUDA's own fixed few, and compile helpers,
+// the only processes a worker starts, one per compile that misses the cache: at most
+// kMaxConcurrentCompiles (or the tenant's max_concurrent_compiles) per session at once
+// (Session::Compile), each unable to fork (its seccomp filter, compiler/sandbox.cc) and
+// killed at --compile-timeout.
+absl::Status SetWorkerLimits() {
+  struct Limit {
+    int resource;
+    const char* name;
+    rlim_t value;
+  };
+  for (const Limit& limit : {Limit{RLIMIT_CORE, "RLIMIT_CORE", 0},
+                             Limit{RLIMIT_NOFILE, "RLIMIT_NOFILE", kWorkerMaxOpenFiles}}) {
+    struct rlimit current {};
+    if (getrlimit(limit.resource, &current) != 0) {
+      return absl::InternalError(
+          absl::StrCat("getrlimit(", limit.name, "): ", std::strerror(errno)));
+    }
+    const rlim_t value = std::min(limit.value, current.rlim_max);
+    const struct rlimit wanted = {value, value};
+    if (setrlimit(limit.resource, &wanted) != 0) {
+      return absl::InternalError(
+          absl::StrCat("setrlimit(", limit.name, ", ", value, "): ", std::strerror(errno)));
+    }
+  }
+  return absl::OkStatus();
+}
 
 // The disk cache is shared by every tenant, so its folder must be this user's alone and its
 // files are authenticated with a key kept outside it (compile_cache.h). Returns that key
@@ -73,6 +125,15 @@ int WorkerMain(const DaemonOptions& options) {
   // Workers of different tenants run as the same user: none may ptrace another, read its
   // memory through /proc, or leave a core dump with a tenant's data behind.
   prctl(PR_SET_DUMPABLE, 0, 0, 0, 0);
+  // Debian's Abseil is built with absl::Mutex's deadlock detection on, which makes every
+  // lock ~3x dearer (~90 ns instead of ~30 ns here) on the launch path; the unit tests keep
+  // it on to catch lock-order inversions.
+  absl::SetMutexDeadlockDetectionMode(absl::OnDeadlockCycle::kIgnore);
+  const absl::Status limits = SetWorkerLimits();
+  // The front end's two fds must not leak into the compile helpers this worker spawns.
+  for (const int fd : {options.worker_fd, options.worker_status_fd}) {
+    if (fd >= 0) fcntl(fd, F_SETFD, fcntl(fd, F_GETFD) | FD_CLOEXEC);
+  }
   // Die with the front end: an orphaned worker would hold a GPU context forever.
   // PR_SET_PDEATHSIG would fire when the front-end *thread* that spawned us ends, so watch
   // the parent process instead.
@@ -88,6 +149,10 @@ int WorkerMain(const DaemonOptions& options) {
                       std::to_string(options.device) + "] %v");
   spdlog::set_default_logger(logger);
   spdlog::set_level(spdlog::level::from_str(options.log_level));
+  if (!limits.ok()) {
+    spdlog::error("cannot limit the worker's resources: {}", limits.ToString());
+    return kExitLimitsFailed;
+  }
 
   std::unique_ptr<backend::Backend> backend;
   if (options.backend == "fake") {
@@ -136,7 +201,8 @@ int WorkerMain(const DaemonOptions& options) {
                     context.status().ToString());
       return kExitContextFailed;
     }
-    session = std::make_unique<Session>(std::move(*context), compiler_ptr, compiler_status);
+    session = std::make_unique<Session>(std::move(*context), compiler_ptr, compiler_status,
+                                        ExitOnKernelTimeout(options.worker_status_fd));
   }
 
   std::function<std::string()> sandbox_report;
@@ -144,14 +210,15 @@ int WorkerMain(const DaemonOptions& options) {
   auto services =
       MakeWorkerServices(backend.get(), session.get(), nvrtc_version, std::move(sandbox_report));
   grpc::ServerBuilder builder;
+  grpc::ResourceQuota quota("gpurpcd-worker");
+  quota.Resize(kWorkerMemoryBytes);
+  quota.SetMaxThreads(kWorkerMaxThreads);
+  builder.SetResourceQuota(quota);
+  builder.AddChannelArgument(GRPC_ARG_MAX_CONCURRENT_STREAMS, kWorkerMaxConcurrentStreams);
   builder.SetMaxReceiveMessageSize(kMaxMessageBytes);
   builder.SetMaxSendMessageSize(kMaxMessageBytes);
   for (auto& service : services) builder.RegisterService(service.get());
-  {
-    std::vector<std::unique_ptr<grpc::experimental::ServerInterceptorFactoryInterface>> markers;
-    markers.push_back(MakeStatusMarker());
-    builder.experimental().SetInterceptorCreators(std::move(markers));
-  }
+  builder.experimental().SetInterceptorCreators(StatusInterceptors(/*mark_worker_answers=*/true, kWorkerMaxThreads));
   std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
   if (server == nullptr) {
     spdlog::error("cannot start the worker's gRPC server");

@@ -27,6 +27,14 @@ inline constexpr int kExitServerFailed = 5;
 // The compile cache folder or its key file failed the checks of PrepareCacheDirectory /
 // LoadOrCreateCacheKey (compile_cache.h); the worker's log says which and why.
 inline constexpr int kExitCacheRefused = 6;
+// The kernel watchdog (watchdog.h) found a kernel running past the session's kernel timeout
+// and ended the worker, after writing one line naming the kernel and the timeout to
+// --worker-status-fd: "kernel '<name>' ran longer than the kernel timeout of 5s
+// (--kernel-timeout or the tenant's kernel_timeout_ms quota)".
+inline constexpr int kExitKernelTimeout = 7;
+// Setting the worker's resource limits failed at start (SetWorkerLimits in worker_main.cc);
+// the worker's log says which.
+inline constexpr int kExitLimitsFailed = 8;
 
 int WorkerMain(const DaemonOptions& options);
 

@@ -21,7 +21,8 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
-#include "gpurpc/client.h"
+#include "gpurpc/v1/device_service.grpc.pb.h"
+#include "grpcpp/grpcpp.h"
 
 extern char** environ;
 
@@ -114,14 +115,19 @@ absl::StatusOr<std::unique_ptr<TestDaemon>> TestDaemon::Start(Options options) {
           absl::StrCat("gpurpcd exited at start; its log:\n", daemon->Log()));
     }
     if (access(socket_path.c_str(), F_OK) == 0) {
-      // Only what is set here: GPURPC_* variables of the test's environment (a token, TLS
-      // files) must not change how the harness talks to its own socket.
-      ConnectOptions connect;
-      connect.address = daemon->address_;
-      connect.timeout = absl::Seconds(1);
-      connect.use_environment = false;
-      auto client = Client::Connect(connect);
-      if (client.ok() && client->ListDevices().ok()) return daemon;
+      // A plain blocking stub on its own socket: no GPURPC_* variable of the test's
+      // environment (a token, TLS files) changes how the harness talks to it, and no callback
+      // call of the client library is left behind: the reference such a call holds may be the
+      // last one to its channel and drop on gRPC 1.51's callback thread, whose teardown from
+      // that thread aborts the process ("grpc_cq_internal_unref: assertion failed").
+      grpc::ChannelArguments args;
+      args.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);
+      v1::DeviceService::Stub stub(
+          grpc::CreateCustomChannel(daemon->address_, grpc::InsecureChannelCredentials(), args));
+      grpc::ClientContext context;
+      context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(1));
+      v1::ListDevicesResponse devices;
+      if (stub.ListDevices(&context, v1::ListDevicesRequest(), &devices).ok()) return daemon;
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
   }

@@ -1,19 +1,28 @@
 // The worker's Session core over the fake backend, in process: handle tables, bounds
 // checks, launch checks and command batches, without gRPC.
-#include "server/worker/session.h"
-
+#include <algorithm>
+#include <atomic>
 #include <cstring>
 #include <memory>
+#include <string>
+#include <thread>
+#include <vector>
 
+#include "absl/synchronization/notification.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "server/worker/session.h"
+#include "tests/testing/fake_kernels.h"
 #include "tests/testing/status_matchers.h"
+#include "tests/unit/scripted_context.h"
 
 namespace gpurpc::worker {
 namespace {
 
 using ::gpurpc::testing::IsOk;
+using ::gpurpc::testing::ScriptedContext;
 using ::gpurpc::testing::StatusIs;
+using ::testing::ElementsAreArray;
 using ::testing::HasSubstr;
 
 class SessionTest : public ::testing::Test {
@@ -24,7 +33,7 @@ class SessionTest : public ::testing::Test {
     ASSERT_THAT(context, IsOk());
     session_ = std::make_unique<Session>(std::move(*context), nullptr,
                                          absl::UnavailableError("no NVRTC in this test"));
-    auto module = session_->LoadModule("fake image");
+    auto module = session_->LoadModule(::gpurpc::testing::kFakeKernelsPtx);
     ASSERT_THAT(module, IsOk());
     module_ = *module;
   }
@@ -93,13 +102,11 @@ TEST_F(SessionTest, ArgumentMismatchNamesTheParameter) {
                        HasSubstr("parameter #0: expected 4 bytes, given 8 bytes")));
   launch.mutable_args()->RemoveLast();
   EXPECT_THAT(session_->Launch(launch),
-              StatusIs(absl::StatusCode::kInvalidArgument,
-                       HasSubstr("takes 4 parameters")));
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("takes 4 parameters")));
   launch.clear_args();
   launch.set_packed_args(std::string(24, '\0'));
-  EXPECT_THAT(session_->Launch(launch),
-              StatusIs(absl::StatusCode::kInvalidArgument,
-                       HasSubstr("packed arguments are 24 bytes")));
+  EXPECT_THAT(session_->Launch(launch), StatusIs(absl::StatusCode::kInvalidArgument,
+                                                 HasSubstr("packed arguments are 24 bytes")));
 }
 
 TEST_F(SessionTest, LaunchDimensionsAreCheckedAgainstTheDevice) {
@@ -164,15 +171,15 @@ TEST_F(SessionTest, FaultIsStickyAndReturnedByEveryLaterCall) {
   ASSERT_THAT(session_->Launch(launch), IsOk());  // asynchronous, like CUDA
   EXPECT_THAT(session_->Synchronize(),
               StatusIs(absl::StatusCode::kAborted, HasSubstr("CUDA_ERROR_ILLEGAL_ADDRESS")));
-  EXPECT_THAT(session_->Allocate(16),
-              StatusIs(absl::StatusCode::kFailedPrecondition,
-                       HasSubstr("CUDA_ERROR_ILLEGAL_ADDRESS")));
+  EXPECT_THAT(session_->Allocate(16), StatusIs(absl::StatusCode::kFailedPrecondition,
+                                               HasSubstr("CUDA_ERROR_ILLEGAL_ADDRESS")));
   EXPECT_THAT(session_->Synchronize(), StatusIs(absl::StatusCode::kFailedPrecondition));
 }
 
 TEST_F(SessionTest, GlobalsAreAddressableLikeBuffers) {
-  const std::string ptx = ".version 8.0\n.target sm_75\n.address_size 64\n"
-                          ".visible .const .align 4 .b8 coeffs[16];\n";
+  const std::string ptx =
+      ".version 8.0\n.target sm_75\n.address_size 64\n"
+      ".visible .const .align 4 .b8 coeffs[16];\n";
   auto module = session_->LoadModule(ptx);
   ASSERT_THAT(module, IsOk());
   auto global = session_->GetGlobal(*module, "coeffs");
@@ -181,8 +188,7 @@ TEST_F(SessionTest, GlobalsAreAddressableLikeBuffers) {
   v1::DevicePointer pointer;
   pointer.set_device_address(global->device_address() + 4);
   EXPECT_THAT(session_->Resolve(pointer, 12, "test"), IsOk());
-  EXPECT_THAT(session_->Resolve(pointer, 13, "test"),
-              StatusIs(absl::StatusCode::kInvalidArgument));
+  EXPECT_THAT(session_->Resolve(pointer, 13, "test"), StatusIs(absl::StatusCode::kInvalidArgument));
   ASSERT_THAT(session_->UnloadModule(*module), IsOk());
   EXPECT_THAT(session_->Resolve(pointer, 4, "test"), StatusIs(absl::StatusCode::kNotFound));
 }
@@ -193,8 +199,9 @@ TEST(SessionFootprintTest, LoadModuleReportsTheDeviceMemoryOfItsGlobals) {
   auto context = backend->OpenContext(0);
   ASSERT_THAT(context, IsOk());
   Session session(std::move(*context), nullptr, absl::UnavailableError("no NVRTC"));
-  const std::string ptx = ".version 8.0\n.target sm_75\n.address_size 64\n"
-                          ".visible .global .align 1 .b8 big[3221225472];\n";
+  const std::string ptx =
+      ".version 8.0\n.target sm_75\n.address_size 64\n"
+      ".visible .global .align 1 .b8 big[3221225472];\n";
   uint64_t device_memory_bytes = 0;
   auto module = session.LoadModule(ptx, &device_memory_bytes);
   ASSERT_THAT(module, IsOk());
@@ -203,7 +210,7 @@ TEST(SessionFootprintTest, LoadModuleReportsTheDeviceMemoryOfItsGlobals) {
   ASSERT_THAT(global, IsOk());
   EXPECT_EQ(global->size_bytes(), 3ull << 30);
 
-  ASSERT_THAT(session.LoadModule("fake image", &device_memory_bytes), IsOk());
+  ASSERT_THAT(session.LoadModule(::gpurpc::testing::kFakeKernelsPtx, &device_memory_bytes), IsOk());
   EXPECT_EQ(device_memory_bytes, 0u);
 }
 
@@ -212,6 +219,304 @@ TEST_F(SessionTest, CompileWithoutNvrtcIsUnavailableWithTheReason) {
   request.set_source("__global__ void k() {}");
   EXPECT_THAT(session_->Compile(request),
               StatusIs(absl::StatusCode::kUnavailable, HasSubstr("no NVRTC in this test")));
+}
+
+TEST_F(SessionTest, NamesWithANulByteOrOverTheLimitAreInvalidArguments) {
+  const std::string with_nul("fill_u32\0x", 10);  // the driver would find "fill_u32"
+  EXPECT_THAT(session_->GetFunction(module_, with_nul),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("GetFunction: name has a NUL byte at offset 8")));
+  EXPECT_THAT(session_->GetGlobal(module_, std::string("g\0", 2)),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("GetGlobal: name has a NUL byte at offset 1")));
+  const std::string long_name(kMaxNameBytes + 1, 'k');
+  EXPECT_THAT(session_->GetFunction(module_, long_name),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("name is 4097 bytes, more than the limit of 4096")));
+  EXPECT_THAT(session_->GetGlobal(module_, long_name),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("more than the limit")));
+  EXPECT_THAT(session_->GetFunction(module_, ""),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("name is empty")));
+  // At the limit the name is looked up (and is no kernel of the module).
+  EXPECT_THAT(session_->GetFunction(module_, std::string(kMaxNameBytes, 'k')),
+              StatusIs(absl::StatusCode::kNotFound));
+  EXPECT_EQ(session_->table_sizes().functions, 0u);
+}
+
+// Kernels with parameter layouts the fake never reports, through the session's API.
+class ScriptedSessionTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    auto context = std::make_unique<ScriptedContext>();
+    context_ = context.get();
+    session_ = std::make_unique<Session>(std::move(context), nullptr,
+                                         absl::UnavailableError("no NVRTC in this test"));
+  }
+
+  absl::StatusOr<v1::GetFunctionResponse> Define(const std::string& name,
+                                                 std::vector<backend::ParamInfo> params) {
+    context_->DefineKernel(name, std::move(params));
+    auto module = session_->LoadModule("scripted image");
+    if (!module.ok()) return module.status();
+    return session_->GetFunction(*module, name);
+  }
+
+  static v1::LaunchCommand LaunchOf(uint64_t function_id) {
+    v1::LaunchCommand launch;
+    launch.set_function_id(function_id);
+    for (v1::Dim3* dim : {launch.mutable_grid(), launch.mutable_block()}) {
+      dim->set_x(1);
+      dim->set_y(1);
+      dim->set_z(1);
+    }
+    return launch;
+  }
+
+  ScriptedContext* context_ = nullptr;
+  std::unique_ptr<Session> session_;
+};
+
+TEST_F(ScriptedSessionTest, NarrowIntegerArgumentsMustFitTheirType) {
+  // (unsigned char, unsigned short, unsigned)
+  auto function = Define("narrow", {{0, 1}, {2, 2}, {4, 4}});
+  ASSERT_THAT(function, IsOk());
+  v1::LaunchCommand launch = LaunchOf(function->function_id());
+  launch.add_args()->set_u8(0xFF);
+  launch.add_args()->set_u16(0xFFFF);
+  launch.add_args()->set_u32(0x01020304);
+  ASSERT_THAT(session_->Launch(launch), IsOk());
+  const uint8_t expected[] = {0xFF, 0, 0xFF, 0xFF, 0x04, 0x03, 0x02, 0x01};
+  EXPECT_THAT(context_->last_packed_args(), ElementsAreArray(expected));
+
+  launch.mutable_args(0)->set_u8(256);
+  EXPECT_THAT(session_->Launch(launch),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("parameter #0: u8 value 256 does not fit in 8 bits (0 to 255)")));
+  launch.mutable_args(0)->set_u8(0xFFFFFFFF);  // -1 as a 32-bit pattern
+  EXPECT_THAT(session_->Launch(launch),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("parameter #0: u8 value 4294967295 does not fit")));
+  launch.mutable_args(0)->set_u8(1);
+  launch.mutable_args(1)->set_u16(0x10000);
+  EXPECT_THAT(
+      session_->Launch(launch),
+      StatusIs(absl::StatusCode::kInvalidArgument,
+               HasSubstr("parameter #1: u16 value 65536 does not fit in 16 bits (0 to 65535)")));
+  EXPECT_EQ(context_->launched(0), 1u);  // only the first launch reached the backend
+}
+
+TEST_F(ScriptedSessionTest, UnsortedParametersArePackedAtTheirOffsets) {
+  // The driver reports parameter #0 after #1 in the buffer: a layout no compiler makes, but
+  // nothing stops a hand-made image.
+  auto function = Define("unsorted", {{8, 8}, {0, 4}});
+  ASSERT_THAT(function, IsOk());
+  v1::LaunchCommand launch = LaunchOf(function->function_id());
+  launch.add_args()->set_u64(0x1112131415161718);
+  launch.add_args()->set_u32(0x21222324);
+  ASSERT_THAT(session_->Launch(launch), IsOk());
+  const uint8_t expected[] = {0x24, 0x23, 0x22, 0x21, 0,    0,    0,    0,
+                              0x18, 0x17, 0x16, 0x15, 0x14, 0x13, 0x12, 0x11};
+  EXPECT_THAT(context_->last_packed_args(), ElementsAreArray(expected));
+  // The packed size is the end of the furthest parameter, not of the last one reported.
+  launch.clear_args();
+  launch.set_packed_args(std::string(12, '\0'));
+  EXPECT_THAT(session_->Launch(launch), StatusIs(absl::StatusCode::kInvalidArgument,
+                                                 HasSubstr("takes 2 parameters in 16 bytes")));
+  launch.set_packed_args(std::string(16, '\0'));
+  EXPECT_THAT(session_->Launch(launch), IsOk());
+}
+
+TEST_F(ScriptedSessionTest, LayoutsThatCannotBePackedAreRefusedAtGetFunction) {
+  EXPECT_THAT(Define("overlapping", {{0, 8}, {4, 4}}),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("parameter #1 (4 bytes at offset 4) overlapping parameter #0 "
+                                 "(8 bytes at offset 0)")));
+  EXPECT_THAT(Define("overlapping_unsorted", {{16, 8}, {0, 8}, {12, 8}}),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("overlapping")));
+  EXPECT_THAT(Define("beyond", {{0, 8}, {kMaxParamBytes - 2, 4}}),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("parameter #1 as 4 bytes at offset 32762, which is not within "
+                                 "a parameter block of 1 to 32764 bytes")));
+  // offset + size overflows 32 bits: still refused, never wrapped.
+  EXPECT_THAT(Define("wrapping", {{0xFFFFFFF8u, 16}}),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("not within")));
+  EXPECT_THAT(Define("empty_parameter", {{0, 0}}),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("as 0 bytes")));
+  EXPECT_EQ(session_->table_sizes().functions, 0u);
+  EXPECT_EQ(context_->launched(0), 0u);
+}
+
+TEST_F(SessionTest, HandleIdsAreNotRememberedOnceTheirObjectsAreGone) {
+  // Nothing in the session (nor HandleIdGenerator) keeps issued ids: a create/destroy loop
+  // leaves every table as it was.
+  const Session::TableSizes before = session_->table_sizes();
+  size_t most_events = 0;
+  for (int i = 0; i < 100000; ++i) {
+    auto event = session_->CreateEvent(/*disable_timing=*/true, /*blocking_sync=*/false);
+    ASSERT_THAT(event, IsOk());
+    most_events = std::max(most_events, session_->table_sizes().events);
+    ASSERT_THAT(session_->DestroyEvent(*event), IsOk());
+  }
+  for (int i = 0; i < 1000; ++i) {
+    auto buffer = session_->Allocate(64);
+    ASSERT_THAT(buffer, IsOk());
+    ASSERT_THAT(session_->Free(buffer->buffer_id()), IsOk());
+    auto function = session_->GetFunction(module_, "spin_us");
+    ASSERT_THAT(function, IsOk());
+  }
+  const Session::TableSizes after = session_->table_sizes();
+  EXPECT_EQ(most_events, 1u);
+  EXPECT_EQ(after.events, before.events);
+  EXPECT_EQ(after.buffers, before.buffers);
+  EXPECT_EQ(after.ranges, before.ranges);
+  EXPECT_EQ(after.functions, 1u);  // one id per (module, name), however often asked
+  EXPECT_EQ(after.modules, before.modules);
+}
+
+TEST_F(SessionTest, GetFunctionAndLaunchRaceUnloadModuleSafely) {
+  // Threads look a kernel up and launch it while the main thread unloads its module; every
+  // call succeeds or answers NOT_FOUND, and no function outlives its module's unload.
+  v1::LaunchCommand launch;
+  SetDims(&launch, 1, 1);
+  launch.add_args()->set_u64(0);  // spin_us(0)
+  for (int round = 0; round < 50; ++round) {
+    auto module = session_->LoadModule(::gpurpc::testing::kFakeKernelsPtx);
+    ASSERT_THAT(module, IsOk());
+    std::atomic<bool> unloaded{false};
+    std::atomic<int> unexpected{0};
+    std::vector<std::thread> threads;
+    for (int t = 0; t < 3; ++t) {
+      threads.emplace_back([&, module_id = *module] {
+        // Until the unload is done, and a few calls after it.
+        for (int after = 0; after < 20;) {
+          if (unloaded.load()) ++after;
+          auto function = session_->GetFunction(module_id, "spin_us");
+          if (!function.ok()) {
+            if (function.status().code() != absl::StatusCode::kNotFound) ++unexpected;
+            continue;
+          }
+          v1::LaunchCommand mine = launch;
+          mine.set_function_id(function->function_id());
+          absl::Status status = session_->Launch(mine);
+          if (!status.ok() && status.code() != absl::StatusCode::kNotFound) ++unexpected;
+        }
+      });
+    }
+    std::this_thread::yield();
+    ASSERT_THAT(session_->UnloadModule(*module), IsOk());
+    unloaded.store(true);
+    for (std::thread& thread : threads) thread.join();
+    EXPECT_EQ(unexpected.load(), 0);
+    // Only the fixture's module (and no function of the unloaded one) is left.
+    const Session::TableSizes sizes = session_->table_sizes();
+    ASSERT_EQ(sizes.modules, 1u);
+    ASSERT_EQ(sizes.functions, 0u);
+  }
+  EXPECT_THAT(session_->Synchronize(), IsOk());
+}
+
+TEST_F(SessionTest, TheWatchdogEndsASpinningKernelOfTheFake) {
+  absl::Notification fired;
+  std::string message;
+  auto context = backend_->OpenContext(0);
+  ASSERT_THAT(context, IsOk());
+  auto session = std::make_unique<Session>(std::move(*context), nullptr,
+                                           absl::UnavailableError("no NVRTC in this test"),
+                                           [&](const std::string& why) {
+                                             message = why;
+                                             fired.Notify();
+                                           });
+  Session::Limits limits;
+  limits.kernel_timeout_ms = 200;
+  ASSERT_THAT(session->Bind("tenant", limits), IsOk());
+  auto module = session->LoadModule(::gpurpc::testing::kFakeKernelsPtx);
+  ASSERT_THAT(module, IsOk());
+  auto function = session->GetFunction(*module, "spin_us");
+  ASSERT_THAT(function, IsOk());
+  v1::LaunchCommand launch;
+  launch.set_function_id(function->function_id());
+  SetDims(&launch, 1, 1);
+  // Ten minutes on the default stream: the fake's launch returns at once (asynchronous, as
+  // CUDA), and destroying the session's context interrupts the kernel.
+  launch.add_args()->set_u64(600ull * 1000 * 1000);
+  ASSERT_THAT(session->Launch(launch), IsOk());
+  ASSERT_TRUE(fired.WaitForNotificationWithTimeout(absl::Seconds(60)));
+  EXPECT_EQ(message, KernelTimeoutMessage("spin_us", 200));
+  session.reset();
+}
+
+TEST_F(ScriptedSessionTest, AFunctionLookedUpWhileItsModuleIsUnloadedIsNeverRegistered) {
+  context_->DefineKernel("k", {});
+  auto module = session_->LoadModule("scripted image");
+  ASSERT_THAT(module, IsOk());
+  absl::Notification inside;
+  absl::Notification proceed;
+  context_->set_get_function_hook([&] {
+    inside.Notify();
+    proceed.WaitForNotification();
+  });
+  absl::StatusOr<v1::GetFunctionResponse> result;
+  std::thread lookup([&] { result = session_->GetFunction(*module, "k"); });
+  inside.WaitForNotification();  // the lookup is inside the module's GetFunction
+  ASSERT_THAT(session_->UnloadModule(*module), IsOk());
+  EXPECT_EQ(context_->modules_alive(), 1);  // the lookup still holds the module
+  proceed.Notify();
+  lookup.join();
+  context_->set_get_function_hook(nullptr);
+  EXPECT_THAT(result, StatusIs(absl::StatusCode::kNotFound,
+                               HasSubstr("was unloaded while kernel 'k' was looked up")));
+  EXPECT_EQ(session_->table_sizes().functions, 0u);
+  EXPECT_EQ(context_->modules_alive(), 0);
+}
+
+TEST_F(ScriptedSessionTest, AModuleUnloadedDuringALaunchLivesUntilTheLaunchIsQueued) {
+  context_->DefineKernel("k", {});
+  auto module = session_->LoadModule("scripted image");
+  ASSERT_THAT(module, IsOk());
+  auto function = session_->GetFunction(*module, "k");
+  ASSERT_THAT(function, IsOk());
+  absl::Notification inside;
+  absl::Notification proceed;
+  context_->set_launch_hook([&] {
+    inside.Notify();
+    proceed.WaitForNotification();
+  });
+  absl::Status launched;
+  std::thread launcher([&] { launched = session_->Launch(LaunchOf(function->function_id())); });
+  inside.WaitForNotification();  // the launch is inside the backend with the module's function
+  ASSERT_THAT(session_->UnloadModule(*module), IsOk());
+  EXPECT_EQ(context_->modules_alive(), 1);
+  proceed.Notify();
+  launcher.join();
+  context_->set_launch_hook(nullptr);
+  EXPECT_THAT(launched, IsOk());
+  EXPECT_EQ(context_->modules_alive(), 0);
+  EXPECT_THAT(session_->Launch(LaunchOf(function->function_id())),
+              StatusIs(absl::StatusCode::kNotFound));
+}
+
+TEST_F(SessionTest, EmptyOperationsStillCheckTheirStream) {
+  auto buffer = session_->Allocate(16);
+  ASSERT_THAT(buffer, IsOk());
+  constexpr uint64_t kUnknownStream = 12345;
+  EXPECT_THAT(session_->Upload(buffer->device_address(), nullptr, 0, kUnknownStream),
+              StatusIs(absl::StatusCode::kNotFound, HasSubstr("no stream 12345")));
+  v1::MemsetCommand memset;
+  *memset.mutable_destination() = At(*buffer);
+  memset.set_element_size_bytes(4);
+  memset.set_count(0);
+  memset.set_stream_id(kUnknownStream);
+  EXPECT_THAT(session_->Memset(memset),
+              StatusIs(absl::StatusCode::kNotFound, HasSubstr("no stream 12345")));
+  v1::CopyCommand copy;
+  *copy.mutable_destination() = At(*buffer);
+  *copy.mutable_source() = At(*buffer);
+  copy.set_size_bytes(0);
+  copy.set_stream_id(kUnknownStream);
+  EXPECT_THAT(session_->Copy(copy),
+              StatusIs(absl::StatusCode::kNotFound, HasSubstr("no stream 12345")));
+  memset.set_stream_id(0);
+  EXPECT_THAT(session_->Memset(memset), IsOk());
 }
 
 }  // namespace

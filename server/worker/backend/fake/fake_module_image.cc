@@ -329,15 +329,18 @@ class PtxChecker {
 
  private:
   absl::Status Next(Token* token) {
-    if (pushed_back_) {
-      *token = *pushed_back_;
-      pushed_back_.reset();
+    if (has_pushed_back_) {
+      *token = pushed_back_;
+      has_pushed_back_ = false;
       return absl::OkStatus();
     }
     return lexer_.Next(token);
   }
 
-  void PushBack(const Token& token) { pushed_back_ = token; }
+  void PushBack(const Token& token) {
+    pushed_back_ = token;
+    has_pushed_back_ = true;
+  }
 
   absl::Status ReadHeader() {
     Token token;
@@ -604,7 +607,9 @@ class PtxChecker {
   }
 
   PtxLexer lexer_;
-  std::optional<Token> pushed_back_;
+  // Not a std::optional: GCC 12 under ASan warns (wrongly) that it may be uninitialized.
+  Token pushed_back_;
+  bool has_pushed_back_ = false;
   std::set<std::string> defined_;
   std::vector<DeclaredKernel> kernels_;
 };
