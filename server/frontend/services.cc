@@ -115,7 +115,13 @@ grpc::ServerUnaryReactor* SessionServiceImpl::CloseSession(grpc::CallbackServerC
   const uint64_t id = (*session)->id();
   session->reset();
   absl::Status queued = sessions_->RunBlocking(
-      [this, reactor, id] { reactor->Finish(ToGrpcStatus(sessions_->Close(id))); });
+      [this, reactor, id] {
+        // Answered once the worker is told to end; its context then ends here, off the
+        // client's clock.
+        std::shared_ptr<SessionRecord> ending;
+        reactor->Finish(ToGrpcStatus(sessions_->Close(id, &ending)));
+        if (ending != nullptr) ending->worker().WaitExited(absl::Seconds(10));
+      });
   if (!queued.ok()) return Fail(reactor, queued);
   return reactor;
 }

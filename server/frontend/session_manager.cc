@@ -408,7 +408,7 @@ void SessionManager::EndWorker(SessionRecord& session) {
   session.worker().WaitExited(absl::Seconds(10));
 }
 
-absl::Status SessionManager::Close(uint64_t session_id) {
+absl::Status SessionManager::Close(uint64_t session_id, std::shared_ptr<SessionRecord>* ending) {
   std::shared_ptr<SessionRecord> record;
   {
     absl::MutexLock lock(&mu_);
@@ -417,8 +417,14 @@ absl::Status SessionManager::Close(uint64_t session_id) {
     record = it->second;
     RemoveLocked(*record);
   }
-  EndWorker(*record);
   spdlog::info("session {} of tenant {} closed", session_id, record->tenant());
+  if (ending != nullptr) {
+    record->MarkClosing();
+    record->worker().Kill();
+    *ending = std::move(record);
+    return absl::OkStatus();
+  }
+  EndWorker(*record);
   return absl::OkStatus();
 }
 

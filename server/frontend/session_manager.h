@@ -184,7 +184,7 @@ class SessionManager {
   // Runs `work` on the manager's pool of threads for blocking work (starting or ending a
   // worker takes up to seconds: never on a gRPC callback thread). RESOURCE_EXHAUSTED when
   // kMaxBlockingQueue tasks are already waiting; the work then does not run.
-  static constexpr int kBlockingThreads = 16;
+  static constexpr int kBlockingThreads = 64;
   static constexpr size_t kMaxBlockingQueue = 1024;
   absl::Status RunBlocking(std::function<void()> work);
 
@@ -195,8 +195,12 @@ class SessionManager {
                                                       const std::string& client_label,
                                                       const std::string& tenant,
                                                       const std::string& peer);
-  // Closes any session (the caller has checked who may). NOT_FOUND for an unknown id.
-  absl::Status Close(uint64_t session_id);
+  // Closes any session (the caller has checked who may). NOT_FOUND for an unknown id. The
+  // session leaves the tables and the ledger and its worker is killed at once; Close then
+  // waits (up to 10 s) until the worker has ended and the GPU has its memory back, unless
+  // `ending` is given: then the caller gets the session to wait for itself (it answers its
+  // client first: ending a CUDA context takes up to a second, more when many end at once).
+  absl::Status Close(uint64_t session_id, std::shared_ptr<SessionRecord>* ending = nullptr);
   // Closes `session` if it is still the one under its id and still has no client (see the
   // file comment): the check and the removal happen under one lock, so a call that arrives
   // in between keeps it. True when it was closed.
