@@ -422,7 +422,7 @@ TEST_F(IsolationTest, VanishedClientIsReclaimedAfterTheIdleTimeout) {
   EXPECT_EQ(response.idle_timeout_ms(), 1500u);
   ASSERT_EQ(daemon_->WorkerPids().size(), 1u);
 
-  // Meanwhile a well-behaved session keeps itself alive through its keepalive thread.
+  // Meanwhile a well-behaved session stays alive: its client holds a WatchSession stream.
   Session kept = Open();
 
   std::this_thread::sleep_for(std::chrono::milliseconds(3500));
