@@ -35,6 +35,7 @@
 #include "gpurpc/client.h"
 #include "gtest/gtest.h"
 #include "tests/testing/daemon.h"
+#include "tests/testing/fake_kernels.h"
 #include "tests/testing/status_matchers.h"
 
 extern char** environ;
@@ -58,18 +59,8 @@ constexpr absl::Duration kMustNotHang = absl::Seconds(30);
 constexpr char kChildAddressEnv[] = "GPURPC_RELIABILITY_CHILD_ADDRESS";
 constexpr char kChildOutputEnv[] = "GPURPC_RELIABILITY_CHILD_OUTPUT";
 
-// The fake backend's built-in kernels, as real CUDA with the same names and signatures (as in
-// compute_test.cc): NVRTC compiles them, and the fake runs its host versions.
-constexpr char kFakeKernels[] = R"cuda(
-extern "C" __global__ void fault_illegal_address() { *(volatile int*)8 = 1; }
-extern "C" __global__ void spin_us(unsigned long long us) {
-  unsigned long long t0, t;
-  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t0));
-  do {
-    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
-  } while (t - t0 < us * 1000ULL);
-}
-)cuda";
+// The fake backend's built-in kernels as real CUDA (tests/testing/fake_kernels.h).
+constexpr const char* kFakeKernels = ::gpurpc::testing::kFakeKernelsSource;
 
 // Polls `condition` every 50 ms until it holds (true) or `timeout` passed (false).
 bool Eventually(absl::Duration timeout, const std::function<bool()>& condition) {

@@ -41,6 +41,7 @@
 #include "grpcpp/grpcpp.h"
 #include "gtest/gtest.h"
 #include "tests/testing/daemon.h"
+#include "tests/testing/fake_kernels.h"
 #include "tests/testing/status_matchers.h"
 
 namespace gpurpc {
@@ -61,37 +62,8 @@ using ::testing::Not;
 using ::testing::SizeIs;
 using ::testing::StartsWith;
 
-// The fake backend's built-in kernels, as real CUDA with the same names and signatures.
-constexpr char kFakeKernels[] = R"cuda(
-extern "C" __global__ void multiply_them(float* dest, const float* a, const float* b) {
-  const unsigned i = blockIdx.x * blockDim.x + threadIdx.x;
-  dest[i] = a[i] * b[i];
-}
-extern "C" __global__ void axpy_f32(float a, const float* x, float* y, unsigned long long n) {
-  const unsigned long long i = (unsigned long long)blockIdx.x * blockDim.x + threadIdx.x;
-  if (i < n) y[i] += a * x[i];
-}
-extern "C" __global__ void fill_u32(unsigned* out, unsigned value, unsigned long long n) {
-  const unsigned long long i = (unsigned long long)blockIdx.x * blockDim.x + threadIdx.x;
-  if (i < n) out[i] = value;
-}
-extern "C" __global__ void add_one_f32(float* data, unsigned long long n) {
-  const unsigned long long i = (unsigned long long)blockIdx.x * blockDim.x + threadIdx.x;
-  if (i < n) data[i] += 1.0f;
-}
-extern "C" __global__ void copy_bytes(char* dst, const char* src, unsigned long long n) {
-  const unsigned long long i = (unsigned long long)blockIdx.x * blockDim.x + threadIdx.x;
-  if (i < n) dst[i] = src[i];
-}
-extern "C" __global__ void fault_illegal_address() { *(volatile int*)8 = 1; }
-extern "C" __global__ void spin_us(unsigned long long us) {
-  unsigned long long t0, t;
-  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t0));
-  do {
-    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
-  } while (t - t0 < us * 1000ULL);
-}
-)cuda";
+// The fake backend's built-in kernels as real CUDA (tests/testing/fake_kernels.h).
+constexpr const char* kFakeKernels = ::gpurpc::testing::kFakeKernelsSource;
 
 // Module globals in device and constant memory, kept alive by a kernel that uses them.
 constexpr char kGlobals[] = R"cuda(

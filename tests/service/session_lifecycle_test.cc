@@ -64,6 +64,7 @@
 #include "grpcpp/grpcpp.h"
 #include "gtest/gtest.h"
 #include "tests/testing/daemon.h"
+#include "tests/testing/fake_kernels.h"
 #include "tests/testing/status_matchers.h"
 
 namespace gpurpc {
@@ -84,18 +85,8 @@ constexpr absl::Duration kEventually = absl::Seconds(30);
 constexpr int32_t kFailedPrecondition = static_cast<int32_t>(absl::StatusCode::kFailedPrecondition);
 constexpr int32_t kDeadlineExceeded = static_cast<int32_t>(absl::StatusCode::kDeadlineExceeded);
 
-// The fake backend's built-in kernels, as real CUDA with the same names and signatures (as in
-// compute_test.cc): NVRTC compiles them for real, and the fake runs its host versions.
-constexpr char kFakeKernels[] = R"cuda(
-extern "C" __global__ void fault_illegal_address() { *(volatile int*)8 = 1; }
-extern "C" __global__ void spin_us(unsigned long long us) {
-  unsigned long long t0, t;
-  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t0));
-  do {
-    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
-  } while (t - t0 < us * 1000ULL);
-}
-)cuda";
+// The fake backend's built-in kernels as real CUDA (tests/testing/fake_kernels.h).
+constexpr const char* kFakeKernels = ::gpurpc::testing::kFakeKernelsSource;
 
 std::string CurrentUser() {
   struct passwd* pw = getpwuid(geteuid());
