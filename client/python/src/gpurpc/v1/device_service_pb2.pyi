@@ -29,7 +29,7 @@ class GetServerInfoRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class TenantQuota(_message.Message):
-    __slots__ = ("max_sessions", "max_device_memory_bytes", "max_streams_per_session", "max_events_per_session", "max_modules_per_session", "max_concurrent_compiles", "kernel_timeout_ms")
+    __slots__ = ("max_sessions", "max_device_memory_bytes", "max_streams_per_session", "max_events_per_session", "max_modules_per_session", "max_concurrent_compiles", "kernel_timeout_ms", "max_host_region_bytes")
     MAX_SESSIONS_FIELD_NUMBER: _ClassVar[int]
     MAX_DEVICE_MEMORY_BYTES_FIELD_NUMBER: _ClassVar[int]
     MAX_STREAMS_PER_SESSION_FIELD_NUMBER: _ClassVar[int]
@@ -37,6 +37,7 @@ class TenantQuota(_message.Message):
     MAX_MODULES_PER_SESSION_FIELD_NUMBER: _ClassVar[int]
     MAX_CONCURRENT_COMPILES_FIELD_NUMBER: _ClassVar[int]
     KERNEL_TIMEOUT_MS_FIELD_NUMBER: _ClassVar[int]
+    MAX_HOST_REGION_BYTES_FIELD_NUMBER: _ClassVar[int]
     max_sessions: int
     max_device_memory_bytes: int
     max_streams_per_session: int
@@ -44,7 +45,8 @@ class TenantQuota(_message.Message):
     max_modules_per_session: int
     max_concurrent_compiles: int
     kernel_timeout_ms: int
-    def __init__(self, max_sessions: _Optional[int] = ..., max_device_memory_bytes: _Optional[int] = ..., max_streams_per_session: _Optional[int] = ..., max_events_per_session: _Optional[int] = ..., max_modules_per_session: _Optional[int] = ..., max_concurrent_compiles: _Optional[int] = ..., kernel_timeout_ms: _Optional[int] = ...) -> None: ...
+    max_host_region_bytes: int
+    def __init__(self, max_sessions: _Optional[int] = ..., max_device_memory_bytes: _Optional[int] = ..., max_streams_per_session: _Optional[int] = ..., max_events_per_session: _Optional[int] = ..., max_modules_per_session: _Optional[int] = ..., max_concurrent_compiles: _Optional[int] = ..., kernel_timeout_ms: _Optional[int] = ..., max_host_region_bytes: _Optional[int] = ...) -> None: ...
 
 class GetServerInfoResponse(_message.Message):
     __slots__ = ("version", "tenant", "auth_method", "admin", "quota", "sessions_open", "device_memory_bytes", "compile_sandbox", "daemon_instance", "started_unix_ms")

@@ -262,8 +262,24 @@ class SyncCommand(_message.Message):
     whole_session: bool
     def __init__(self, stream_id: _Optional[int] = ..., whole_session: bool = ...) -> None: ...
 
+class RegionCopyCommand(_message.Message):
+    __slots__ = ("region_id", "region_offset_bytes", "device", "size_bytes", "to_device", "stream_id")
+    REGION_ID_FIELD_NUMBER: _ClassVar[int]
+    REGION_OFFSET_BYTES_FIELD_NUMBER: _ClassVar[int]
+    DEVICE_FIELD_NUMBER: _ClassVar[int]
+    SIZE_BYTES_FIELD_NUMBER: _ClassVar[int]
+    TO_DEVICE_FIELD_NUMBER: _ClassVar[int]
+    STREAM_ID_FIELD_NUMBER: _ClassVar[int]
+    region_id: int
+    region_offset_bytes: int
+    device: _common_pb2.DevicePointer
+    size_bytes: int
+    to_device: bool
+    stream_id: int
+    def __init__(self, region_id: _Optional[int] = ..., region_offset_bytes: _Optional[int] = ..., device: _Optional[_Union[_common_pb2.DevicePointer, _Mapping]] = ..., size_bytes: _Optional[int] = ..., to_device: bool = ..., stream_id: _Optional[int] = ...) -> None: ...
+
 class Command(_message.Message):
-    __slots__ = ("sequence", "launch", "memset", "copy", "upload", "download", "record_event", "wait_event", "sync")
+    __slots__ = ("sequence", "launch", "memset", "copy", "upload", "download", "record_event", "wait_event", "sync", "region_copy")
     SEQUENCE_FIELD_NUMBER: _ClassVar[int]
     LAUNCH_FIELD_NUMBER: _ClassVar[int]
     MEMSET_FIELD_NUMBER: _ClassVar[int]
@@ -273,6 +289,7 @@ class Command(_message.Message):
     RECORD_EVENT_FIELD_NUMBER: _ClassVar[int]
     WAIT_EVENT_FIELD_NUMBER: _ClassVar[int]
     SYNC_FIELD_NUMBER: _ClassVar[int]
+    REGION_COPY_FIELD_NUMBER: _ClassVar[int]
     sequence: int
     launch: LaunchCommand
     memset: MemsetCommand
@@ -282,7 +299,8 @@ class Command(_message.Message):
     record_event: RecordEventCommand
     wait_event: WaitEventCommand
     sync: SyncCommand
-    def __init__(self, sequence: _Optional[int] = ..., launch: _Optional[_Union[LaunchCommand, _Mapping]] = ..., memset: _Optional[_Union[MemsetCommand, _Mapping]] = ..., copy: _Optional[_Union[CopyCommand, _Mapping]] = ..., upload: _Optional[_Union[UploadCommand, _Mapping]] = ..., download: _Optional[_Union[DownloadCommand, _Mapping]] = ..., record_event: _Optional[_Union[RecordEventCommand, _Mapping]] = ..., wait_event: _Optional[_Union[WaitEventCommand, _Mapping]] = ..., sync: _Optional[_Union[SyncCommand, _Mapping]] = ...) -> None: ...
+    region_copy: RegionCopyCommand
+    def __init__(self, sequence: _Optional[int] = ..., launch: _Optional[_Union[LaunchCommand, _Mapping]] = ..., memset: _Optional[_Union[MemsetCommand, _Mapping]] = ..., copy: _Optional[_Union[CopyCommand, _Mapping]] = ..., upload: _Optional[_Union[UploadCommand, _Mapping]] = ..., download: _Optional[_Union[DownloadCommand, _Mapping]] = ..., record_event: _Optional[_Union[RecordEventCommand, _Mapping]] = ..., wait_event: _Optional[_Union[WaitEventCommand, _Mapping]] = ..., sync: _Optional[_Union[SyncCommand, _Mapping]] = ..., region_copy: _Optional[_Union[RegionCopyCommand, _Mapping]] = ...) -> None: ...
 
 class CommandBatch(_message.Message):
     __slots__ = ("commands",)

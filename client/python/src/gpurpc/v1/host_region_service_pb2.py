@@ -12,27 +12,32 @@ from google.protobuf.internal import builder as _builder
 _sym_db = _symbol_database.Default()
 
 
+from gpurpc.v1 import common_pb2 as gpurpc_dot_v1_dot_common__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n#gpurpc/v1/host_region_service.proto\x12\tgpurpc.v1\"A\n\x19RegisterHostRegionRequest\x12\x10\n\x08shm_name\x18\x01 \x01(\t\x12\x12\n\nsize_bytes\x18\x02 \x01(\x04\"/\n\x1aRegisterHostRegionResponse\x12\x11\n\tregion_id\x18\x01 \x01(\x04\"0\n\x1bUnregisterHostRegionRequest\x12\x11\n\tregion_id\x18\x01 \x01(\x04\"\x1e\n\x1cUnregisterHostRegionResponse\"\x99\x01\n\x15\x43opyHostRegionRequest\x12\x11\n\tregion_id\x18\x01 \x01(\x04\x12\x1b\n\x13region_offset_bytes\x18\x02 \x01(\x04\x12\x16\n\x0e\x64\x65vice_address\x18\x03 \x01(\x04\x12\x12\n\nsize_bytes\x18\x04 \x01(\x04\x12\x11\n\tto_device\x18\x05 \x01(\x08\x12\x11\n\tstream_id\x18\x06 \x01(\x04\"\x18\n\x16\x43opyHostRegionResponse2\xb6\x02\n\x11HostRegionService\x12\x61\n\x12RegisterHostRegion\x12$.gpurpc.v1.RegisterHostRegionRequest\x1a%.gpurpc.v1.RegisterHostRegionResponse\x12g\n\x14UnregisterHostRegion\x12&.gpurpc.v1.UnregisterHostRegionRequest\x1a\'.gpurpc.v1.UnregisterHostRegionResponse\x12U\n\x0e\x43opyHostRegion\x12 .gpurpc.v1.CopyHostRegionRequest\x1a!.gpurpc.v1.CopyHostRegionResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n#gpurpc/v1/host_region_service.proto\x12\tgpurpc.v1\x1a\x16gpurpc/v1/common.proto\"5\n\x19RegisterHostRegionRequest\x12\x12\n\nsize_bytes\x18\x02 \x01(\x04J\x04\x08\x01\x10\x02\"]\n\x1aRegisterHostRegionResponse\x12\x11\n\tregion_id\x18\x01 \x01(\x04\x12\x15\n\rattach_ticket\x18\x02 \x01(\x0c\x12\x15\n\rregion_socket\x18\x03 \x01(\t\"0\n\x1bUnregisterHostRegionRequest\x12\x11\n\tregion_id\x18\x01 \x01(\x04\"\x1e\n\x1cUnregisterHostRegionResponse\"\xb1\x01\n\x15\x43opyHostRegionRequest\x12\x11\n\tregion_id\x18\x01 \x01(\x04\x12\x1b\n\x13region_offset_bytes\x18\x02 \x01(\x04\x12(\n\x06\x64\x65vice\x18\x07 \x01(\x0b\x32\x18.gpurpc.v1.DevicePointer\x12\x12\n\nsize_bytes\x18\x04 \x01(\x04\x12\x11\n\tto_device\x18\x05 \x01(\x08\x12\x11\n\tstream_id\x18\x06 \x01(\x04J\x04\x08\x03\x10\x04\"\x18\n\x16\x43opyHostRegionResponse\"P\n\x17\x41ttachHostRegionRequest\x12\x12\n\nsession_id\x18\x01 \x01(\x04\x12\x11\n\tregion_id\x18\x02 \x01(\x04\x12\x0e\n\x06ticket\x18\x03 \x01(\x0c\"6\n\x15\x41ttachHostRegionReply\x12\x0c\n\x04\x63ode\x18\x01 \x01(\x05\x12\x0f\n\x07message\x18\x02 \x01(\t2\xb6\x02\n\x11HostRegionService\x12\x61\n\x12RegisterHostRegion\x12$.gpurpc.v1.RegisterHostRegionRequest\x1a%.gpurpc.v1.RegisterHostRegionResponse\x12g\n\x14UnregisterHostRegion\x12&.gpurpc.v1.UnregisterHostRegionRequest\x1a\'.gpurpc.v1.UnregisterHostRegionResponse\x12U\n\x0e\x43opyHostRegion\x12 .gpurpc.v1.CopyHostRegionRequest\x1a!.gpurpc.v1.CopyHostRegionResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'gpurpc.v1.host_region_service_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_REGISTERHOSTREGIONREQUEST']._serialized_start=50
-  _globals['_REGISTERHOSTREGIONREQUEST']._serialized_end=115
-  _globals['_REGISTERHOSTREGIONRESPONSE']._serialized_start=117
-  _globals['_REGISTERHOSTREGIONRESPONSE']._serialized_end=164
-  _globals['_UNREGISTERHOSTREGIONREQUEST']._serialized_start=166
-  _globals['_UNREGISTERHOSTREGIONREQUEST']._serialized_end=214
-  _globals['_UNREGISTERHOSTREGIONRESPONSE']._serialized_start=216
-  _globals['_UNREGISTERHOSTREGIONRESPONSE']._serialized_end=246
-  _globals['_COPYHOSTREGIONREQUEST']._serialized_start=249
-  _globals['_COPYHOSTREGIONREQUEST']._serialized_end=402
-  _globals['_COPYHOSTREGIONRESPONSE']._serialized_start=404
-  _globals['_COPYHOSTREGIONRESPONSE']._serialized_end=428
-  _globals['_HOSTREGIONSERVICE']._serialized_start=431
-  _globals['_HOSTREGIONSERVICE']._serialized_end=741
+  _globals['_REGISTERHOSTREGIONREQUEST']._serialized_start=74
+  _globals['_REGISTERHOSTREGIONREQUEST']._serialized_end=127
+  _globals['_REGISTERHOSTREGIONRESPONSE']._serialized_start=129
+  _globals['_REGISTERHOSTREGIONRESPONSE']._serialized_end=222
+  _globals['_UNREGISTERHOSTREGIONREQUEST']._serialized_start=224
+  _globals['_UNREGISTERHOSTREGIONREQUEST']._serialized_end=272
+  _globals['_UNREGISTERHOSTREGIONRESPONSE']._serialized_start=274
+  _globals['_UNREGISTERHOSTREGIONRESPONSE']._serialized_end=304
+  _globals['_COPYHOSTREGIONREQUEST']._serialized_start=307
+  _globals['_COPYHOSTREGIONREQUEST']._serialized_end=484
+  _globals['_COPYHOSTREGIONRESPONSE']._serialized_start=486
+  _globals['_COPYHOSTREGIONRESPONSE']._serialized_end=510
+  _globals['_ATTACHHOSTREGIONREQUEST']._serialized_start=512
+  _globals['_ATTACHHOSTREGIONREQUEST']._serialized_end=592
+  _globals['_ATTACHHOSTREGIONREPLY']._serialized_start=594
+  _globals['_ATTACHHOSTREGIONREPLY']._serialized_end=648
+  _globals['_HOSTREGIONSERVICE']._serialized_start=651
+  _globals['_HOSTREGIONSERVICE']._serialized_end=961
 # @@protoc_insertion_point(module_scope)

@@ -1,22 +1,25 @@
+from gpurpc.v1 import common_pb2 as _common_pb2
 from google.protobuf import descriptor as _descriptor
 from google.protobuf import message as _message
-from typing import ClassVar as _ClassVar, Optional as _Optional
+from typing import ClassVar as _ClassVar, Mapping as _Mapping, Optional as _Optional, Union as _Union
 
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class RegisterHostRegionRequest(_message.Message):
-    __slots__ = ("shm_name", "size_bytes")
-    SHM_NAME_FIELD_NUMBER: _ClassVar[int]
+    __slots__ = ("size_bytes",)
     SIZE_BYTES_FIELD_NUMBER: _ClassVar[int]
-    shm_name: str
     size_bytes: int
-    def __init__(self, shm_name: _Optional[str] = ..., size_bytes: _Optional[int] = ...) -> None: ...
+    def __init__(self, size_bytes: _Optional[int] = ...) -> None: ...
 
 class RegisterHostRegionResponse(_message.Message):
-    __slots__ = ("region_id",)
+    __slots__ = ("region_id", "attach_ticket", "region_socket")
     REGION_ID_FIELD_NUMBER: _ClassVar[int]
+    ATTACH_TICKET_FIELD_NUMBER: _ClassVar[int]
+    REGION_SOCKET_FIELD_NUMBER: _ClassVar[int]
     region_id: int
-    def __init__(self, region_id: _Optional[int] = ...) -> None: ...
+    attach_ticket: bytes
+    region_socket: str
+    def __init__(self, region_id: _Optional[int] = ..., attach_ticket: _Optional[bytes] = ..., region_socket: _Optional[str] = ...) -> None: ...
 
 class UnregisterHostRegionRequest(_message.Message):
     __slots__ = ("region_id",)
@@ -29,21 +32,39 @@ class UnregisterHostRegionResponse(_message.Message):
     def __init__(self) -> None: ...
 
 class CopyHostRegionRequest(_message.Message):
-    __slots__ = ("region_id", "region_offset_bytes", "device_address", "size_bytes", "to_device", "stream_id")
+    __slots__ = ("region_id", "region_offset_bytes", "device", "size_bytes", "to_device", "stream_id")
     REGION_ID_FIELD_NUMBER: _ClassVar[int]
     REGION_OFFSET_BYTES_FIELD_NUMBER: _ClassVar[int]
-    DEVICE_ADDRESS_FIELD_NUMBER: _ClassVar[int]
+    DEVICE_FIELD_NUMBER: _ClassVar[int]
     SIZE_BYTES_FIELD_NUMBER: _ClassVar[int]
     TO_DEVICE_FIELD_NUMBER: _ClassVar[int]
     STREAM_ID_FIELD_NUMBER: _ClassVar[int]
     region_id: int
     region_offset_bytes: int
-    device_address: int
+    device: _common_pb2.DevicePointer
     size_bytes: int
     to_device: bool
     stream_id: int
-    def __init__(self, region_id: _Optional[int] = ..., region_offset_bytes: _Optional[int] = ..., device_address: _Optional[int] = ..., size_bytes: _Optional[int] = ..., to_device: bool = ..., stream_id: _Optional[int] = ...) -> None: ...
+    def __init__(self, region_id: _Optional[int] = ..., region_offset_bytes: _Optional[int] = ..., device: _Optional[_Union[_common_pb2.DevicePointer, _Mapping]] = ..., size_bytes: _Optional[int] = ..., to_device: bool = ..., stream_id: _Optional[int] = ...) -> None: ...
 
 class CopyHostRegionResponse(_message.Message):
     __slots__ = ()
     def __init__(self) -> None: ...
+
+class AttachHostRegionRequest(_message.Message):
+    __slots__ = ("session_id", "region_id", "ticket")
+    SESSION_ID_FIELD_NUMBER: _ClassVar[int]
+    REGION_ID_FIELD_NUMBER: _ClassVar[int]
+    TICKET_FIELD_NUMBER: _ClassVar[int]
+    session_id: int
+    region_id: int
+    ticket: bytes
+    def __init__(self, session_id: _Optional[int] = ..., region_id: _Optional[int] = ..., ticket: _Optional[bytes] = ...) -> None: ...
+
+class AttachHostRegionReply(_message.Message):
+    __slots__ = ("code", "message")
+    CODE_FIELD_NUMBER: _ClassVar[int]
+    MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    code: int
+    message: str
+    def __init__(self, code: _Optional[int] = ..., message: _Optional[str] = ...) -> None: ...

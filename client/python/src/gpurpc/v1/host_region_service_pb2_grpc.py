@@ -31,11 +31,35 @@ if _version_not_supported:
 
 
 class HostRegionServiceStub(object):
-    """Same-host shared-memory regions: a client on the daemon's host registers a shared memory
-    object once; the worker maps and pins it, and data then moves by (offset, size) with no
-    bytes through protobuf. Session-scoped ("gpurpc-session" metadata).
+    """Same-host shared-memory regions: a client on the daemon's host shares memory with its
+    session's worker instead of sending bytes. Copies between a region and device memory are
+    then DMA from pinned host memory, with no bytes through gRPC. Session-scoped
+    ("gpurpc-session" metadata).
 
-    Not implemented yet: every RPC answers UNIMPLEMENTED.
+    How a region comes to be:
+    1. The client creates a memfd of the region's size (memfd_create with MFD_ALLOW_SEALING,
+    ftruncate) and seals it against shrinking (F_ADD_SEALS F_SEAL_SHRINK; F_SEAL_GROW and
+    F_SEAL_SEAL are fine too, F_SEAL_WRITE is not).
+    2. RegisterHostRegion(size) reserves the region in the session (limits, quota) and
+    answers its id, a one-time attach ticket and the path of the daemon's region socket.
+    3. The client connects to the region socket (AF_UNIX, SOCK_SEQPACKET) and sends one
+    AttachHostRegionRequest as one datagram, with the memfd as SCM_RIGHTS ancillary data.
+    The daemon answers one AttachHostRegionReply datagram and closes the connection.
+    On OK the worker has mapped the memfd and pinned it (cuMemHostRegister); the client
+    may close its fd (its mapping stays shared with the worker).
+    gRPC cannot carry file descriptors, hence the side socket; the ticket, which only the
+    session's own client learns, is what authenticates the attach. A ticket works once.
+
+    Copies are stream ordered and asynchronous, like cuMemcpyHtoDAsync / cuMemcpyDtoHAsync
+    on pinned memory: a copy to the device reads the region when its stream reaches it; a
+    copy from the device writes the region when its stream reaches it, so the client reads
+    the bytes after a synchronising call (SynchronizeStream, an event, a SyncCommand).
+    RegionCopyCommand (execution_service.proto) does the same inside the command stream.
+
+    A region belongs to one session: other sessions, even of the same tenant, cannot name it.
+    Regions count against the daemon's --max-host-region-bytes per session and the tenant's
+    max_host_region_bytes quota (TenantQuota), registered or attached alike, and vanish with
+    the session.
     """
 
     def __init__(self, channel):
@@ -62,35 +86,64 @@ class HostRegionServiceStub(object):
 
 
 class HostRegionServiceServicer(object):
-    """Same-host shared-memory regions: a client on the daemon's host registers a shared memory
-    object once; the worker maps and pins it, and data then moves by (offset, size) with no
-    bytes through protobuf. Session-scoped ("gpurpc-session" metadata).
+    """Same-host shared-memory regions: a client on the daemon's host shares memory with its
+    session's worker instead of sending bytes. Copies between a region and device memory are
+    then DMA from pinned host memory, with no bytes through gRPC. Session-scoped
+    ("gpurpc-session" metadata).
 
-    Not implemented yet: every RPC answers UNIMPLEMENTED.
+    How a region comes to be:
+    1. The client creates a memfd of the region's size (memfd_create with MFD_ALLOW_SEALING,
+    ftruncate) and seals it against shrinking (F_ADD_SEALS F_SEAL_SHRINK; F_SEAL_GROW and
+    F_SEAL_SEAL are fine too, F_SEAL_WRITE is not).
+    2. RegisterHostRegion(size) reserves the region in the session (limits, quota) and
+    answers its id, a one-time attach ticket and the path of the daemon's region socket.
+    3. The client connects to the region socket (AF_UNIX, SOCK_SEQPACKET) and sends one
+    AttachHostRegionRequest as one datagram, with the memfd as SCM_RIGHTS ancillary data.
+    The daemon answers one AttachHostRegionReply datagram and closes the connection.
+    On OK the worker has mapped the memfd and pinned it (cuMemHostRegister); the client
+    may close its fd (its mapping stays shared with the worker).
+    gRPC cannot carry file descriptors, hence the side socket; the ticket, which only the
+    session's own client learns, is what authenticates the attach. A ticket works once.
+
+    Copies are stream ordered and asynchronous, like cuMemcpyHtoDAsync / cuMemcpyDtoHAsync
+    on pinned memory: a copy to the device reads the region when its stream reaches it; a
+    copy from the device writes the region when its stream reaches it, so the client reads
+    the bytes after a synchronising call (SynchronizeStream, an event, a SyncCommand).
+    RegionCopyCommand (execution_service.proto) does the same inside the command stream.
+
+    A region belongs to one session: other sessions, even of the same tenant, cannot name it.
+    Regions count against the daemon's --max-host-region-bytes per session and the tenant's
+    max_host_region_bytes quota (TenantQuota), registered or attached alike, and vanish with
+    the session.
     """
 
     def RegisterHostRegion(self, request, context):
-        """Registers a POSIX shared memory object (shm_open name) of the client's host.
-        Codes: OK; INVALID_ARGUMENT (bad name or size); FAILED_PRECONDITION when the client is
-        not on the daemon's host; UNIMPLEMENTED in this version.
-        Retry: not idempotent.
+        """Reserves a region of `size_bytes` in the session.
+        Codes: OK; INVALID_ARGUMENT for size 0; RESOURCE_EXHAUSTED naming the limit (the
+        session's --max-host-region-bytes, the tenant's max_host_region_bytes, or
+        kMaxHostRegionsPerSession regions); FAILED_PRECONDITION when the daemon serves no
+        region socket (it has no Unix socket, or --region-socket is "").
+        Retry: not idempotent (reserves another region).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
     def UnregisterHostRegion(self, request, context):
-        """Unregisters a region.
-        Codes: OK; NOT_FOUND; UNIMPLEMENTED in this version.
-        Retry: safe.
+        """Unregisters a region, attached or not. Waits for the session's queued work first (a
+        queued copy may still use the region), then unpins and unmaps it.
+        Codes: OK; NOT_FOUND.
+        Retry: safe; a retry after success answers NOT_FOUND.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
     def CopyHostRegion(self, request, context):
-        """Copies between a region and device memory, stream ordered.
-        Codes: OK; INVALID_ARGUMENT (ranges); NOT_FOUND; UNIMPLEMENTED in this version.
+        """Copies between an attached region and device memory, stream ordered; returns once
+        enqueued (see the service comment).
+        Codes: OK; INVALID_ARGUMENT (size 0, a range outside the region or the buffer);
+        NOT_FOUND (region, buffer, stream); FAILED_PRECONDITION for a region not yet attached.
         Retry: safe.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
@@ -123,11 +176,35 @@ def add_HostRegionServiceServicer_to_server(servicer, server):
 
  # This class is part of an EXPERIMENTAL API.
 class HostRegionService(object):
-    """Same-host shared-memory regions: a client on the daemon's host registers a shared memory
-    object once; the worker maps and pins it, and data then moves by (offset, size) with no
-    bytes through protobuf. Session-scoped ("gpurpc-session" metadata).
+    """Same-host shared-memory regions: a client on the daemon's host shares memory with its
+    session's worker instead of sending bytes. Copies between a region and device memory are
+    then DMA from pinned host memory, with no bytes through gRPC. Session-scoped
+    ("gpurpc-session" metadata).
 
-    Not implemented yet: every RPC answers UNIMPLEMENTED.
+    How a region comes to be:
+    1. The client creates a memfd of the region's size (memfd_create with MFD_ALLOW_SEALING,
+    ftruncate) and seals it against shrinking (F_ADD_SEALS F_SEAL_SHRINK; F_SEAL_GROW and
+    F_SEAL_SEAL are fine too, F_SEAL_WRITE is not).
+    2. RegisterHostRegion(size) reserves the region in the session (limits, quota) and
+    answers its id, a one-time attach ticket and the path of the daemon's region socket.
+    3. The client connects to the region socket (AF_UNIX, SOCK_SEQPACKET) and sends one
+    AttachHostRegionRequest as one datagram, with the memfd as SCM_RIGHTS ancillary data.
+    The daemon answers one AttachHostRegionReply datagram and closes the connection.
+    On OK the worker has mapped the memfd and pinned it (cuMemHostRegister); the client
+    may close its fd (its mapping stays shared with the worker).
+    gRPC cannot carry file descriptors, hence the side socket; the ticket, which only the
+    session's own client learns, is what authenticates the attach. A ticket works once.
+
+    Copies are stream ordered and asynchronous, like cuMemcpyHtoDAsync / cuMemcpyDtoHAsync
+    on pinned memory: a copy to the device reads the region when its stream reaches it; a
+    copy from the device writes the region when its stream reaches it, so the client reads
+    the bytes after a synchronising call (SynchronizeStream, an event, a SyncCommand).
+    RegionCopyCommand (execution_service.proto) does the same inside the command stream.
+
+    A region belongs to one session: other sessions, even of the same tenant, cannot name it.
+    Regions count against the daemon's --max-host-region-bytes per session and the tenant's
+    max_host_region_bytes quota (TenantQuota), registered or attached alike, and vanish with
+    the session.
     """
 
     @staticmethod
