@@ -14,7 +14,7 @@
 #   DIR/libexec/gpurpc/gpurpc-soak     the soak program (re-executes itself for its killed clients)
 #   DIR/libexec/gpurpc/tests/          every executable under tests/ whose name ends in _test
 #   DIR/lib/gpurpc/                    every non-system shared library those binaries need
-#   DIR/share/doc/gpurpc/              README.md and the systemd unit
+#   DIR/share/doc/gpurpc/              README.md, DESIGN.md (docs/) and the systemd unit
 #
 # Left out of lib/gpurpc on purpose: glibc's libraries (the target has a newer glibc),
 # libstdc++/libgcc_s (newer on every supported target; binaries built against an older one run
@@ -135,8 +135,8 @@ install(PROGRAMS "${PROJECT_SOURCE_DIR}/deploy/bin/gpurpc-run-tests"
         DESTINATION "${GPURPC_INSTALL_BINDIR}" COMPONENT gpurpc)
 
 # Documentation and the service unit, so that the folder is self-describing.
-foreach(doc README.md deploy/systemd/gpurpcd.service deploy/systemd/gpurpc.sysusers.conf
-            deploy/systemd/gpurpcd.default)
+foreach(doc README.md docs/DESIGN.md deploy/systemd/gpurpcd.service
+            deploy/systemd/gpurpc.sysusers.conf deploy/systemd/gpurpcd.default)
   if(EXISTS "${PROJECT_SOURCE_DIR}/${doc}")
     install(FILES "${PROJECT_SOURCE_DIR}/${doc}" DESTINATION "${GPURPC_INSTALL_DOCDIR}"
             COMPONENT gpurpc)
