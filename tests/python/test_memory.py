@@ -191,6 +191,7 @@ def test_synchronous_small_copy_is_one_round_trip(ctx: cuda.Context) -> None:
 
 
 def test_large_transfers_use_streaming_rpcs(ctx: cuda.Context) -> None:
+    ctx.host_regions = "off"  # the gRPC path (same-host regions: test_regions.py)
     host = rng.integers(0, 2**31, (20 * MiB) // 4, dtype=np.int32)
     buf = cuda.mem_alloc(host.nbytes)
     debug.reset_rpc_counts()

@@ -8,11 +8,20 @@ Measures, for both where they apply:
 * the same through ``Function.__call__`` (PyCUDA's everyday launch syntax);
 * launch + synchronize round trips per second;
 * one ``In``/``Out`` call on 4 MiB arrays (upload two, launch, download one; CuPy: asarray,
-  launch, asnumpy);
-* ``gpuarray.to_gpu`` and ``.get()`` of 256 MiB (CuPy: ``cp.asarray``/``cp.asnumpy``).
+  launch, asnumpy), from ordinary numpy arrays and from ``pagelocked_empty`` arrays;
+* ``memcpy_htod``/``memcpy_dtoh`` of 1 GiB from and to a ``pagelocked_empty`` array (CuPy:
+  ``cudaMemcpy`` with ``cupyx.empty_pinned`` memory) and from and to an ordinary numpy array
+  (CuPy: ``cudaMemcpy`` with the same pageable array);
+* ``float(gpuarray.sum(a))`` and ``a * 2 + 1`` (then a synchronize) on 1M floats (CuPy: the
+  same expressions);
+* ``gpuarray.to_gpu``, ``GPUArray.set`` and ``.get()`` of 256 MiB (CuPy: ``cp.asarray``,
+  ``ndarray.set``, ``cp.asnumpy``).
 
-and prints a table with the ratio gpurpc/CuPy (higher is better for gpurpc). The target is
->= 50,000 asynchronous launches per second from Python.
+The transfer rows run twice: in a context as it comes (on a Unix-socket daemon: same-host
+regions, pagelocked arrays backed by them and other arrays staged through one) and in a
+context with ``host_regions="off"`` (every byte through gRPC). The table prints both, their
+ratio, and the ratio gpurpc/CuPy (higher is better for gpurpc). The target is >= 50,000
+asynchronous launches per second from Python.
 
 Usage (daemon at $GPURPC_ADDRESS or --address; CuPy optional)::
 
@@ -57,6 +66,8 @@ __global__ void multiply_them(float *dest, const float *a, const float *b)
 """
 
 LAUNCH_TARGET_PER_S = 50_000
+GRAPH_KERNELS = 100  # kernels of the graph rows
+GPUARRAY_ELEMENTS = 1 << 20  # floats of the gpuarray rows
 MiB = 1 << 20
 
 
@@ -75,6 +86,7 @@ class Result:
         self.unit = unit
         self.note = note
         self.gpurpc: Optional[float] = None
+        self.grpc: Optional[float] = None  # the same with host_regions="off"
         self.cupy: Optional[float] = None
 
 
@@ -84,7 +96,6 @@ def bench_gpurpc(results: Dict[str, Result], args: argparse.Namespace) -> None:
     mod = SourceModule(KERNELS)
     add_one = mod.get_function("add_one_f32")
     prepared = mod.get_function("add_one_f32").prepare("PQ")
-    multiply = mod.get_function("multiply_them")
     buf = cuda.mem_alloc(4096)
     stream = cuda.Stream()
 
@@ -119,22 +130,87 @@ def bench_gpurpc(results: Dict[str, Result], args: argparse.Namespace) -> None:
         stream.synchronize()
     results["sync"].gpurpc = rounds / (time.perf_counter() - t0)
 
-    # In/Out on 4 MiB arrays
+    # 100 kernels + synchronize: one CUDA graph launch against 100 launches
+    graph_rounds = max(rounds // 10, 20)
+    stream.begin_capture()
+    for _ in range(GRAPH_KERNELS):
+        prepared.prepared_async_call((1, 1), (32, 1, 1), stream, buf, 0)
+    graph = stream.end_capture().instantiate()
+    graph.launch(stream)
+    stream.synchronize()
+    t0 = time.perf_counter()
+    for _ in range(graph_rounds):
+        graph.launch(stream)
+        stream.synchronize()
+    results["graph"].gpurpc = graph_rounds / (time.perf_counter() - t0)
+    t0 = time.perf_counter()
+    for _ in range(graph_rounds):
+        for _ in range(GRAPH_KERNELS):
+            prepared.prepared_async_call((1, 1), (32, 1, 1), stream, buf, 0)
+        stream.synchronize()
+    results["graph_separate"].gpurpc = graph_rounds / (time.perf_counter() - t0)
+
+    # gpuarray: a synchronising reduction and an elementwise expression of 1M floats
+    # (generated kernels: on the fake backend, which runs only its built-in kernels, they are
+    # refused and the rows say so)
+    a = gpuarray.to_gpu(np.ones(GPUARRAY_ELEMENTS, np.float32))
+    try:
+        float(gpuarray.sum(a))
+        results["gpuarray_sum"].gpurpc = 1.0 / _median_time(
+            lambda: float(gpuarray.sum(a)), args.repeats * 10)
+        (a * 2 + 1, cuda.Context.synchronize())
+        results["gpuarray_expr"].gpurpc = 1.0 / _median_time(
+            lambda: (a * 2 + 1, cuda.Context.synchronize()), args.repeats * 10)
+    except cuda.LogicError as e:
+        for key in ("gpuarray_sum", "gpuarray_expr"):
+            results[key].note = f"not run: {str(e)[:80]}..."
+
+
+def bench_transfers(results: Dict[str, Result], args: argparse.Namespace, column: str) -> None:
+    """The transfer rows in the current context, into ``column`` ("gpurpc" or "grpc")."""
+    multiply = SourceModule(KERNELS).get_function("multiply_them")
+
+    def put(key: str, value: float) -> None:
+        setattr(results[key], column, value)
+
+    # In/Out on 4 MiB arrays, ordinary and page-locked
     count = 4 * MiB // 4
-    a = np.random.rand(count).astype(np.float32)
-    b = np.random.rand(count).astype(np.float32)
-    dest = np.empty_like(a)
+    for key, alloc in (("inout", np.empty), ("inout_pl", cuda.pagelocked_empty)):
+        a = alloc(count, np.float32)
+        b = alloc(count, np.float32)
+        dest = alloc(count, np.float32)
+        a[:] = np.random.rand(count)
+        b[:] = np.random.rand(count)
 
-    def in_out() -> None:
-        multiply(cuda.Out(dest), cuda.In(a), cuda.In(b), block=(256, 1, 1),
-                 grid=(count // 256, 1))
+        def in_out() -> None:
+            multiply(cuda.Out(dest), cuda.In(a), cuda.In(b), block=(256, 1, 1),
+                     grid=(count // 256, 1))
 
-    in_out()
-    if not np.array_equal(dest, a * b):
-        raise SystemExit("gpurpc In/Out result is wrong")
-    results["inout"].gpurpc = 1.0 / _median_time(in_out, args.repeats)
+        in_out()
+        if not np.array_equal(dest, a * b):
+            raise SystemExit(f"gpurpc In/Out result is wrong ({column}, {key})")
+        put(key, 1.0 / _median_time(in_out, args.repeats))
+        del a, b, dest
 
-    # to_gpu / get of 256 MiB
+    # memcpy_htod / memcpy_dtoh of --big-mib, page-locked and ordinary
+    size = args.big_mib * MiB
+    device = cuda.mem_alloc(size)
+    for suffix, alloc in (("_pl", cuda.pagelocked_empty), ("", np.empty)):
+        src = alloc(size, np.uint8)
+        src[:] = np.random.randint(0, 255, size, dtype=np.uint8)
+        dest = alloc(size, np.uint8)
+        cuda.memcpy_htod(device, src)
+        cuda.memcpy_dtoh(dest, device)
+        if not np.array_equal(dest, src):
+            raise SystemExit(f"gpurpc memcpy round trip is wrong ({column}, {suffix})")
+        put("htod" + suffix, size / _median_time(lambda: cuda.memcpy_htod(device, src),
+                                                 args.transfer_repeats) / 1e9)
+        put("dtoh" + suffix, size / _median_time(lambda: cuda.memcpy_dtoh(dest, device),
+                                                 args.transfer_repeats) / 1e9)
+        del src, dest
+    device.free()
+
+    # to_gpu / set / get of --transfer-mib
     size = args.transfer_mib * MiB
     host = np.random.randint(0, 255, size, dtype=np.uint8)
     holder: List[gpuarray.GPUArray] = []
@@ -147,9 +223,10 @@ def bench_gpurpc(results: Dict[str, Result], args: argparse.Namespace) -> None:
 
     upload()
     if not np.array_equal(holder[0].get(), host):
-        raise SystemExit("gpurpc to_gpu/get round trip is wrong")
-    results["to_gpu"].gpurpc = size / _median_time(upload, args.transfer_repeats) / 1e9
-    results["get"].gpurpc = size / _median_time(download, args.transfer_repeats) / 1e9
+        raise SystemExit(f"gpurpc to_gpu/get round trip is wrong ({column})")
+    put("to_gpu", size / _median_time(upload, args.transfer_repeats) / 1e9)
+    put("set", size / _median_time(lambda: holder[0].set(host), args.transfer_repeats) / 1e9)
+    put("get", size / _median_time(download, args.transfer_repeats) / 1e9)
     holder.clear()
 
 
@@ -189,6 +266,39 @@ def bench_cupy(results: Dict[str, Result], args: argparse.Namespace) -> Optional
             add_one((1,), (32,), (buf, zero))
             stream.synchronize()
         results["sync"].cupy = rounds / (time.perf_counter() - t0)
+        try:  # CUDA graphs (CuPy 11 and newer)
+            graph_rounds = max(rounds // 10, 20)
+            stream.begin_capture()
+            for _ in range(GRAPH_KERNELS):
+                add_one((1,), (32,), (buf, zero))
+            graph = stream.end_capture()
+            graph.launch(stream)
+            stream.synchronize()
+            t0 = time.perf_counter()
+            for _ in range(graph_rounds):
+                graph.launch(stream)
+                stream.synchronize()
+            results["graph"].cupy = graph_rounds / (time.perf_counter() - t0)
+            t0 = time.perf_counter()
+            for _ in range(graph_rounds):
+                for _ in range(GRAPH_KERNELS):
+                    add_one((1,), (32,), (buf, zero))
+                stream.synchronize()
+            results["graph_separate"].cupy = graph_rounds / (time.perf_counter() - t0)
+        except (AttributeError, cp.cuda.runtime.CUDARuntimeError):
+            pass  # no stream capture in this CuPy
+
+    ga = cp.ones(GPUARRAY_ELEMENTS, cp.float32)
+    float(cp.sum(ga))
+    results["gpuarray_sum"].cupy = 1.0 / _median_time(lambda: float(cp.sum(ga)),
+                                                       args.repeats * 10)
+
+    def expr() -> None:
+        ga * 2 + 1
+        cp.cuda.Device().synchronize()
+
+    expr()
+    results["gpuarray_expr"].cupy = 1.0 / _median_time(expr, args.repeats * 10)
 
     count = 4 * MiB // 4
     a = np.random.rand(count).astype(np.float32)
@@ -202,6 +312,26 @@ def bench_cupy(results: Dict[str, Result], args: argparse.Namespace) -> Optional
 
     in_out()
     results["inout"].cupy = 1.0 / _median_time(in_out, args.repeats)
+    results["inout_pl"].cupy = results["inout"].cupy
+
+    # cudaMemcpy of --big-mib, pinned (cupyx.empty_pinned) and pageable
+    import cupyx  # type: ignore[import-not-found]
+
+    runtime = cp.cuda.runtime
+    size = args.big_mib * MiB
+    device = cp.empty(size, cp.uint8)
+    for suffix, host in (("_pl", cupyx.empty_pinned(size, np.uint8)),
+                         ("", np.empty(size, np.uint8))):
+        host[:] = 7
+        ptr = host.ctypes.data
+        results["htod" + suffix].cupy = size / _median_time(
+            lambda: runtime.memcpy(device.data.ptr, ptr, size, runtime.memcpyHostToDevice),
+            args.transfer_repeats) / 1e9
+        results["dtoh" + suffix].cupy = size / _median_time(
+            lambda: runtime.memcpy(ptr, device.data.ptr, size, runtime.memcpyDeviceToHost),
+            args.transfer_repeats) / 1e9
+        del host
+    del device
 
     size = args.transfer_mib * MiB
     host = np.random.randint(0, 255, size, dtype=np.uint8)
@@ -211,11 +341,16 @@ def bench_cupy(results: Dict[str, Result], args: argparse.Namespace) -> Optional
         holder[:] = [cp.asarray(host)]
         cp.cuda.Device().synchronize()
 
+    def set_() -> None:
+        holder[0].set(host)
+        cp.cuda.Device().synchronize()
+
     def download() -> None:
         cp.asnumpy(holder[0])
 
     upload()
     results["to_gpu"].cupy = size / _median_time(upload, args.transfer_repeats) / 1e9
+    results["set"].cupy = size / _median_time(set_, args.transfer_repeats) / 1e9
     results["get"].cupy = size / _median_time(download, args.transfer_repeats) / 1e9
     holder.clear()
     return None
@@ -233,13 +368,16 @@ def _fmt(value: Optional[float]) -> str:
     return f"{value:.3f}"
 
 
+def _ratio(a: Optional[float], b: Optional[float]) -> str:
+    return f"{a / b:.3f}" if a is not None and b else "-"
+
+
 def print_table(results: Dict[str, Result], cupy_note: Optional[str]) -> None:
-    rows = [("metric", "unit", "gpurpc", "CuPy local", "gpurpc/CuPy")]
+    rows = [("metric", "unit", "gpurpc", "gRPC only", "CuPy local", "gpurpc/gRPC",
+             "gpurpc/CuPy")]
     for r in results.values():
-        ratio = "-"
-        if r.gpurpc is not None and r.cupy:
-            ratio = f"{r.gpurpc / r.cupy:.3f}"
-        rows.append((r.name, r.unit, _fmt(r.gpurpc), _fmt(r.cupy), ratio))
+        rows.append((r.name, r.unit, _fmt(r.gpurpc), _fmt(r.grpc), _fmt(r.cupy),
+                     _ratio(r.gpurpc, r.grpc), _ratio(r.gpurpc, r.cupy)))
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
     line = "-+-".join("-" * w for w in widths)
     for k, row in enumerate(rows):
@@ -267,22 +405,45 @@ def main() -> int:
     parser.add_argument("--sync-launches", type=int, default=2_000)
     parser.add_argument("--repeats", type=int, default=20, help="In/Out calls timed")
     parser.add_argument("--transfer-mib", type=int, default=256)
+    parser.add_argument("--big-mib", type=int, default=1024,
+                        help="size of the memcpy_htod/dtoh rows")
     parser.add_argument("--transfer-repeats", type=int, default=3)
     parser.add_argument("--no-cupy", action="store_true", help="skip the CuPy baseline")
     parser.add_argument("--quick", action="store_true", help="small sizes (smoke test)")
+    parser.add_argument("--cpp-bench", metavar="PATH",
+                        help="gpurpc_bench_compute: run it against the same daemon and compare "
+                             "launch + synchronize with the C++ client's")
     args = parser.parse_args()
     if args.quick:
         args.launches, args.sync_launches, args.repeats = 20_000, 200, 5
-        args.transfer_mib, args.transfer_repeats = 16, 2
+        args.transfer_mib, args.transfer_repeats, args.big_mib = 16, 2, 64
 
     results = {
         "async": Result("async launches (prepared_async_call)", "launch/s"),
         "async_call": Result("async launches (func(..., stream=))", "launch/s",
                              "CuPy column: its RawKernel call, the same as the row above"),
         "sync": Result("launch + synchronize", "round trip/s"),
+        "graph": Result(f"{GRAPH_KERNELS} kernels + synchronize, one graph launch",
+                        "round trip/s", "CuPy column: cupy.cuda.Graph.launch of the same"),
+        "graph_separate": Result(f"{GRAPH_KERNELS} kernels + synchronize, {GRAPH_KERNELS} "
+                                 "launches", "round trip/s"),
+        "gpuarray_sum": Result("gpuarray float(sum(a)), 1M floats", "call/s",
+                               "target: one round trip, >= 5,000/s"),
+        "gpuarray_expr": Result("gpuarray a * 2 + 1 and synchronize, 1M floats", "call/s",
+                                "target: >= 0.8x CuPy"),
         "inout": Result("In/Out call, 2 x 4 MiB in, 4 MiB out", "call/s"),
+        "inout_pl": Result("In/Out call, the same, pagelocked arrays", "call/s",
+                           "CuPy column: the same as the row above"),
+        "htod_pl": Result(f"memcpy_htod {args.big_mib} MiB, pagelocked", "GB/s",
+                          "CuPy column: cudaMemcpy from cupyx.empty_pinned memory"),
+        "dtoh_pl": Result(f"memcpy_dtoh {args.big_mib} MiB, pagelocked", "GB/s"),
+        "htod": Result(f"memcpy_htod {args.big_mib} MiB, numpy array", "GB/s",
+                       "CuPy column: cudaMemcpy from the same pageable numpy array"),
+        "dtoh": Result(f"memcpy_dtoh {args.big_mib} MiB, numpy array", "GB/s"),
         "to_gpu": Result(f"to_gpu {args.transfer_mib} MiB", "GB/s",
                          "CuPy column: cp.asarray from pageable memory"),
+        "set": Result(f"GPUArray.set {args.transfer_mib} MiB", "GB/s",
+                      "CuPy column: cupy.ndarray.set from pageable memory"),
         "get": Result(f"get {args.transfer_mib} MiB", "GB/s",
                       "CuPy column: cp.asnumpy into pageable memory"),
     }
@@ -298,13 +459,63 @@ def main() -> int:
           f"{google.protobuf.__version__}, numpy {np.__version__}, host {platform.node()}")
     try:
         bench_gpurpc(results, args)
+        bench_transfers(results, args, "gpurpc")
+        regions = _regions_note(ctx)
     finally:
         cuda.Context.pop()
         ctx.detach()
+    ctx = dev.make_context()
+    try:
+        ctx.host_regions = "off"
+        bench_transfers(results, args, "grpc")
+    finally:
+        cuda.Context.pop()
+        ctx.detach()
+    print(f"gpurpc column: {regions}; gRPC-only column: host_regions='off'")
+    cpp = run_cpp_bench(args.cpp_bench, resolve(args.address)) if args.cpp_bench else None
     cupy_note = "skipped (--no-cupy)" if args.no_cupy else bench_cupy(results, args)
     print()
     print_table(results, cupy_note)
+    if cpp is not None and results["sync"].gpurpc:
+        print_against_cpp(results["sync"].gpurpc, cpp)
     return 0
+
+
+def run_cpp_bench(path: str, address: str) -> Optional[Dict[str, float]]:
+    """Runs the C++ compute benchmark against ``address``; its round trips in microseconds
+    (from its ``machine:`` line), or None with a note when it did not run."""
+    import subprocess
+    try:
+        out = subprocess.run([path, f"--address={address}"], capture_output=True, text=True,
+                             timeout=600, check=False)
+    except (OSError, subprocess.TimeoutExpired) as e:
+        print(f"note: {path} did not run ({e}); the comparison with C++ is skipped")
+        return None
+    for line in out.stdout.splitlines():
+        if line.startswith("machine:"):
+            return {k: float(v) for k, v in (item.split("=") for item in line.split()[1:])}
+    print(f"note: {path} printed no results (exit {out.returncode}): "
+          f"{(out.stderr or out.stdout).strip()[-500:]}")
+    return None
+
+
+def print_against_cpp(python_round_trips_per_s: float, cpp: Dict[str, float]) -> None:
+    python_us = 1e6 / python_round_trips_per_s
+    cpp_us = cpp["stream_round_trip_us"]
+    print()
+    print("launch + synchronize, Python against the C++ client on the same daemon")
+    print(f"  Python {python_us:.1f} us, C++ {cpp_us:.1f} us (bare ping {cpp['ping_us']:.1f} us): "
+          f"{python_us / cpp_us:.2f}x the C++ round trip (target <= 1.5x)")
+
+
+def _regions_note(ctx: "cuda.Context") -> str:
+    from gpurpc import _regions
+    probe = cuda.pagelocked_empty(1, np.uint8)
+    if _regions.region_of(ctx._core, probe) is not None:
+        return (f"same-host regions (host_regions={ctx.host_regions!r}; staging from "
+                f"{_regions.STAGING_MIN_BYTES >> 10} KiB)")
+    why = _regions.off_reason(ctx._core) or f"host_regions={ctx.host_regions!r}"
+    return f"no same-host regions ({why})"
 
 
 def resolve(address: Optional[str]) -> str:

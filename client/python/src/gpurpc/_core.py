@@ -29,7 +29,6 @@ from __future__ import annotations
 import collections
 import math
 import os
-import queue
 import re
 import stat
 import threading
@@ -57,6 +56,7 @@ from .v1 import (
     common_pb2,
     device_service_pb2,
     execution_service_pb2,
+    host_region_service_pb2,
     memory_service_pb2,
     module_service_pb2,
     session_service_pb2,
@@ -91,6 +91,7 @@ _SERVICE_MODULES = {
     "MemoryService": memory_service_pb2,
     "ModuleService": module_service_pb2,
     "ExecutionService": execution_service_pb2,
+    "HostRegionService": host_region_service_pb2,
 }
 
 
@@ -270,6 +271,29 @@ def grpc_timeout(timeout: float) -> Optional[float]:
     return None if math.isinf(timeout) else timeout
 
 
+HOST_REGION_MODES = ("auto", "on", "off")
+
+
+def resolve_host_regions(mode: Optional[str] = None) -> str:
+    """Whether sessions use same-host regions (``gpurpc._regions``): ``mode``, else
+    ``$GPURPC_HOST_REGIONS``, else ``"auto"`` (on for a Unix-socket daemon, off over TCP);
+    ``"on"`` forces them (their failures raise), ``"off"`` never uses them.
+
+    :raises LogicError: a value other than auto, on or off (naming where it came from).
+    """
+    origin = "host_regions="
+    if mode is None:
+        mode = (os.environ.get("GPURPC_HOST_REGIONS") or "").strip()
+        if not mode:
+            return "auto"
+        origin = "GPURPC_HOST_REGIONS"
+    value = mode.strip().lower() if isinstance(mode, str) else mode
+    if value not in HOST_REGION_MODES:
+        raise LogicError(f"{origin} must be one of auto, on, off, got {str(mode)[:64]!r}",
+                         code=grpc.StatusCode.INVALID_ARGUMENT, operation="connect")
+    return value
+
+
 # How long past its deadline a call may take to report it before it is abandoned.
 ABANDON_MARGIN_S = 0.25
 
@@ -302,6 +326,10 @@ class Client:
     bounds every call of this client and of the sessions opened afterwards (see the module
     docstring); the attribute ``timeout`` may be changed later.
 
+    Same-host regions: ``host_regions`` (``"auto"``, ``"on"`` or ``"off"``; default
+    ``$GPURPC_HOST_REGIONS``, else ``"auto"``: on for a Unix-socket daemon) is what sessions
+    opened afterwards start with (``gpurpc._regions``); the attribute may be changed later.
+
     Credentials (a Unix socket needs none: the daemon knows the caller's uid):
 
     * ``token`` (default ``$GPURPC_TOKEN``, else the file named by ``$GPURPC_TOKEN_FILE``) is
@@ -321,9 +349,11 @@ class Client:
     def __init__(self, address: Optional[str] = None, *, token: Optional[str] = None,
                  root_certificates: Optional[bytes] = None, tls: Optional[bool] = None,
                  certificate_chain: Optional[bytes] = None, private_key: Optional[bytes] = None,
-                 server_name: Optional[str] = None, timeout: Optional[float] = None) -> None:
+                 server_name: Optional[str] = None, timeout: Optional[float] = None,
+                 host_regions: Optional[str] = None) -> None:
         self.target = resolve_address(address)
         self.timeout: float = resolve_timeout(timeout)
+        self.host_regions: str = resolve_host_regions(host_regions)
         # What was asked for explicitly (driver.init reuses a client asked for the same).
         self.explicit_credentials: Tuple[Any, ...] = (
             token, root_certificates, tls, certificate_chain, private_key, server_name)
@@ -520,21 +550,75 @@ def device_pointer(address: int) -> common_pb2.DevicePointer:
 
 # ---------------------------------------------------------------------------------------------
 
+class _NotJoinable(Exception):
+    """A sync marker cannot join the last batch (see CommandStream.sync)."""
+
+
 class _Batch:
-    __slots__ = ("first_seq", "labels", "sinks", "download_bytes")
+    __slots__ = ("first_seq", "labels", "sinks", "download_bytes", "done")
 
     def __init__(self, first_seq: int, labels: List[str], sinks: Dict[int, Callable],
-                 download_bytes: int) -> None:
+                 download_bytes: int, done: List[Callable[[], None]]) -> None:
         self.first_seq = first_seq
         self.labels = labels
         self.sinks = sinks
         self.download_bytes = download_bytes
+        self.done = done  # run by the reader once the batch is answered without an error
 
     def label(self, seq: int) -> str:
         i = seq - self.first_seq
         if 0 <= i < len(self.labels):
             return self.labels[i]
         return f"command #{seq}"
+
+
+class _Outbox:
+    """The batches waiting for gRPC's request-iterator thread (the command stream's sending
+    side; it iterates this object). The last one may still grow while that thread has not
+    taken it (:meth:`CommandStream.sync` adds its sync marker to it): then a launch that was
+    sent because the stream was idle and the synchronize that follows it travel as one batch,
+    one message and one reply, as in the C++ client.
+    """
+
+    __slots__ = ("_cv", "_items", "_closed")
+
+    def __init__(self) -> None:
+        self._cv = threading.Condition(threading.Lock())
+        self._items: Deque[List[Any]] = collections.deque()  # [payload, batch]
+        self._closed = False
+
+    def put(self, payload: bytes, batch: "_Batch") -> None:
+        with self._cv:
+            self._items.append([payload, batch])
+            self._cv.notify()
+
+    def close(self) -> None:
+        """No more batches: iteration ends once the queued ones are taken."""
+        with self._cv:
+            self._closed = True
+            self._cv.notify()
+
+    def extend_last(self, batch: "_Batch", payload: bytes, on_extend: Callable[[], None]) -> bool:
+        """Appends ``payload`` to ``batch`` when it is the last one and not taken yet, running
+        ``on_extend()`` first (under the lock: the batch cannot be sent, so not answered,
+        before it has run). False when it was taken."""
+        with self._cv:
+            if not self._items or self._items[-1][1] is not batch:
+                return False
+            on_extend()
+            self._items[-1][0] += payload
+            return True
+
+    def __iter__(self) -> "_Outbox":
+        return self
+
+    def __next__(self) -> bytes:
+        with self._cv:
+            while not self._items and not self._closed:
+                self._cv.wait()
+            if not self._items:
+                raise StopIteration
+            return self._items.popleft()[0]
 
 
 class CommandStream:
@@ -555,7 +639,7 @@ class CommandStream:
         self._state = state  # the session's call timeout and closed flag
         self._closed = False
         self._cv = threading.Condition(threading.Lock())
-        self._queue: Optional[queue.SimpleQueue] = None
+        self._queue: Optional[_Outbox] = None
         self._call: Any = None
         self._broken = True  # no stream open yet
         self._seq = 0
@@ -568,6 +652,11 @@ class CommandStream:
         self._inflight: Deque[_Batch] = collections.deque()
         self._inflight_download_bytes = 0
         self._error: Optional[Error] = None
+        self._done: List[Callable[[], None]] = []
+        # Batches sent over the session's life, and how many of them were answered (or
+        # dropped with a broken stream): batch k (1-based) is done once acked_batches >= k.
+        self.sent_batches = 0
+        self.acked_batches = 0
 
     # -- building batches -----------------------------------------------------------------
 
@@ -629,6 +718,12 @@ class CommandStream:
         return bool(self._cmds) or bool(self._inflight)
 
     @property
+    def last_batch(self) -> int:
+        """The number (as ``sent_batches`` counts) of the batch that carries, or will carry,
+        the commands queued so far."""
+        return self.sent_batches + (1 if self._cmds else 0)
+
+    @property
     def has_error(self) -> bool:
         """An error of queued work waits to be raised by the next drain."""
         return self._error is not None
@@ -636,9 +731,10 @@ class CommandStream:
     # -- sending and receiving ------------------------------------------------------------
 
     def _open(self) -> None:
-        q: queue.SimpleQueue = queue.SimpleQueue()
-        call = self._client.command_stream(iter(q.get, None),
-                                           metadata=self._metadata + self._client.auth_metadata)
+        if self._queue is not None:
+            self._queue.close()  # the broken stream's iterator ends
+        q = _Outbox()
+        call = self._client.command_stream(q, metadata=self._metadata + self._client.auth_metadata)
         debug.count(debug.STREAM_OPEN)
         self._queue = q
         self._call = call
@@ -667,20 +763,23 @@ class CommandStream:
             if self._closed:
                 raise LogicError(f"{label}: the context (session {self._session_id}) was "
                                  "detached; its memory, modules, streams and events are gone")
-            batch = _Batch(self._first_seq, self._labels, self._sinks, self._download_bytes)
+            batch = _Batch(self._first_seq, self._labels, self._sinks, self._download_bytes,
+                           self._done)
             payload = b"".join(self._cmds)
             self._cmds = []
             self._labels = []
             self._sinks = {}
+            self._done = []
             self._bytes = 0
             self._download_bytes = 0
             if self._broken:
                 self._open()
             self._inflight.append(batch)
+            self.sent_batches += 1
             self._inflight_download_bytes += batch.download_bytes
             q = self._queue
         debug.count(debug.BATCH)
-        q.put(payload)  # type: ignore[union-attr]
+        q.put(payload, batch)  # type: ignore[union-attr]
 
     def drain(self, timeout: Optional[float] = None, label: str = "waiting for queued commands",
               ) -> None:
@@ -708,11 +807,66 @@ class CommandStream:
     def sync(self, stream_id: int = 0, whole_session: bool = False, label: str = "synchronize",
              timeout: Optional[float] = None) -> None:
         """Queues a SyncCommand and drains: returns once the work is done on the server, or
-        raises :class:`CallTimeoutError` after ``timeout`` s (default: the call timeout)."""
-        self.add(label, auto=False,
-                 sync=execution_service_pb2.SyncCommand(stream_id=stream_id,
-                                                        whole_session=whole_session))
+        raises :class:`CallTimeoutError` after ``timeout`` s (default: the call timeout).
+
+        When nothing else is pending and the last batch sent has not left yet (the usual
+        launch-then-synchronize: the launch went out at once on an idle stream, and gRPC's
+        sending thread has not run since), the marker joins that batch: one message and one
+        round trip. Only a sync marker joins: the worker skips the rest of a batch after a
+        failed command, which for a marker only means that the error it raises comes without
+        waiting for the GPU."""
+        sync = execution_service_pb2.SyncCommand(stream_id=stream_id, whole_session=whole_session)
+        if not self._cmds and self._inflight and self._queue is not None and not self._broken:
+            batch = self._inflight[-1]
+            seq = self._seq + 1
+            framed = execution_service_pb2.CommandBatch(
+                commands=[execution_service_pb2.Command(sequence=seq, sync=sync)],
+            ).SerializeToString()
+
+            def join() -> None:
+                # Contiguous with the batch's commands (its labels are indexed by sequence).
+                if batch.first_seq + len(batch.labels) != seq:
+                    raise _NotJoinable()
+                self._seq = seq
+                batch.labels.append(label)
+                batch.done.extend(self._done)
+                self._done = []
+
+            try:
+                joined = self._queue.extend_last(batch, framed, join)
+            except _NotJoinable:
+                joined = False
+            if joined:
+                self.drain(timeout, label)
+                return
+        self.add(label, auto=False, sync=sync)
         self.drain(timeout, label)
+
+    def add_on_done(self, callback: Callable[[], None]) -> None:
+        """Runs ``callback()`` on the reader thread once the batch that will carry the
+        commands queued so far is answered without an error (before waiters see it answered);
+        a failed or dropped batch skips it (its error is raised at the next drain). Call it
+        after queueing that batch's last command; an exception it raises is recorded."""
+        self._done.append(callback)
+
+    def wait_batches(self, count: int, timeout: Optional[float] = None,
+                     label: str = "waiting for queued commands") -> None:
+        """Waits until the first ``count`` batches sent (``sent_batches``) are answered or
+        dropped, at most ``timeout`` s (default: the session's call timeout). An error
+        reported meanwhile is raised as by :meth:`drain` (after the rest is answered)."""
+        limit = self._state.timeout if timeout is None else timeout
+        deadline = time.monotonic() + limit
+        with self._cv:
+            while self.acked_batches < count and self._error is None:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    raise timeout_error(
+                        label, limit, "a deadline does not cancel GPU work: it goes on, and a "
+                        "later synchronising call waits for it")
+                self._cv.wait(None if math.isinf(remaining) else remaining)
+            failed = self._error is not None
+        if failed:
+            self.drain(timeout, label)
 
     def _record(self, error: Error) -> None:
         # Caller holds _cv. The first error wins: it is the one that explains the others.
@@ -724,7 +878,9 @@ class CommandStream:
         try:
             for reply in call:
                 with self._cv:
-                    batch = self._inflight.popleft() if self._inflight else None
+                    # Popped only once its bytes are delivered: a drain that looks meanwhile
+                    # must still see it in flight.
+                    batch = self._inflight[0] if self._inflight else None
                 if batch is None:
                     continue
                 for result in reply.downloads:
@@ -742,6 +898,13 @@ class CommandStream:
                                           batch.label(reply.error.sequence), self._client.target,
                                           self._session_id)
                     note_fault(self._fault, code, reply.error.message)
+                else:
+                    for callback in batch.done:
+                        try:
+                            callback()
+                        except Exception as e:  # noqa: BLE001 - reported at the next drain
+                            with self._cv:
+                                self._record(LogicError(f"delivering a finished copy: {e}"))
                 with self._cv:
                     if error is not None:
                         self._record(error)
@@ -749,7 +912,10 @@ class CommandStream:
                             # A fault ends this stream; later batches must go to a new one
                             # (which the daemon refuses with the fault's cause).
                             self._broken = True
-                    self._inflight_download_bytes -= batch.download_bytes
+                    if self._inflight and self._inflight[0] is batch:  # not dropped by close
+                        self._inflight.popleft()
+                        self._inflight_download_bytes -= batch.download_bytes
+                        self.acked_batches += 1
                     self._cv.notify_all()
         except grpc.RpcError as e:
             code = e.code() if hasattr(e, "code") else grpc.StatusCode.UNKNOWN
@@ -767,6 +933,7 @@ class CommandStream:
                         "ExecutionService.CommandStream ended before answering every batch",
                         code=grpc.StatusCode.UNKNOWN, operation="ExecutionService.CommandStream")
                 self._record(end_error)
+                self.acked_batches += len(self._inflight)
                 self._inflight.clear()
                 self._inflight_download_bytes = 0
             self._cv.notify_all()
@@ -783,11 +950,12 @@ class CommandStream:
                 self._record(LogicError(
                     f"the context (session {self._session_id}) was detached before its queued "
                     "work was answered"))
+                self.acked_batches += len(self._inflight)
                 self._inflight.clear()
                 self._inflight_download_bytes = 0
             self._cv.notify_all()
         if q is not None:
-            q.put(None)
+            q.close()
         if call is not None:
             call.cancel()
 
@@ -1023,6 +1191,8 @@ class SessionCore:
         self.fault: Dict[str, str] = {}
         self._releases: Deque[Tuple[str, int]] = collections.deque()
         self.caches: Dict[Any, Any] = {}  # per-session memo (compiled kernels, scratch, ...)
+        # "auto", "on" or "off": whether this session uses same-host regions (_regions).
+        self.host_regions: str = client.host_regions
         self.idle_timeout_ms: int = reply.idle_timeout_ms or 0
         self.grace_ms: int = reply.grace_ms or 0
         backoff_cap = min(max(self.grace_ms / 4000.0, 0.1), 2.0) if self.grace_ms else 2.0
@@ -1121,6 +1291,12 @@ class SessionCore:
                   "event_id"),
         "module": ("ModuleService.UnloadModule", module_service_pb2.UnloadModuleRequest,
                    "module_id"),
+        "graph": ("ExecutionService.DestroyGraph", execution_service_pb2.DestroyGraphRequest,
+                  "graph_id"),
+        "graph_exec": ("ExecutionService.DestroyGraphExec",
+                       execution_service_pb2.DestroyGraphExecRequest, "graph_exec_id"),
+        "region": ("HostRegionService.UnregisterHostRegion",
+                   host_region_service_pb2.UnregisterHostRegionRequest, "region_id"),
     }
 
     def process_releases(self) -> None:

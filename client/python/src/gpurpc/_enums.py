@@ -17,6 +17,8 @@ __all__ = [
     "func_cache",
     "shared_config",
     "limit",
+    "capture_mode",
+    "capture_status",
 ]
 
 
@@ -246,3 +248,20 @@ class limit(enum.IntEnum):  # noqa: N801
     DEV_RUNTIME_PENDING_LAUNCH_COUNT = 4
     MAX_L2_FETCH_GRANULARITY = 5
     PERSISTING_L2_CACHE_SIZE = 6
+
+
+class capture_mode(enum.IntEnum):  # noqa: N801
+    """``CUstreamCaptureMode``, for ``Stream.begin_capture`` (the daemon always captures in
+    RELAXED mode: a session's calls run on many threads of its worker)."""
+
+    GLOBAL = 0
+    THREAD_LOCAL = 1
+    RELAXED = 2
+
+
+class capture_status(enum.IntEnum):  # noqa: N801
+    """``CUstreamCaptureStatus``: what ``Stream.get_capture_status`` answers."""
+
+    NONE = 0
+    ACTIVE = 1
+    INVALIDATED = 2

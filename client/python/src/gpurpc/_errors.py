@@ -15,6 +15,9 @@ ABORTED                           LaunchError       the call that observed a ker
 FAILED_PRECONDITION               LaunchError       the session was killed by an earlier fault;
                                                     like CUDA's sticky error, every later call
                                                     fails, and the message names the cause
+FAILED_PRECONDITION of CUDA       LogicError        CUDA_ERROR_STREAM_CAPTURE_*: work a capture
+graph misuse (is_graph_misuse)                      cannot record, a refused graph update; the
+                                                    session lives
 DEADLINE_EXCEEDED from the        LaunchError       CUDA_ERROR_LAUNCH_TIMEOUT: the daemon's
 daemon                                              kernel watchdog ended the session
 DEADLINE_EXCEEDED of the client   CallTimeoutError  (none: the call's own deadline passed; also
@@ -152,6 +155,21 @@ _LOST_HINT = ("the session is gone: make a new context (Device(n).make_context()
               "continue")
 
 
+# What the daemon's FAILED_PRECONDITION says for CUDA graph misuse (a capturing stream,
+# a stream that does or does not capture, a refused graph update): not a fault.
+_GRAPH_MISUSE_MARKERS = ("capturing a graph", "is not capturing", "already capturing",
+                         "CUDA_ERROR_STREAM_CAPTURE", "CUDA_ERROR_CAPTURED_EVENT",
+                         "CUDA_ERROR_GRAPH_EXEC_UPDATE_FAILURE", "the same topology",
+                         "the capture is over")
+
+
+def is_graph_misuse(details: str) -> bool:
+    """True for the daemon's FAILED_PRECONDITION of CUDA graph misuse (see above), which
+    :class:`LogicError` reports, as PyCUDA does, rather than a fault."""
+    return "FAULTED" not in (details or "") and any(
+        marker in (details or "") for marker in _GRAPH_MISUSE_MARKERS)
+
+
 def says_daemon_restarted(details: str) -> bool:
     """True for the daemon's NOT_FOUND of a session from an earlier run of the daemon."""
     return "restarted" in (details or "").lower()
@@ -210,6 +228,8 @@ def error_from_status(code: grpc.StatusCode, details: str, operation: str,
         if code == grpc.StatusCode.NOT_FOUND and says_daemon_restarted(details):
             return session_lost_error(details, operation, target)
         cls = _CLASS_BY_CODE.get(code, Error)
+        if code == grpc.StatusCode.FAILED_PRECONDITION and is_graph_misuse(details):
+            cls = LogicError  # the call was wrong for a stream or graph; the session lives
     message = f"{operation} failed: {details or code.name}"
     if code in (grpc.StatusCode.ABORTED, grpc.StatusCode.FAILED_PRECONDITION,
                 grpc.StatusCode.DEADLINE_EXCEEDED) and issubclass(cls, LaunchError):

@@ -35,9 +35,15 @@ What differs from PyCUDA, and why:
   size disagrees with its parameter raises :class:`LogicError` naming the parameter.
 * ``In``/``Out``/``InOut`` arguments upload, launch and download in one batch: one round trip.
 * ``time_kernel=True`` and ``prepared_timed_call`` time with events on the server.
-* Host memory is ordinary: ``pagelocked_empty`` returns a plain ndarray, and the ``_async``
-  copies accept any contiguous buffer. ``memcpy_dtoh_async`` fills its destination when the
-  stream (or context) is synchronised.
+* Host memory: on the daemon's host (a Unix-socket daemon) ``pagelocked_empty`` and friends
+  return ndarrays backed by same-host regions, memory shared with the session's worker, and
+  copies from and to them (``memcpy_*``, ``In``/``Out``, ``GPUArray.set``/``get``) are DMA
+  without bytes through gRPC; large copies of other host memory go through a staging
+  region. ``host_regions=`` of :func:`init`, ``$GPURPC_HOST_REGIONS`` (auto, on, off) and
+  ``Context.host_regions`` choose (see ``gpurpc._regions``). Elsewhere host memory is
+  ordinary. The ``_async`` copies accept any contiguous buffer; as in CUDA, one from a
+  region-backed array reads it when its stream gets there (do not change it before), and
+  ``memcpy_dtoh_async`` fills its destination when the stream (or context) is synchronised.
 * After a kernel fault the session is dead (the daemon killed its worker): the faulting call
   raises :class:`LaunchError`, and so does every later call, with a message naming the cause.
   Open a new context to continue. Each context watches its session (one
@@ -70,9 +76,11 @@ from typing import Any, Callable, Dict, Iterator, List, Literal, Optional, Seque
 import grpc
 import numpy as np
 
-from . import _core, _progress
+from . import _core, _progress, _regions
 from ._core import Client, SessionCore, device_pointer, resolve_address
 from ._enums import (
+    capture_mode,
+    capture_status,
     ctx_flags,
     device_attribute,
     event_flags,
@@ -107,7 +115,7 @@ __all__ = [
     "SessionLost", "CallTimeoutError",
     # enums
     "device_attribute", "function_attribute", "ctx_flags", "event_flags", "stream_flags",
-    "host_alloc_flags", "func_cache", "shared_config", "limit",
+    "host_alloc_flags", "func_cache", "shared_config", "limit", "capture_mode", "capture_status",
     # init / devices / contexts
     "init", "get_version", "get_driver_version", "Device", "Context",
     # memory
@@ -121,6 +129,8 @@ __all__ = [
     # execution
     "Stream", "Event", "Module", "Function", "module_from_buffer", "module_from_file",
     "ArgumentHandler", "In", "Out", "InOut",
+    # CUDA graphs
+    "Graph", "GraphExec", "GraphNode",
     # gpurpc extras
     "set_transfer_progress",
 ]
@@ -135,13 +145,14 @@ _default_client: Optional[Client] = None
 def init(flags: int = 0, address: Optional[str] = None, *, token: Optional[str] = None,
          root_certificates: Optional[bytes] = None, tls: Optional[bool] = None,
          certificate_chain: Optional[bytes] = None, private_key: Optional[bytes] = None,
-         server_name: Optional[str] = None, timeout: Optional[float] = None) -> None:
+         server_name: Optional[str] = None, timeout: Optional[float] = None,
+         host_regions: Optional[str] = None) -> None:
     """Connects to the daemon (``cuInit``). Called implicitly by the first call that needs it.
 
     Devices, contexts and everything else use this connection afterwards. Calling it again
     with nothing, or with the same address and credentials, keeps the connection (a
-    ``timeout`` given then applies to contexts made afterwards); anything else replaces it
-    (objects made before keep theirs).
+    ``timeout`` or ``host_regions`` given then applies to contexts made afterwards); anything
+    else replaces it (objects made before keep theirs).
 
     :param flags: accepted for PyCUDA compatibility (must be 0 in CUDA; ignored).
     :param address: gRPC target (``host:port``, ``unix:PATH`` or an absolute socket path);
@@ -160,6 +171,9 @@ def init(flags: int = 0, address: Optional[str] = None, *, token: Optional[str] 
     :param timeout: the call timeout in seconds (default ``$GPURPC_TIMEOUT``, else 300;
         ``math.inf``: no deadline): every call waits at most this long, then raises
         :class:`CallTimeoutError`.
+    :param host_regions: ``"auto"`` (default ``$GPURPC_HOST_REGIONS``, else auto: same-host
+        regions when the daemon is reached over a Unix socket), ``"on"`` (always; failures
+        raise) or ``"off"``, for contexts made afterwards.
     :raises RuntimeError: the daemon cannot be reached (or no address is known).
     :raises Error: with ``code`` UNAUTHENTICATED when the daemon refuses the credentials.
     :raises LogicError: unusable settings (an unreadable token or certificate file, ...).
@@ -173,11 +187,13 @@ def init(flags: int = 0, address: Optional[str] = None, *, token: Optional[str] 
                 or explicit == _default_client.explicit_credentials):
             if timeout is not None:
                 _default_client.timeout = _core.resolve_timeout(timeout)
+            if host_regions is not None:
+                _default_client.host_regions = _core.resolve_host_regions(host_regions)
             _default_client.list_devices()
             return
         client = Client(address, token=token, root_certificates=root_certificates, tls=tls,
                         certificate_chain=certificate_chain, private_key=private_key,
-                        server_name=server_name, timeout=timeout)
+                        server_name=server_name, timeout=timeout, host_regions=host_regions)
         try:
             client.list_devices()
         except BaseException:
@@ -422,6 +438,21 @@ class Context:
         self._core.timeout = value
 
     @property
+    def host_regions(self) -> str:
+        """``"auto"``, ``"on"`` or ``"off"``: whether this context uses same-host regions
+        (pagelocked arrays, staged transfers). Settable (a new value forgets that auto mode
+        found them unusable); ``None`` restores the connection's (``init(host_regions=)``,
+        ``$GPURPC_HOST_REGIONS``, auto)."""
+        return self._core.host_regions
+
+    @host_regions.setter
+    def host_regions(self, value: Optional[str]) -> None:
+        with self._core.lock:
+            self._core.host_regions = (self._core.client.host_regions if value is None
+                                       else _core.resolve_host_regions(value))
+            _regions.mode_changed(self._core)
+
+    @property
     def state(self) -> str:
         """``"active"``; ``"faulted"`` after a kernel fault or the worker's death (or the
         daemon's kernel watchdog); ``"lost"`` when the session is gone (the daemon restarted,
@@ -461,6 +492,7 @@ class Context:
         stack = _stack()
         stack[:] = [c for c in stack if c is not self]
         self._core.close()
+        _regions.detach(self._core)
 
     def attach(self, flags: int = 0) -> "Context":
         """Increments the use count (PyCUDA compatibility) and returns self."""
@@ -724,7 +756,7 @@ def _upload(core: SessionCore, address: int, data: memoryview, stream_id: int, s
     with core.lock:
         core.check_open(label)
         commands = core.commands
-        if n == 0:
+        if n == 0 or _regions.try_upload(core, address, data, stream_id, sync, label):
             return
         if sync and n > _core.STREAMED_TRANSFER_BYTES:
             commands.drain(label=label)
@@ -807,7 +839,7 @@ def _download(core: SessionCore, address: int, dest: memoryview, stream_id: int,
     with core.lock:
         core.check_open(label)
         commands = core.commands
-        if n == 0:
+        if n == 0 or _regions.try_download(core, address, dest, stream_id, sync, label):
             return
         if sync and n > _core.STREAMED_TRANSFER_BYTES:
             commands.drain(label=label)
@@ -873,7 +905,9 @@ def memcpy_htod(dest: Any, src: Any) -> None:
 
 def memcpy_htod_async(dest: Any, src: Any, stream: Optional["Stream"] = None) -> None:
     """Queues a copy of ``src`` to ``dest`` on ``stream``. The bytes are taken at once, so
-    ``src`` may be reused immediately (it need not be page-locked)."""
+    ``src`` may be reused immediately (it need not be page-locked), except from a
+    region-backed ``pagelocked_*`` array, which is read when the stream gets there (as CUDA
+    reads page-locked memory): change it only after synchronising."""
     core = _core_for(dest, "memcpy_htod_async")
     _upload(core, _address(dest), _readable(src), _stream_id(stream), False, "memcpy_htod_async")
 
@@ -981,26 +1015,40 @@ def from_device_like(devptr: Any, other_ary: np.ndarray) -> np.ndarray:
     return result
 
 
+def _host_array(shape: Any, dtype: Any, order: str, zero: bool, label: str) -> np.ndarray:
+    ctx = Context.get_current()
+    return _regions.host_array(None if ctx is None else ctx._core, shape, dtype, order, zero,
+                               label)
+
+
+def _like_order(array: np.ndarray) -> str:
+    return "F" if array.flags.f_contiguous and not array.flags.c_contiguous else "C"
+
+
 def pagelocked_empty(shape: Any, dtype: Any, order: Literal["C", "F"] = "C",
                      mem_flags: int = 0) -> np.ndarray:
-    """An ordinary host array (page-locking is the daemon's business; it stages copies)."""
-    return np.empty(shape, dtype, order=order)
+    """A host array that copies to and from the current context's device fastest: backed by a
+    same-host region when the context uses them (see the module docstring), else ordinary.
+    The region lives as long as the array or any view of it."""
+    return _host_array(shape, dtype, order, False, "pagelocked_empty")
 
 
 def pagelocked_zeros(shape: Any, dtype: Any, order: Literal["C", "F"] = "C",
                      mem_flags: int = 0) -> np.ndarray:
-    """A zeroed ordinary host array."""
-    return np.zeros(shape, dtype, order=order)
+    """A zeroed :func:`pagelocked_empty`."""
+    return _host_array(shape, dtype, order, True, "pagelocked_zeros")
 
 
 def pagelocked_empty_like(array: np.ndarray, mem_flags: int = 0) -> np.ndarray:
-    """An ordinary host array like ``array``."""
-    return np.empty_like(array)
+    """A :func:`pagelocked_empty` array of ``array`` 's shape, dtype and layout."""
+    return _host_array(array.shape, array.dtype, _like_order(array), False,
+                       "pagelocked_empty_like")
 
 
 def pagelocked_zeros_like(array: np.ndarray, mem_flags: int = 0) -> np.ndarray:
-    """A zeroed ordinary host array like ``array``."""
-    return np.zeros_like(array)
+    """A zeroed :func:`pagelocked_empty_like`."""
+    return _host_array(array.shape, array.dtype, _like_order(array), True,
+                       "pagelocked_zeros_like")
 
 
 aligned_empty = pagelocked_empty
@@ -1061,6 +1109,57 @@ class Stream:
             core.check_open("Stream.wait_for_event")
             core.commands.add("Stream.wait_for_event", wait_event=_ex.WaitEventCommand(
                 event_id=evt.handle, stream_id=self.handle))
+
+    # -- CUDA graphs ----------------------------------------------------------------------
+
+    def begin_capture(self, capture_mode: int = capture_mode.GLOBAL) -> None:
+        """Starts capturing this stream's work into a graph (``cuStreamBeginCapture``).
+
+        Until :meth:`end_capture`, kernel launches, memsets and device-to-device copies on this
+        stream do not run: they become the graph's nodes. Work queued before runs first (its
+        errors raise here). Meanwhile the daemon refuses other work on this stream (host
+        copies, event records and waits, ``synchronize``) with :class:`LogicError` and the
+        capture goes on; while a blocking stream (``Stream()`` without
+        ``stream_flags.NON_BLOCKING``) captures, the default stream cannot be used, nor
+        ``Context.synchronize`` while any stream captures. ``capture_mode`` is checked and
+        otherwise ignored: the daemon always captures in RELAXED mode.
+        """
+        mode = int(capture_mode)
+        core = self._core
+        with core.lock:
+            core.check_open("Stream.begin_capture")
+            core.drain()
+            core.call("ExecutionService.BeginCapture",
+                      _ex.BeginCaptureRequest(stream_id=self.handle, mode=mode),
+                      op="Stream.begin_capture")
+
+    def end_capture(self) -> "Graph":
+        """Ends the capture (``cuStreamEndCapture``) and returns the :class:`Graph` of what it
+        recorded (after sending the work queued before)."""
+        core = self._core
+        with core.lock:
+            core.check_open("Stream.end_capture")
+            core.drain()
+            reply = core.call("ExecutionService.EndCapture",
+                              _ex.EndCaptureRequest(stream_id=self.handle),
+                              op="Stream.end_capture")
+        return Graph(core, reply.graph_id, reply.node_count)
+
+    def is_capturing(self) -> bool:
+        """True while the stream captures (``cuStreamIsCapturing``)."""
+        return self.get_capture_status() != capture_status.NONE
+
+    def get_capture_status(self) -> capture_status:
+        """The stream's :class:`capture_status` (INVALIDATED: the driver gave up the capture;
+        :meth:`end_capture` then raises)."""
+        core = self._core
+        with core.lock:
+            core.check_open("Stream.get_capture_status")
+            core.drain()
+            reply = core.call("ExecutionService.GetCaptureInfo",
+                              _ex.GetCaptureInfoRequest(stream_id=self.handle),
+                              op="Stream.get_capture_status")
+        return capture_status(reply.status)
 
     def __repr__(self) -> str:
         return f"<gpurpc.driver.Stream {self.handle}>"
@@ -1144,6 +1243,189 @@ class Event:
 
     def __repr__(self) -> str:
         return f"<gpurpc.driver.Event {self.handle}>"
+
+
+# =============================================================================================
+# CUDA graphs
+
+_NODE_TYPES = {_ex.GRAPH_NODE_TYPE_KERNEL: "kernel", _ex.GRAPH_NODE_TYPE_MEMSET: "memset",
+               _ex.GRAPH_NODE_TYPE_MEMCPY: "memcpy"}
+
+
+class GraphNode:
+    """A node of a :class:`Graph` (``Graph.get_nodes()``), in capture order. Pass one (or its
+    index) as ``kernel_node=`` of :meth:`GraphExec.kernel_node_set_params`.
+
+    ``type`` is ``"kernel"``, ``"memset"`` or ``"memcpy"``; kernel nodes also have
+    ``function_name``, ``function_id``, ``param_layout`` (``[(offset, size), ...]``), ``grid``,
+    ``block`` and ``shared`` as captured.
+    """
+
+    def __init__(self, node: Any) -> None:
+        self.index: int = node.index
+        self.type: str = _NODE_TYPES.get(node.type, "unspecified")
+        self.function_id: int = node.function_id
+        self.function_name: str = node.kernel_name
+        self.param_layout: List[Tuple[int, int]] = [(p.offset_bytes, p.size_bytes)
+                                                    for p in node.params]
+        self.grid: Tuple[int, int, int] = (node.grid.x, node.grid.y, node.grid.z)
+        self.block: Tuple[int, int, int] = (node.block.x, node.block.y, node.block.z)
+        self.shared: int = node.shared_memory_bytes
+
+    def __index__(self) -> int:
+        return self.index
+
+    __int__ = __index__
+
+    def __repr__(self) -> str:
+        if self.type == "kernel":
+            return f"<gpurpc.driver.GraphNode {self.index}: kernel {self.function_name}>"
+        return f"<gpurpc.driver.GraphNode {self.index}: {self.type}>"
+
+
+def _keeps(dims: Any) -> bool:
+    """True for the "keep the node's" value of a dimension: None or an empty sequence."""
+    return dims is None or (isinstance(dims, (tuple, list)) and len(dims) == 0)
+
+
+def _graph_call(core: SessionCore, name: str, request: Any, op: str) -> Any:
+    """A graph RPC after the queued commands. Capture misuse and refused updates
+    (FAILED_PRECONDITION of a live session) raise :class:`LogicError`, as PyCUDA raises them."""
+    with core.lock:
+        core.check_open(op)
+        core.drain()
+        return core.call(name, request, op=op)
+
+
+class Graph:
+    """A captured graph (``Stream.end_capture()``); ``handle`` is its id. Freed when garbage
+    collected (graph execs made from it stay usable)."""
+
+    def __init__(self, core: SessionCore, graph_id: int, node_count: int) -> None:
+        self._core = core
+        self.handle: int = graph_id
+        self.node_count: int = node_count
+        finalizer = weakref.finalize(self, core.defer_release, "graph", graph_id)
+        finalizer.atexit = False
+
+    def instantiate(self) -> "GraphExec":
+        """An executable graph of it (``cuGraphInstantiate``)."""
+        reply = _graph_call(self._core, "ExecutionService.InstantiateGraph",
+                            _ex.InstantiateGraphRequest(graph_id=self.handle),
+                            "Graph.instantiate")
+        return GraphExec(self._core, reply.graph_exec_id, self)
+
+    def get_nodes(self) -> List[GraphNode]:
+        """Its nodes, in capture order."""
+        reply = _graph_call(self._core, "ExecutionService.GetGraphNodes",
+                            _ex.GetGraphNodesRequest(graph_id=self.handle), "Graph.get_nodes")
+        return [GraphNode(node) for node in reply.nodes]
+
+    def __repr__(self) -> str:
+        return f"<gpurpc.driver.Graph {self.handle} ({self.node_count} nodes)>"
+
+
+class GraphExec:
+    """An executable graph (``Graph.instantiate()``); ``handle`` is its id. Freed when garbage
+    collected (launches already queued still run)."""
+
+    def __init__(self, core: SessionCore, exec_id: int, graph: Graph) -> None:
+        self._core = core
+        self.handle: int = exec_id
+        # Kernel nodes' names and layouts, for kernel_node_set_params without func=.
+        self._layouts: Optional[Dict[int, Tuple[str, List[Tuple[int, int]]]]] = None
+        self._graph: Optional[Graph] = graph
+        finalizer = weakref.finalize(self, core.defer_release, "graph_exec", exec_id)
+        finalizer.atexit = False
+
+    def launch(self, stream: Optional[Stream] = None) -> None:
+        """Runs the graph's nodes in order on ``stream`` (default stream if None): one command
+        of the command stream, asynchronous like a kernel launch."""
+        core = self._core
+        with core.lock:
+            core.check_open("GraphExec.launch")
+            core.commands.add("GraphExec.launch", launch_graph=_ex.LaunchGraphCommand(
+                graph_exec_id=self.handle, stream_id=_stream_id(stream)))
+
+    def update(self, graph: Graph) -> None:
+        """Takes the parameters of ``graph`` (``cuGraphExecUpdate``): same nodes (count and
+        types, in order), possibly other kernels, arguments and addresses."""
+        _graph_call(self._core, "ExecutionService.UpdateGraphExec",
+                    _ex.UpdateGraphExecRequest(graph_exec_id=self.handle, graph_id=graph.handle),
+                    "GraphExec.update")
+        self._graph = graph
+        self._layouts = None
+
+    def _node_layout(self, index: int) -> Tuple[str, List[Tuple[int, int]]]:
+        if self._layouts is None:
+            if self._graph is None:
+                raise LogicError("GraphExec.kernel_node_set_params: the node's kernel is unknown "
+                                 "here; pass func=")
+            self._layouts = {node.index: (node.function_name, node.param_layout)
+                             for node in self._graph.get_nodes() if node.type == "kernel"}
+        layout = self._layouts.get(index)
+        if layout is None:
+            # The daemon names what is wrong (no such node, not a kernel node).
+            return f"node {index}", []
+        return layout
+
+    def kernel_node_set_params(self, *args: Any, kernel_node: Any,
+                               func: Optional["Function"] = None, block: Any = (),
+                               grid: Any = (), shared: Optional[int] = None) -> None:
+        """Sets the arguments (and optionally the kernel, dimensions and dynamic shared memory)
+        of one kernel node for later launches (``cuGraphExecKernelNodeSetParams``).
+
+        ``args`` follow a kernel call's rules (numpy scalars, device allocations; not
+        ``In``/``Out``/``InOut``). ``kernel_node`` is a :class:`GraphNode` or its index;
+        ``func`` another kernel (default: the node's); an empty ``block``/``grid`` or
+        ``shared=None`` keeps the node's. Checked by the daemon exactly like a launch.
+        """
+        index = int(kernel_node)
+        label = "GraphExec.kernel_node_set_params"
+        if func is not None:
+            name, params = func.name, func.param_layout
+        else:
+            name, params = self._node_layout(index)
+        parts = []
+        for i, arg in enumerate(args):
+            packed = _pack_arg(i, arg)
+            if packed is None:
+                raise LogicError(f"{label}: parameter #{i} is {type(arg).__name__}; In/Out/InOut "
+                                 "arguments cannot be set on a graph node, pass device memory",
+                                 code=grpc.StatusCode.INVALID_ARGUMENT, operation=label)
+            parts.append(packed)
+        request = _ex.SetGraphExecKernelNodeArgsRequest(graph_exec_id=self.handle,
+                                                        node_index=index)
+        if params or not parts:
+            if len(parts) != len(params):
+                raise LogicError(f"{label}: {name} takes {len(params)} parameters, "
+                                 f"{len(parts)} given", code=grpc.StatusCode.INVALID_ARGUMENT,
+                                 operation=label)
+            blob = bytearray(max((o + n for o, n in params), default=0))
+            for i, (part, (offset, size)) in enumerate(zip(parts, params)):
+                if len(part) != size:
+                    raise LogicError(f"{label}: {name}: parameter #{i} (0-based) takes {size} "
+                                     f"bytes in the kernel, but the argument is "
+                                     f"{_describe(args[i])} of {len(part)} bytes",
+                                     code=grpc.StatusCode.INVALID_ARGUMENT, operation=label)
+                blob[offset:offset + size] = part
+            request.packed_args = bytes(blob)
+        else:
+            request.packed_args = b"".join(parts)  # the daemon says what is wrong
+        if func is not None:
+            request.function_id = func.handle
+        if not _keeps(block):
+            request.block.CopyFrom(_core.dim3(block, "block"))
+        if not _keeps(grid):
+            request.grid.CopyFrom(_core.dim3(grid, "grid"))
+        if shared is not None:
+            request.shared_memory_bytes = int(shared)
+        _graph_call(self._core, "ExecutionService.SetGraphExecKernelNodeArgs", request, label)
+        if func is not None and self._layouts is not None:
+            self._layouts[index] = (func.name, func.param_layout)
+
+    def __repr__(self) -> str:
+        return f"<gpurpc.driver.GraphExec {self.handle}>"
 
 
 def _session_faulted(core: SessionCore) -> bool:
@@ -1593,8 +1875,11 @@ class Function:
                 body = self._body(grid, block, shared, stream_id, blob)
                 commands = core.commands
                 chunk = _core.UPLOAD_CHUNK_BYTES
-                for (_, h), offset in zip(handlers, offsets):
-                    if not h.copies_in:
+                copies = _regions.LaunchCopies(
+                    core, [(h._view, h.copies_in, h.copies_out) for _, h in handlers],
+                    stream_id, self._label)
+                for k, ((_, h), offset) in enumerate(zip(handlers, offsets)):
+                    if not h.copies_in or copies.copy_in(k, h._view, base + offset):
                         continue
                     view = h._view
                     for o in range(0, view.nbytes, chunk):
@@ -1611,8 +1896,8 @@ class Function:
                 if time_kernel:
                     commands.add("time_kernel", auto=False, record_event=_ex.RecordEventCommand(
                         event_id=end.handle, stream_id=stream_id))
-                for (_, h), offset in zip(handlers, offsets):
-                    if not h.copies_out:
+                for k, ((_, h), offset) in enumerate(zip(handlers, offsets)):
+                    if not h.copies_out or copies.copy_out(k, h._view, base + offset):
                         continue
                     view = h._view
                     n = view.nbytes
@@ -1624,7 +1909,11 @@ class Function:
                                      download=_ex.DownloadCommand(
                                          source=device_pointer(base + offset + o),
                                          size_bytes=size, stream_id=stream_id))
-                commands.sync(stream_id, label=self._label)
+                try:
+                    commands.sync(stream_id, label=self._label)
+                finally:
+                    copies.sent()
+                copies.deliver([h._view for _, h in handlers])
             finally:
                 for _, h in handlers:
                     h._device_address = None

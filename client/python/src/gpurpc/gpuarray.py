@@ -210,7 +210,10 @@ class GPUArray:
         async_ = async_ or kwargs.pop("async", False)
         if ary is None:
             order: Literal["C", "F"] = "F" if self._fortran_only() else "C"
-            ary = np.empty(self.shape, self.dtype, order=order)
+            if pagelocked:  # region-backed on the daemon's host (see gpurpc._regions)
+                ary = _drv.pagelocked_empty(self.shape, self.dtype, order=order)
+            else:
+                ary = np.empty(self.shape, self.dtype, order=order)
         else:
             if ary.size != self.size or ary.dtype != self.dtype:
                 raise TypeError("'ary' has non-matching size or dtype")

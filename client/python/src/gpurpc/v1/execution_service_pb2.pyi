@@ -1,10 +1,41 @@
 from gpurpc.v1 import common_pb2 as _common_pb2
+from gpurpc.v1 import module_service_pb2 as _module_service_pb2
 from google.protobuf.internal import containers as _containers
+from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
 from google.protobuf import descriptor as _descriptor
 from google.protobuf import message as _message
 from typing import ClassVar as _ClassVar, Iterable as _Iterable, Mapping as _Mapping, Optional as _Optional, Union as _Union
 
 DESCRIPTOR: _descriptor.FileDescriptor
+
+class CaptureMode(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    CAPTURE_MODE_GLOBAL: _ClassVar[CaptureMode]
+    CAPTURE_MODE_THREAD_LOCAL: _ClassVar[CaptureMode]
+    CAPTURE_MODE_RELAXED: _ClassVar[CaptureMode]
+
+class CaptureStatus(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    CAPTURE_STATUS_NONE: _ClassVar[CaptureStatus]
+    CAPTURE_STATUS_ACTIVE: _ClassVar[CaptureStatus]
+    CAPTURE_STATUS_INVALIDATED: _ClassVar[CaptureStatus]
+
+class GraphNodeType(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    GRAPH_NODE_TYPE_UNSPECIFIED: _ClassVar[GraphNodeType]
+    GRAPH_NODE_TYPE_KERNEL: _ClassVar[GraphNodeType]
+    GRAPH_NODE_TYPE_MEMSET: _ClassVar[GraphNodeType]
+    GRAPH_NODE_TYPE_MEMCPY: _ClassVar[GraphNodeType]
+CAPTURE_MODE_GLOBAL: CaptureMode
+CAPTURE_MODE_THREAD_LOCAL: CaptureMode
+CAPTURE_MODE_RELAXED: CaptureMode
+CAPTURE_STATUS_NONE: CaptureStatus
+CAPTURE_STATUS_ACTIVE: CaptureStatus
+CAPTURE_STATUS_INVALIDATED: CaptureStatus
+GRAPH_NODE_TYPE_UNSPECIFIED: GraphNodeType
+GRAPH_NODE_TYPE_KERNEL: GraphNodeType
+GRAPH_NODE_TYPE_MEMSET: GraphNodeType
+GRAPH_NODE_TYPE_MEMCPY: GraphNodeType
 
 class CreateStreamRequest(_message.Message):
     __slots__ = ("non_blocking",)
@@ -279,7 +310,7 @@ class RegionCopyCommand(_message.Message):
     def __init__(self, region_id: _Optional[int] = ..., region_offset_bytes: _Optional[int] = ..., device: _Optional[_Union[_common_pb2.DevicePointer, _Mapping]] = ..., size_bytes: _Optional[int] = ..., to_device: bool = ..., stream_id: _Optional[int] = ...) -> None: ...
 
 class Command(_message.Message):
-    __slots__ = ("sequence", "launch", "memset", "copy", "upload", "download", "record_event", "wait_event", "sync", "region_copy")
+    __slots__ = ("sequence", "launch", "memset", "copy", "upload", "download", "record_event", "wait_event", "sync", "region_copy", "launch_graph")
     SEQUENCE_FIELD_NUMBER: _ClassVar[int]
     LAUNCH_FIELD_NUMBER: _ClassVar[int]
     MEMSET_FIELD_NUMBER: _ClassVar[int]
@@ -290,6 +321,7 @@ class Command(_message.Message):
     WAIT_EVENT_FIELD_NUMBER: _ClassVar[int]
     SYNC_FIELD_NUMBER: _ClassVar[int]
     REGION_COPY_FIELD_NUMBER: _ClassVar[int]
+    LAUNCH_GRAPH_FIELD_NUMBER: _ClassVar[int]
     sequence: int
     launch: LaunchCommand
     memset: MemsetCommand
@@ -300,7 +332,8 @@ class Command(_message.Message):
     wait_event: WaitEventCommand
     sync: SyncCommand
     region_copy: RegionCopyCommand
-    def __init__(self, sequence: _Optional[int] = ..., launch: _Optional[_Union[LaunchCommand, _Mapping]] = ..., memset: _Optional[_Union[MemsetCommand, _Mapping]] = ..., copy: _Optional[_Union[CopyCommand, _Mapping]] = ..., upload: _Optional[_Union[UploadCommand, _Mapping]] = ..., download: _Optional[_Union[DownloadCommand, _Mapping]] = ..., record_event: _Optional[_Union[RecordEventCommand, _Mapping]] = ..., wait_event: _Optional[_Union[WaitEventCommand, _Mapping]] = ..., sync: _Optional[_Union[SyncCommand, _Mapping]] = ..., region_copy: _Optional[_Union[RegionCopyCommand, _Mapping]] = ...) -> None: ...
+    launch_graph: LaunchGraphCommand
+    def __init__(self, sequence: _Optional[int] = ..., launch: _Optional[_Union[LaunchCommand, _Mapping]] = ..., memset: _Optional[_Union[MemsetCommand, _Mapping]] = ..., copy: _Optional[_Union[CopyCommand, _Mapping]] = ..., upload: _Optional[_Union[UploadCommand, _Mapping]] = ..., download: _Optional[_Union[DownloadCommand, _Mapping]] = ..., record_event: _Optional[_Union[RecordEventCommand, _Mapping]] = ..., wait_event: _Optional[_Union[WaitEventCommand, _Mapping]] = ..., sync: _Optional[_Union[SyncCommand, _Mapping]] = ..., region_copy: _Optional[_Union[RegionCopyCommand, _Mapping]] = ..., launch_graph: _Optional[_Union[LaunchGraphCommand, _Mapping]] = ...) -> None: ...
 
 class CommandBatch(_message.Message):
     __slots__ = ("commands",)
@@ -337,3 +370,161 @@ class CommandReply(_message.Message):
     skipped_from_sequence: int
     downloads: _containers.RepeatedCompositeFieldContainer[DownloadResult]
     def __init__(self, processed_through_sequence: _Optional[int] = ..., error: _Optional[_Union[CommandError, _Mapping]] = ..., skipped_from_sequence: _Optional[int] = ..., downloads: _Optional[_Iterable[_Union[DownloadResult, _Mapping]]] = ...) -> None: ...
+
+class BeginCaptureRequest(_message.Message):
+    __slots__ = ("stream_id", "mode")
+    STREAM_ID_FIELD_NUMBER: _ClassVar[int]
+    MODE_FIELD_NUMBER: _ClassVar[int]
+    stream_id: int
+    mode: CaptureMode
+    def __init__(self, stream_id: _Optional[int] = ..., mode: _Optional[_Union[CaptureMode, str]] = ...) -> None: ...
+
+class BeginCaptureResponse(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class EndCaptureRequest(_message.Message):
+    __slots__ = ("stream_id",)
+    STREAM_ID_FIELD_NUMBER: _ClassVar[int]
+    stream_id: int
+    def __init__(self, stream_id: _Optional[int] = ...) -> None: ...
+
+class EndCaptureResponse(_message.Message):
+    __slots__ = ("graph_id", "node_count")
+    GRAPH_ID_FIELD_NUMBER: _ClassVar[int]
+    NODE_COUNT_FIELD_NUMBER: _ClassVar[int]
+    graph_id: int
+    node_count: int
+    def __init__(self, graph_id: _Optional[int] = ..., node_count: _Optional[int] = ...) -> None: ...
+
+class GetCaptureInfoRequest(_message.Message):
+    __slots__ = ("stream_id",)
+    STREAM_ID_FIELD_NUMBER: _ClassVar[int]
+    stream_id: int
+    def __init__(self, stream_id: _Optional[int] = ...) -> None: ...
+
+class GetCaptureInfoResponse(_message.Message):
+    __slots__ = ("status", "node_count")
+    STATUS_FIELD_NUMBER: _ClassVar[int]
+    NODE_COUNT_FIELD_NUMBER: _ClassVar[int]
+    status: CaptureStatus
+    node_count: int
+    def __init__(self, status: _Optional[_Union[CaptureStatus, str]] = ..., node_count: _Optional[int] = ...) -> None: ...
+
+class InstantiateGraphRequest(_message.Message):
+    __slots__ = ("graph_id",)
+    GRAPH_ID_FIELD_NUMBER: _ClassVar[int]
+    graph_id: int
+    def __init__(self, graph_id: _Optional[int] = ...) -> None: ...
+
+class InstantiateGraphResponse(_message.Message):
+    __slots__ = ("graph_exec_id",)
+    GRAPH_EXEC_ID_FIELD_NUMBER: _ClassVar[int]
+    graph_exec_id: int
+    def __init__(self, graph_exec_id: _Optional[int] = ...) -> None: ...
+
+class LaunchGraphCommand(_message.Message):
+    __slots__ = ("graph_exec_id", "stream_id")
+    GRAPH_EXEC_ID_FIELD_NUMBER: _ClassVar[int]
+    STREAM_ID_FIELD_NUMBER: _ClassVar[int]
+    graph_exec_id: int
+    stream_id: int
+    def __init__(self, graph_exec_id: _Optional[int] = ..., stream_id: _Optional[int] = ...) -> None: ...
+
+class LaunchGraphRequest(_message.Message):
+    __slots__ = ("launch",)
+    LAUNCH_FIELD_NUMBER: _ClassVar[int]
+    launch: LaunchGraphCommand
+    def __init__(self, launch: _Optional[_Union[LaunchGraphCommand, _Mapping]] = ...) -> None: ...
+
+class LaunchGraphResponse(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class DestroyGraphRequest(_message.Message):
+    __slots__ = ("graph_id",)
+    GRAPH_ID_FIELD_NUMBER: _ClassVar[int]
+    graph_id: int
+    def __init__(self, graph_id: _Optional[int] = ...) -> None: ...
+
+class DestroyGraphResponse(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class DestroyGraphExecRequest(_message.Message):
+    __slots__ = ("graph_exec_id",)
+    GRAPH_EXEC_ID_FIELD_NUMBER: _ClassVar[int]
+    graph_exec_id: int
+    def __init__(self, graph_exec_id: _Optional[int] = ...) -> None: ...
+
+class DestroyGraphExecResponse(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class GetGraphNodesRequest(_message.Message):
+    __slots__ = ("graph_id",)
+    GRAPH_ID_FIELD_NUMBER: _ClassVar[int]
+    graph_id: int
+    def __init__(self, graph_id: _Optional[int] = ...) -> None: ...
+
+class GraphNode(_message.Message):
+    __slots__ = ("index", "type", "function_id", "kernel_name", "params", "grid", "block", "shared_memory_bytes")
+    INDEX_FIELD_NUMBER: _ClassVar[int]
+    TYPE_FIELD_NUMBER: _ClassVar[int]
+    FUNCTION_ID_FIELD_NUMBER: _ClassVar[int]
+    KERNEL_NAME_FIELD_NUMBER: _ClassVar[int]
+    PARAMS_FIELD_NUMBER: _ClassVar[int]
+    GRID_FIELD_NUMBER: _ClassVar[int]
+    BLOCK_FIELD_NUMBER: _ClassVar[int]
+    SHARED_MEMORY_BYTES_FIELD_NUMBER: _ClassVar[int]
+    index: int
+    type: GraphNodeType
+    function_id: int
+    kernel_name: str
+    params: _containers.RepeatedCompositeFieldContainer[_module_service_pb2.ParamInfo]
+    grid: _common_pb2.Dim3
+    block: _common_pb2.Dim3
+    shared_memory_bytes: int
+    def __init__(self, index: _Optional[int] = ..., type: _Optional[_Union[GraphNodeType, str]] = ..., function_id: _Optional[int] = ..., kernel_name: _Optional[str] = ..., params: _Optional[_Iterable[_Union[_module_service_pb2.ParamInfo, _Mapping]]] = ..., grid: _Optional[_Union[_common_pb2.Dim3, _Mapping]] = ..., block: _Optional[_Union[_common_pb2.Dim3, _Mapping]] = ..., shared_memory_bytes: _Optional[int] = ...) -> None: ...
+
+class GetGraphNodesResponse(_message.Message):
+    __slots__ = ("nodes",)
+    NODES_FIELD_NUMBER: _ClassVar[int]
+    nodes: _containers.RepeatedCompositeFieldContainer[GraphNode]
+    def __init__(self, nodes: _Optional[_Iterable[_Union[GraphNode, _Mapping]]] = ...) -> None: ...
+
+class UpdateGraphExecRequest(_message.Message):
+    __slots__ = ("graph_exec_id", "graph_id")
+    GRAPH_EXEC_ID_FIELD_NUMBER: _ClassVar[int]
+    GRAPH_ID_FIELD_NUMBER: _ClassVar[int]
+    graph_exec_id: int
+    graph_id: int
+    def __init__(self, graph_exec_id: _Optional[int] = ..., graph_id: _Optional[int] = ...) -> None: ...
+
+class UpdateGraphExecResponse(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class SetGraphExecKernelNodeArgsRequest(_message.Message):
+    __slots__ = ("graph_exec_id", "node_index", "function_id", "grid", "block", "shared_memory_bytes", "packed_args", "args")
+    GRAPH_EXEC_ID_FIELD_NUMBER: _ClassVar[int]
+    NODE_INDEX_FIELD_NUMBER: _ClassVar[int]
+    FUNCTION_ID_FIELD_NUMBER: _ClassVar[int]
+    GRID_FIELD_NUMBER: _ClassVar[int]
+    BLOCK_FIELD_NUMBER: _ClassVar[int]
+    SHARED_MEMORY_BYTES_FIELD_NUMBER: _ClassVar[int]
+    PACKED_ARGS_FIELD_NUMBER: _ClassVar[int]
+    ARGS_FIELD_NUMBER: _ClassVar[int]
+    graph_exec_id: int
+    node_index: int
+    function_id: int
+    grid: _common_pb2.Dim3
+    block: _common_pb2.Dim3
+    shared_memory_bytes: int
+    packed_args: bytes
+    args: _containers.RepeatedCompositeFieldContainer[KernelArg]
+    def __init__(self, graph_exec_id: _Optional[int] = ..., node_index: _Optional[int] = ..., function_id: _Optional[int] = ..., grid: _Optional[_Union[_common_pb2.Dim3, _Mapping]] = ..., block: _Optional[_Union[_common_pb2.Dim3, _Mapping]] = ..., shared_memory_bytes: _Optional[int] = ..., packed_args: _Optional[bytes] = ..., args: _Optional[_Iterable[_Union[KernelArg, _Mapping]]] = ...) -> None: ...
+
+class SetGraphExecKernelNodeArgsResponse(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...

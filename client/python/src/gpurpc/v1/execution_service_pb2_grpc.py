@@ -113,6 +113,56 @@ class ExecutionServiceStub(object):
                 request_serializer=gpurpc_dot_v1_dot_execution__service__pb2.CommandBatch.SerializeToString,
                 response_deserializer=gpurpc_dot_v1_dot_execution__service__pb2.CommandReply.FromString,
                 _registered_method=True)
+        self.BeginCapture = channel.unary_unary(
+                '/gpurpc.v1.ExecutionService/BeginCapture',
+                request_serializer=gpurpc_dot_v1_dot_execution__service__pb2.BeginCaptureRequest.SerializeToString,
+                response_deserializer=gpurpc_dot_v1_dot_execution__service__pb2.BeginCaptureResponse.FromString,
+                _registered_method=True)
+        self.EndCapture = channel.unary_unary(
+                '/gpurpc.v1.ExecutionService/EndCapture',
+                request_serializer=gpurpc_dot_v1_dot_execution__service__pb2.EndCaptureRequest.SerializeToString,
+                response_deserializer=gpurpc_dot_v1_dot_execution__service__pb2.EndCaptureResponse.FromString,
+                _registered_method=True)
+        self.GetCaptureInfo = channel.unary_unary(
+                '/gpurpc.v1.ExecutionService/GetCaptureInfo',
+                request_serializer=gpurpc_dot_v1_dot_execution__service__pb2.GetCaptureInfoRequest.SerializeToString,
+                response_deserializer=gpurpc_dot_v1_dot_execution__service__pb2.GetCaptureInfoResponse.FromString,
+                _registered_method=True)
+        self.InstantiateGraph = channel.unary_unary(
+                '/gpurpc.v1.ExecutionService/InstantiateGraph',
+                request_serializer=gpurpc_dot_v1_dot_execution__service__pb2.InstantiateGraphRequest.SerializeToString,
+                response_deserializer=gpurpc_dot_v1_dot_execution__service__pb2.InstantiateGraphResponse.FromString,
+                _registered_method=True)
+        self.LaunchGraph = channel.unary_unary(
+                '/gpurpc.v1.ExecutionService/LaunchGraph',
+                request_serializer=gpurpc_dot_v1_dot_execution__service__pb2.LaunchGraphRequest.SerializeToString,
+                response_deserializer=gpurpc_dot_v1_dot_execution__service__pb2.LaunchGraphResponse.FromString,
+                _registered_method=True)
+        self.DestroyGraph = channel.unary_unary(
+                '/gpurpc.v1.ExecutionService/DestroyGraph',
+                request_serializer=gpurpc_dot_v1_dot_execution__service__pb2.DestroyGraphRequest.SerializeToString,
+                response_deserializer=gpurpc_dot_v1_dot_execution__service__pb2.DestroyGraphResponse.FromString,
+                _registered_method=True)
+        self.DestroyGraphExec = channel.unary_unary(
+                '/gpurpc.v1.ExecutionService/DestroyGraphExec',
+                request_serializer=gpurpc_dot_v1_dot_execution__service__pb2.DestroyGraphExecRequest.SerializeToString,
+                response_deserializer=gpurpc_dot_v1_dot_execution__service__pb2.DestroyGraphExecResponse.FromString,
+                _registered_method=True)
+        self.GetGraphNodes = channel.unary_unary(
+                '/gpurpc.v1.ExecutionService/GetGraphNodes',
+                request_serializer=gpurpc_dot_v1_dot_execution__service__pb2.GetGraphNodesRequest.SerializeToString,
+                response_deserializer=gpurpc_dot_v1_dot_execution__service__pb2.GetGraphNodesResponse.FromString,
+                _registered_method=True)
+        self.UpdateGraphExec = channel.unary_unary(
+                '/gpurpc.v1.ExecutionService/UpdateGraphExec',
+                request_serializer=gpurpc_dot_v1_dot_execution__service__pb2.UpdateGraphExecRequest.SerializeToString,
+                response_deserializer=gpurpc_dot_v1_dot_execution__service__pb2.UpdateGraphExecResponse.FromString,
+                _registered_method=True)
+        self.SetGraphExecKernelNodeArgs = channel.unary_unary(
+                '/gpurpc.v1.ExecutionService/SetGraphExecKernelNodeArgs',
+                request_serializer=gpurpc_dot_v1_dot_execution__service__pb2.SetGraphExecKernelNodeArgsRequest.SerializeToString,
+                response_deserializer=gpurpc_dot_v1_dot_execution__service__pb2.SetGraphExecKernelNodeArgsResponse.FromString,
+                _registered_method=True)
 
 
 class ExecutionServiceServicer(object):
@@ -258,6 +308,149 @@ class ExecutionServiceServicer(object):
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def BeginCapture(self, request, context):
+        """---- CUDA graphs: capture a stream's work once, replay it with one command.
+
+        A capture records the kernel launches, memsets and device-to-device copies enqueued on
+        one stream (through Launch, MemoryService.Memset/CopyDeviceToDevice or the command
+        stream) between BeginCapture and EndCapture: they do not run, they become the nodes of a
+        graph, in order. InstantiateGraph makes an executable graph of it, which LaunchGraph (or
+        a LaunchGraphCommand) runs as one piece of stream-ordered work; the kernel watchdog
+        times a graph launch like a kernel, named "graph exec <id>".
+
+        While a stream captures, work that cannot be captured is refused with
+        FAILED_PRECONDITION naming the stream, and the capture goes on: uploads, downloads
+        (their bytes travel in the request and would be gone at replay), event records and
+        waits (a capture spans one stream), graph launches, and synchronising or querying the
+        stream. Synchronizing the whole session is refused while any stream captures. While a
+        blocking stream (CreateStream without non_blocking) captures, the default stream
+        (stream 0) cannot be used at all (CUDA would make it depend on the capture,
+        CUDA_ERROR_STREAM_CAPTURE_IMPLICIT): create the capturing stream non_blocking to keep
+        using it. Destroying a capturing stream abandons its capture.
+
+        A graph keeps the modules of its kernels loaded (UnloadModule takes effect once no
+        graph or graph exec uses them). Buffers are not kept: a replayed kernel, memset or copy
+        whose memory was freed faults the session like any kernel that touches freed memory.
+
+        Bounds per session: 1024 graphs (captures in progress count), 1024 graph execs, and
+        256 MiB of worker memory for all of them, counted as each node's kernel arguments plus
+        256 bytes (a graph exec counts its nodes again); beyond them RESOURCE_EXHAUSTED naming
+        the bound.
+
+        Begins capturing a stream's work (cuStreamBeginCapture). The server always captures in
+        CU_STREAM_CAPTURE_MODE_RELAXED, whatever `mode` says: a session's calls arrive on many
+        threads of its worker, and GLOBAL or THREAD_LOCAL mode would make another call's
+        cuMemAlloc or module load fail while the capture runs. `mode` is accepted (and
+        checked) for PyCUDA compatibility.
+        Codes: OK; INVALID_ARGUMENT for stream 0 (the legacy default stream cannot be captured:
+        create a stream) or a mode that is not a CaptureMode; NOT_FOUND for an unknown stream;
+        FAILED_PRECONDITION when the stream already captures; RESOURCE_EXHAUSTED at the graph
+        bound.
+        Retry: not idempotent (a retry after success answers FAILED_PRECONDITION).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def EndCapture(self, request, context):
+        """Ends a stream's capture and returns the graph of what it recorded
+        (cuStreamEndCapture). The stream is ordinary again.
+        Codes: OK; NOT_FOUND for an unknown stream; FAILED_PRECONDITION when the stream does
+        not capture, or when the driver invalidated the capture (the capture is over then,
+        without a graph).
+        Retry: not idempotent (a retry after success answers FAILED_PRECONDITION).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def GetCaptureInfo(self, request, context):
+        """Whether a stream captures (cuStreamIsCapturing), and how many nodes it recorded.
+        Codes: OK; NOT_FOUND for an unknown stream.
+        Retry: safe.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def InstantiateGraph(self, request, context):
+        """Makes an executable graph of a graph (cuGraphInstantiateWithFlags). The graph stays
+        usable (for more instantiations and UpdateGraphExec) and may be destroyed without
+        affecting the graph exec.
+        Codes: OK; NOT_FOUND for an unknown graph; RESOURCE_EXHAUSTED at the graph exec bound
+        or the memory bound.
+        Retry: not idempotent (makes another graph exec).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def LaunchGraph(self, request, context):
+        """Launches a graph exec on a stream (cuGraphLaunch): enqueues it and returns. Launches of
+        one graph exec run one after the other, on any streams. The command stream's
+        LaunchGraphCommand does the same without a round trip.
+        Codes: OK; NOT_FOUND for an unknown graph exec or stream; FAILED_PRECONDITION when the
+        stream captures (see above).
+        Retry: not idempotent (launches again).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def DestroyGraph(self, request, context):
+        """Destroys a graph (graph execs made from it stay usable).
+        Codes: OK; NOT_FOUND.
+        Retry: safe; a retry after success answers NOT_FOUND.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def DestroyGraphExec(self, request, context):
+        """Destroys a graph exec; launches already enqueued still run.
+        Codes: OK; NOT_FOUND.
+        Retry: safe; a retry after success answers NOT_FOUND.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def GetGraphNodes(self, request, context):
+        """The nodes of a graph, in the order they were captured.
+        Codes: OK; NOT_FOUND for an unknown graph.
+        Retry: safe.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def UpdateGraphExec(self, request, context):
+        """Gives a graph exec the parameters of another graph of the same topology
+        (cuGraphExecUpdate): as many nodes, of the same types in the same order; kernels,
+        arguments, dimensions and memset/copy addresses may differ. Later launches use them;
+        launches already enqueued do not. On failure the graph exec is unchanged.
+        Codes: OK; NOT_FOUND for an unknown graph exec or graph; FAILED_PRECONDITION naming the
+        first node that differs in type, or when the driver refuses the update
+        (CUDA_ERROR_GRAPH_EXEC_UPDATE_FAILURE with its reason); RESOURCE_EXHAUSTED at the memory
+        bound.
+        Retry: safe (updating again to the same graph changes nothing).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def SetGraphExecKernelNodeArgs(self, request, context):
+        """Sets the kernel, dimensions and arguments of one kernel node of a graph exec
+        (cuGraphExecKernelNodeSetParams), for later launches. Checked exactly like a Launch.
+        Codes: OK; NOT_FOUND for an unknown graph exec or function; INVALID_ARGUMENT for a node
+        index past the graph's nodes or of a node that is not a kernel, and as Launch for the
+        arguments and dimensions; RESOURCE_EXHAUSTED at the memory bound.
+        Retry: safe (sets the same parameters again).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_ExecutionServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -330,6 +523,56 @@ def add_ExecutionServiceServicer_to_server(servicer, server):
                     servicer.CommandStream,
                     request_deserializer=gpurpc_dot_v1_dot_execution__service__pb2.CommandBatch.FromString,
                     response_serializer=gpurpc_dot_v1_dot_execution__service__pb2.CommandReply.SerializeToString,
+            ),
+            'BeginCapture': grpc.unary_unary_rpc_method_handler(
+                    servicer.BeginCapture,
+                    request_deserializer=gpurpc_dot_v1_dot_execution__service__pb2.BeginCaptureRequest.FromString,
+                    response_serializer=gpurpc_dot_v1_dot_execution__service__pb2.BeginCaptureResponse.SerializeToString,
+            ),
+            'EndCapture': grpc.unary_unary_rpc_method_handler(
+                    servicer.EndCapture,
+                    request_deserializer=gpurpc_dot_v1_dot_execution__service__pb2.EndCaptureRequest.FromString,
+                    response_serializer=gpurpc_dot_v1_dot_execution__service__pb2.EndCaptureResponse.SerializeToString,
+            ),
+            'GetCaptureInfo': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetCaptureInfo,
+                    request_deserializer=gpurpc_dot_v1_dot_execution__service__pb2.GetCaptureInfoRequest.FromString,
+                    response_serializer=gpurpc_dot_v1_dot_execution__service__pb2.GetCaptureInfoResponse.SerializeToString,
+            ),
+            'InstantiateGraph': grpc.unary_unary_rpc_method_handler(
+                    servicer.InstantiateGraph,
+                    request_deserializer=gpurpc_dot_v1_dot_execution__service__pb2.InstantiateGraphRequest.FromString,
+                    response_serializer=gpurpc_dot_v1_dot_execution__service__pb2.InstantiateGraphResponse.SerializeToString,
+            ),
+            'LaunchGraph': grpc.unary_unary_rpc_method_handler(
+                    servicer.LaunchGraph,
+                    request_deserializer=gpurpc_dot_v1_dot_execution__service__pb2.LaunchGraphRequest.FromString,
+                    response_serializer=gpurpc_dot_v1_dot_execution__service__pb2.LaunchGraphResponse.SerializeToString,
+            ),
+            'DestroyGraph': grpc.unary_unary_rpc_method_handler(
+                    servicer.DestroyGraph,
+                    request_deserializer=gpurpc_dot_v1_dot_execution__service__pb2.DestroyGraphRequest.FromString,
+                    response_serializer=gpurpc_dot_v1_dot_execution__service__pb2.DestroyGraphResponse.SerializeToString,
+            ),
+            'DestroyGraphExec': grpc.unary_unary_rpc_method_handler(
+                    servicer.DestroyGraphExec,
+                    request_deserializer=gpurpc_dot_v1_dot_execution__service__pb2.DestroyGraphExecRequest.FromString,
+                    response_serializer=gpurpc_dot_v1_dot_execution__service__pb2.DestroyGraphExecResponse.SerializeToString,
+            ),
+            'GetGraphNodes': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetGraphNodes,
+                    request_deserializer=gpurpc_dot_v1_dot_execution__service__pb2.GetGraphNodesRequest.FromString,
+                    response_serializer=gpurpc_dot_v1_dot_execution__service__pb2.GetGraphNodesResponse.SerializeToString,
+            ),
+            'UpdateGraphExec': grpc.unary_unary_rpc_method_handler(
+                    servicer.UpdateGraphExec,
+                    request_deserializer=gpurpc_dot_v1_dot_execution__service__pb2.UpdateGraphExecRequest.FromString,
+                    response_serializer=gpurpc_dot_v1_dot_execution__service__pb2.UpdateGraphExecResponse.SerializeToString,
+            ),
+            'SetGraphExecKernelNodeArgs': grpc.unary_unary_rpc_method_handler(
+                    servicer.SetGraphExecKernelNodeArgs,
+                    request_deserializer=gpurpc_dot_v1_dot_execution__service__pb2.SetGraphExecKernelNodeArgsRequest.FromString,
+                    response_serializer=gpurpc_dot_v1_dot_execution__service__pb2.SetGraphExecKernelNodeArgsResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -713,6 +956,276 @@ class ExecutionService(object):
             '/gpurpc.v1.ExecutionService/CommandStream',
             gpurpc_dot_v1_dot_execution__service__pb2.CommandBatch.SerializeToString,
             gpurpc_dot_v1_dot_execution__service__pb2.CommandReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def BeginCapture(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/gpurpc.v1.ExecutionService/BeginCapture',
+            gpurpc_dot_v1_dot_execution__service__pb2.BeginCaptureRequest.SerializeToString,
+            gpurpc_dot_v1_dot_execution__service__pb2.BeginCaptureResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def EndCapture(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/gpurpc.v1.ExecutionService/EndCapture',
+            gpurpc_dot_v1_dot_execution__service__pb2.EndCaptureRequest.SerializeToString,
+            gpurpc_dot_v1_dot_execution__service__pb2.EndCaptureResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetCaptureInfo(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/gpurpc.v1.ExecutionService/GetCaptureInfo',
+            gpurpc_dot_v1_dot_execution__service__pb2.GetCaptureInfoRequest.SerializeToString,
+            gpurpc_dot_v1_dot_execution__service__pb2.GetCaptureInfoResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def InstantiateGraph(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/gpurpc.v1.ExecutionService/InstantiateGraph',
+            gpurpc_dot_v1_dot_execution__service__pb2.InstantiateGraphRequest.SerializeToString,
+            gpurpc_dot_v1_dot_execution__service__pb2.InstantiateGraphResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def LaunchGraph(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/gpurpc.v1.ExecutionService/LaunchGraph',
+            gpurpc_dot_v1_dot_execution__service__pb2.LaunchGraphRequest.SerializeToString,
+            gpurpc_dot_v1_dot_execution__service__pb2.LaunchGraphResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def DestroyGraph(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/gpurpc.v1.ExecutionService/DestroyGraph',
+            gpurpc_dot_v1_dot_execution__service__pb2.DestroyGraphRequest.SerializeToString,
+            gpurpc_dot_v1_dot_execution__service__pb2.DestroyGraphResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def DestroyGraphExec(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/gpurpc.v1.ExecutionService/DestroyGraphExec',
+            gpurpc_dot_v1_dot_execution__service__pb2.DestroyGraphExecRequest.SerializeToString,
+            gpurpc_dot_v1_dot_execution__service__pb2.DestroyGraphExecResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetGraphNodes(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/gpurpc.v1.ExecutionService/GetGraphNodes',
+            gpurpc_dot_v1_dot_execution__service__pb2.GetGraphNodesRequest.SerializeToString,
+            gpurpc_dot_v1_dot_execution__service__pb2.GetGraphNodesResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def UpdateGraphExec(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/gpurpc.v1.ExecutionService/UpdateGraphExec',
+            gpurpc_dot_v1_dot_execution__service__pb2.UpdateGraphExecRequest.SerializeToString,
+            gpurpc_dot_v1_dot_execution__service__pb2.UpdateGraphExecResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def SetGraphExecKernelNodeArgs(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/gpurpc.v1.ExecutionService/SetGraphExecKernelNodeArgs',
+            gpurpc_dot_v1_dot_execution__service__pb2.SetGraphExecKernelNodeArgsRequest.SerializeToString,
+            gpurpc_dot_v1_dot_execution__service__pb2.SetGraphExecKernelNodeArgsResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -5,6 +5,18 @@ from typing import ClassVar as _ClassVar, Mapping as _Mapping, Optional as _Opti
 
 DESCRIPTOR: _descriptor.FileDescriptor
 
+class OpenDirectChannelRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class OpenDirectChannelResponse(_message.Message):
+    __slots__ = ("attach_ticket", "region_socket")
+    ATTACH_TICKET_FIELD_NUMBER: _ClassVar[int]
+    REGION_SOCKET_FIELD_NUMBER: _ClassVar[int]
+    attach_ticket: bytes
+    region_socket: str
+    def __init__(self, attach_ticket: _Optional[bytes] = ..., region_socket: _Optional[str] = ...) -> None: ...
+
 class RegisterHostRegionRequest(_message.Message):
     __slots__ = ("size_bytes",)
     SIZE_BYTES_FIELD_NUMBER: _ClassVar[int]
@@ -52,14 +64,16 @@ class CopyHostRegionResponse(_message.Message):
     def __init__(self) -> None: ...
 
 class AttachHostRegionRequest(_message.Message):
-    __slots__ = ("session_id", "region_id", "ticket")
+    __slots__ = ("session_id", "region_id", "ticket", "direct_channel")
     SESSION_ID_FIELD_NUMBER: _ClassVar[int]
     REGION_ID_FIELD_NUMBER: _ClassVar[int]
     TICKET_FIELD_NUMBER: _ClassVar[int]
+    DIRECT_CHANNEL_FIELD_NUMBER: _ClassVar[int]
     session_id: int
     region_id: int
     ticket: bytes
-    def __init__(self, session_id: _Optional[int] = ..., region_id: _Optional[int] = ..., ticket: _Optional[bytes] = ...) -> None: ...
+    direct_channel: bool
+    def __init__(self, session_id: _Optional[int] = ..., region_id: _Optional[int] = ..., ticket: _Optional[bytes] = ..., direct_channel: bool = ...) -> None: ...
 
 class AttachHostRegionReply(_message.Message):
     __slots__ = ("code", "message")

@@ -83,6 +83,11 @@ class HostRegionServiceStub(object):
                 request_serializer=gpurpc_dot_v1_dot_host__region__service__pb2.CopyHostRegionRequest.SerializeToString,
                 response_deserializer=gpurpc_dot_v1_dot_host__region__service__pb2.CopyHostRegionResponse.FromString,
                 _registered_method=True)
+        self.OpenDirectChannel = channel.unary_unary(
+                '/gpurpc.v1.HostRegionService/OpenDirectChannel',
+                request_serializer=gpurpc_dot_v1_dot_host__region__service__pb2.OpenDirectChannelRequest.SerializeToString,
+                response_deserializer=gpurpc_dot_v1_dot_host__region__service__pb2.OpenDirectChannelResponse.FromString,
+                _registered_method=True)
 
 
 class HostRegionServiceServicer(object):
@@ -150,6 +155,23 @@ class HostRegionServiceServicer(object):
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def OpenDirectChannel(self, request, context):
+        """The direct path: a same-host client may send ExecutionService calls (launches, syncs,
+        the command stream) straight to its session's worker, skipping the front end's relay.
+        This answers a one-time ticket; the client then creates a connected AF_UNIX
+        SOCK_STREAM socketpair, sends one end on the region socket (AttachHostRegionRequest
+        with direct_channel set and region_id 0) and speaks gRPC (HTTP/2, no TLS) on the other.
+        The worker serves ExecutionService only on it (nothing that the front end accounts for:
+        memory, modules and regions still go through the front end), for as long as the
+        session lives. Calls on it carry no metadata: the channel is the session's.
+        Codes: OK; RESOURCE_EXHAUSTED when the session holds kMaxDirectChannelsPerSession
+        channels or tickets; FAILED_PRECONDITION when the daemon serves no region socket.
+        Retry: not idempotent (another ticket).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_HostRegionServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -167,6 +189,11 @@ def add_HostRegionServiceServicer_to_server(servicer, server):
                     servicer.CopyHostRegion,
                     request_deserializer=gpurpc_dot_v1_dot_host__region__service__pb2.CopyHostRegionRequest.FromString,
                     response_serializer=gpurpc_dot_v1_dot_host__region__service__pb2.CopyHostRegionResponse.SerializeToString,
+            ),
+            'OpenDirectChannel': grpc.unary_unary_rpc_method_handler(
+                    servicer.OpenDirectChannel,
+                    request_deserializer=gpurpc_dot_v1_dot_host__region__service__pb2.OpenDirectChannelRequest.FromString,
+                    response_serializer=gpurpc_dot_v1_dot_host__region__service__pb2.OpenDirectChannelResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -278,6 +305,33 @@ class HostRegionService(object):
             '/gpurpc.v1.HostRegionService/CopyHostRegion',
             gpurpc_dot_v1_dot_host__region__service__pb2.CopyHostRegionRequest.SerializeToString,
             gpurpc_dot_v1_dot_host__region__service__pb2.CopyHostRegionResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def OpenDirectChannel(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/gpurpc.v1.HostRegionService/OpenDirectChannel',
+            gpurpc_dot_v1_dot_host__region__service__pb2.OpenDirectChannelRequest.SerializeToString,
+            gpurpc_dot_v1_dot_host__region__service__pb2.OpenDirectChannelResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -1,0 +1,85 @@
+"""What a synchronize after asynchronous work costs: one batch and one round trip, as in the
+C++ client.
+
+A launch on an idle command stream is sent at once (the GPU should not wait for the next
+synchronizing call); the synchronize that follows it joins that batch while gRPC's sending
+thread has not taken it yet, which is nearly always (it needs the GIL, which the caller holds
+until it waits). The counts below allow for the rare exception; they fail when joining never
+happens, and the error and result checks hold either way.
+"""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import gpurpc.driver as cuda
+from gpurpc import debug
+from gpurpc.compiler import SourceModule
+
+from kernels import FAKE_KERNELS
+
+ROUNDS = 200
+
+
+@pytest.fixture
+def mod(ctx: cuda.Context) -> SourceModule:
+    return SourceModule(FAKE_KERNELS)
+
+
+def test_launch_then_context_synchronize_is_one_batch(mod: SourceModule) -> None:
+    add_one = mod.get_function("add_one_f32").prepare("PQ")
+    buf = cuda.to_device(np.zeros(32, np.float32))
+    cuda.Context.synchronize()
+    debug.reset_rpc_counts()
+    for _ in range(ROUNDS):
+        add_one.prepared_async_call((1, 1), (32, 1, 1), None, buf, 32)
+        cuda.Context.synchronize()
+    batches = debug.rpc_counts()[debug.BATCH]
+    assert batches < ROUNDS * 3 // 2, f"{batches} batches for {ROUNDS} launch+synchronize"
+    out = np.empty(32, np.float32)
+    cuda.memcpy_dtoh(out, buf)
+    assert (out == ROUNDS).all()
+
+
+def test_launch_then_stream_synchronize_is_one_batch(mod: SourceModule) -> None:
+    add_one = mod.get_function("add_one_f32").prepare("PQ")
+    stream = cuda.Stream()
+    buf = cuda.to_device(np.zeros(32, np.float32))
+    cuda.Context.synchronize()
+    debug.reset_rpc_counts()
+    for _ in range(ROUNDS):
+        add_one.prepared_async_call((1, 1), (32, 1, 1), stream, buf, 32)
+        stream.synchronize()
+    batches = debug.rpc_counts()[debug.BATCH]
+    assert batches < ROUNDS * 3 // 2, f"{batches} batches for {ROUNDS} launch+synchronize"
+    out = np.empty(32, np.float32)
+    cuda.memcpy_dtoh(out, buf)
+    assert (out == ROUNDS).all()
+
+
+def test_an_error_of_the_work_before_a_synchronize_is_raised_by_it(ctx: cuda.Context) -> None:
+    buf = cuda.mem_alloc(64)
+    cuda.Context.synchronize()
+    # Refused by the worker when the batch runs (outside every buffer): the synchronize
+    # that follows raises it, whether or not it travelled in the same batch.
+    cuda.memset_d32_async(int(buf) + (1 << 40), 7, 4)
+    with pytest.raises(cuda.LogicError):
+        cuda.Context.synchronize()
+    # Raised once; the context works on.
+    cuda.memset_d32_async(buf, 5, 16)
+    cuda.Context.synchronize()
+    out = np.empty(16, np.uint32)
+    cuda.memcpy_dtoh(out, buf)
+    assert (out == 5).all()
+
+
+def test_a_synchronize_with_nothing_queued_still_waits_for_the_work(mod: SourceModule) -> None:
+    spin = mod.get_function("spin_us")
+    add_one = mod.get_function("add_one_f32").prepare("PQ")
+    buf = cuda.to_device(np.zeros(32, np.float32))
+    spin(np.uint64(200_000), block=(1, 1, 1), grid=(1, 1))  # 0.2 s of "GPU" work, then
+    add_one.prepared_async_call((1, 1), (32, 1, 1), None, buf, 32)
+    cuda.Context.synchronize()  # joins the launch's batch or follows it: waits for both
+    out = np.empty(32, np.float32)
+    cuda.memcpy_dtoh(out, buf)
+    assert (out == 1).all()
