@@ -20,7 +20,7 @@ inline constexpr int kWorkerMaxThreads = 64;
 // Metadata key carrying the daemon instance from OpenSession beside the session id.
 inline constexpr char kInstanceMetadataKey[] = "gpurpc-instance";
 // Trailing metadata a worker adds to every status it sends, so that the front end tells a
-// worker's own answer from one gRPC made up for a broken call (server/worker/status_marker.h).
+// worker's own answer from one gRPC made up for a broken call (server/status_interceptor.h).
 inline constexpr char kWorkerAnswerMetadataKey[] = "gpurpc-worker-answer";
 
 }  // namespace gpurpc

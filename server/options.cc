@@ -113,6 +113,24 @@ const std::vector<Flag>& Flags() {
          o.unix_socket_mode = mode;
          return absl::OkStatus();
        }},
+      {"region-socket", "PATH",
+       "where same-host clients attach shared-memory regions (SOCK_SEQPACKET; the unix "
+       "socket's mode); default: beside the unix socket (gpurpcd.sock -> "
+       "gpurpcd-regions.sock); empty disables regions",
+       [](DaemonOptions& o, const std::string& v) {
+         if (!v.empty() && v != "auto" && v.front() != '/') {
+           return absl::InvalidArgumentError(
+               absl::StrFormat("--region-socket: '%s' is not an absolute path", v));
+         }
+         o.region_socket = v;
+         return absl::OkStatus();
+       }},
+      {"max-host-region-bytes", "N",
+       "same-host regions (pinned host memory) one session may hold (default 16 GiB; 0: no "
+       "limit)",
+       [](DaemonOptions& o, const std::string& v) {
+         return ParseU64("max-host-region-bytes", v, &o.max_host_region_bytes);
+       }},
       {"health-listen", "ADDRESS",
        "separate listener for grpc.health.v1 and reflection only, needing no credentials "
        "(HOST:PORT or unix:PATH; default: none)",
@@ -387,6 +405,10 @@ const std::vector<Flag>& Flags() {
        [](DaemonOptions& o, const std::string& v) {
          return ParseInt("worker-status-fd", v, -1, &o.worker_status_fd);
        }},
+      {"worker-region-fd", nullptr, "",
+       [](DaemonOptions& o, const std::string& v) {
+         return ParseInt("worker-region-fd", v, -1, &o.worker_region_fd);
+       }},
       {"device", nullptr, "",
        [](DaemonOptions& o, const std::string& v) { return ParseInt("device", v, -1, &o.device); }},
   };
@@ -526,6 +548,26 @@ absl::StatusOr<DaemonOptions> ParseDaemonOptions(int argc, char** argv) {
       options.cache_dir = absl::StrCat(home, "/.cache/gpurpc");
     }
   }
+  if (options.region_socket == "auto") {
+    options.region_socket.clear();
+    if (!options.unix_socket.empty()) {
+      const std::string& unix_socket = options.unix_socket;
+      options.region_socket =
+          absl::EndsWith(unix_socket, ".sock")
+              ? absl::StrCat(unix_socket.substr(0, unix_socket.size() - 5), "-regions.sock")
+              : absl::StrCat(unix_socket, ".regions");
+      // A socket is bound under a temporary name 21 bytes longer (unix_listener.cc), and
+      // sun_path holds 107: beside a long Unix socket path, go without regions rather than
+      // fail to start.
+      if (options.region_socket.size() + 21 > 107) {
+        options.region_socket_note = absl::StrFormat(
+            "no region socket: the path beside the unix socket (%s) would be too long for a "
+            "socket; give --region-socket a shorter one",
+            options.region_socket);
+        options.region_socket.clear();
+      }
+    }
+  }
   if (options.internal_worker && options.worker_fd < 0) {
     return absl::InvalidArgumentError("--internal-worker needs --worker-fd");
   }
@@ -633,6 +675,8 @@ std::vector<std::string> WorkerArgs(const DaemonOptions& options, int device, in
   return {"--internal-worker",
           absl::StrCat("--worker-fd=", fd),
           absl::StrCat("--worker-status-fd=", fd + 1),
+          absl::StrCat("--worker-region-fd=", fd + 2),
+          absl::StrCat("--region-socket=", options.region_socket),
           absl::StrCat("--device=", device),
           absl::StrCat("--backend=", options.backend),
           absl::StrCat("--cache-dir=", options.cache_dir),

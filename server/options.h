@@ -21,6 +21,15 @@ struct DaemonOptions {
   std::string listen;       // TCP; "" = none
   std::string unix_socket;  // "" = none; defaults to DefaultUnixSocket()
   uint32_t unix_socket_mode = 0660;
+  // Where same-host clients attach their regions' memfds (host_region_service.proto), with
+  // the Unix socket's mode. "auto" (resolved by ParseDaemonOptions) = beside the Unix socket,
+  // "gpurpcd.sock" -> "gpurpcd-regions.sock"; "" = none (RegisterHostRegion is then
+  // FAILED_PRECONDITION).
+  std::string region_socket = "auto";
+  // Why the "auto" region socket was left out (its path would be too long), for the log.
+  std::string region_socket_note;
+  // Same-host regions one session may hold (pinned host memory), bytes; 0 = no limit.
+  uint64_t max_host_region_bytes = 16ull << 30;
   std::string health_listen;  // grpc.health.v1 + reflection only, no credentials; "" = none
   // Authentication (TCP). The Unix socket's tenant is always the peer's user.
   std::string tokens_file;
@@ -64,6 +73,8 @@ struct DaemonOptions {
   // The worker writes why it ends itself (the kernel watchdog) here before it exits; the
   // front end reads it when the worker is reaped. -1 = none.
   int worker_status_fd = -1;
+  // The worker's end of its region channel with the front end (host_region.h); -1 = none.
+  int worker_region_fd = -1;
   int device = -1;  // -1 = inventory worker (lists devices, opens no context)
   // Internal: set when this process is a compile helper started by a worker (its socket is
   // fd 3; everything else comes over it, see compile_helper.h).
@@ -94,7 +105,8 @@ absl::StatusOr<DaemonOptions> ParseDaemonOptions(int argc, char** argv);
 // The --help text, every user-facing flag with its default.
 std::string DaemonUsage();
 // The flags a worker for `device` is started with (everything it needs, explicitly). Its
-// gRPC socket is `fd`, its status pipe (worker_status_fd) `fd + 1`.
+// gRPC socket is `fd`, its status pipe (worker_status_fd) `fd + 1`, its region channel
+// (worker_region_fd) `fd + 2`.
 std::vector<std::string> WorkerArgs(const DaemonOptions& options, int device, int fd);
 
 }  // namespace gpurpc

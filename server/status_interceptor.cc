@@ -1,6 +1,7 @@
 #include "server/status_interceptor.h"
 
 #include <string>
+#include <string_view>
 
 #include "absl/strings/str_format.h"
 #include "common/limits.h"
@@ -11,7 +12,9 @@ namespace {
 class StatusInterceptor final : public grpc::experimental::Interceptor {
  public:
   StatusInterceptor(const char* method, bool mark_worker_answers, int max_threads)
-      : method_(method != nullptr ? method : "this method"),
+      // gRPC's sync server names the handler of methods it does not serve "unknown".
+      : known_method_(method != nullptr && std::string_view(method) != "unknown"),
+        method_(method != nullptr ? method : "this method"),
         mark_worker_answers_(mark_worker_answers),
         max_threads_(max_threads) {}
 
@@ -19,7 +22,14 @@ class StatusInterceptor final : public grpc::experimental::Interceptor {
     if (methods->QueryInterceptionHookPoint(
             grpc::experimental::InterceptionHookPoints::PRE_SEND_STATUS)) {
       const grpc::Status status = methods->GetSendStatus();
-      if ((status.error_code() == grpc::StatusCode::INTERNAL ||
+      if (!known_method_ && status.error_code() == grpc::StatusCode::UNIMPLEMENTED) {
+        // gRPC's answer to a method this server does not serve (the direct channel serves
+        // only ExecutionService): it stays UNIMPLEMENTED, with words.
+        methods->ModifySendStatus(grpc::Status(
+            grpc::StatusCode::UNIMPLEMENTED,
+            "this method is not served on this channel (a session's direct channel carries "
+            "ExecutionService only; use the daemon's address for the rest)"));
+      } else if ((status.error_code() == grpc::StatusCode::INTERNAL ||
            status.error_code() == grpc::StatusCode::UNIMPLEMENTED) &&
           status.error_message().empty()) {
         methods->ModifySendStatus(grpc::Status(
@@ -46,6 +56,7 @@ class StatusInterceptor final : public grpc::experimental::Interceptor {
   }
 
  private:
+  const bool known_method_;
   const std::string method_;
   const bool mark_worker_answers_;
   const int max_threads_;

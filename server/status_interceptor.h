@@ -2,7 +2,8 @@
 // - A request that does not parse as its protobuf type (or a unary call with no request) is
 //   answered by gRPC with INTERNAL or UNIMPLEMENTED and no message; the interceptor turns
 //   that into INVALID_ARGUMENT naming the method, as every other bad argument is answered.
-//   (gpurpc's own statuses always carry a message.)
+//   (gpurpc's own statuses always carry a message.) A method the server does not serve at
+//   all stays UNIMPLEMENTED, with a message saying so.
 // - gRPC's "Server Threadpool Exhausted" (RESOURCE_EXHAUSTED when every thread of the
 //   server's resource quota is busy) is reworded to name the limit, `max_threads`.
 // - In a worker (mark_worker_answers), every status the worker sends is marked with

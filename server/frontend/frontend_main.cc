@@ -26,6 +26,7 @@
 #include "server/frontend/proxy.h"
 #include "server/frontend/services.h"
 #include "server/frontend/session_manager.h"
+#include "server/frontend/region_listener.h"
 #include "server/frontend/unix_listener.h"
 #include "server/status_interceptor.h"
 #include "spdlog/sinks/stdout_color_sinks.h"
@@ -82,6 +83,9 @@ std::string Describe(const DaemonOptions& options) {
   std::string out;
   if (!options.unix_socket.empty()) {
     absl::StrAppend(&out, "unix:", options.unix_socket, " (tenant = peer user)");
+  }
+  if (!options.region_socket.empty()) {
+    absl::StrAppend(&out, ", regions on ", options.region_socket);
   }
   if (!options.listen.empty()) {
     std::vector<std::string> how;
@@ -238,6 +242,20 @@ int FrontendMain(const DaemonOptions& options) {
     unix_listener = *std::move(listener);
     unix_listener->Start(server.get());
   }
+  // Same-host regions' memfds (host_region_service.proto); workers tell clients the path.
+  std::unique_ptr<RegionListener> region_listener;
+  if (!options.region_socket_note.empty()) spdlog::warn("{}", options.region_socket_note);
+  if (!options.region_socket.empty()) {
+    auto listener =
+        RegionListener::Open(options.region_socket, options.unix_socket_mode, &sessions);
+    if (!listener.ok()) {
+      spdlog::critical("cannot serve the region socket {}: {}", options.region_socket,
+                       std::string(listener.status().message()));
+      return 1;
+    }
+    region_listener = *std::move(listener);
+    region_listener->Start();
+  }
   if (health_server != nullptr) {
     health_server->GetHealthCheckService()->SetServingStatus(true);
   }
@@ -268,6 +286,7 @@ int FrontendMain(const DaemonOptions& options) {
   }
   if (health_server != nullptr) health_server->GetHealthCheckService()->SetServingStatus(false);
   unix_listener.reset();  // accept no more
+  region_listener.reset();
   server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(5));
   server->Wait();
   if (health_server != nullptr) {

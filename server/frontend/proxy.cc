@@ -14,6 +14,7 @@
 #include "common/limits.h"
 #include "google/protobuf/descriptor.h"
 #include "gpurpc/v1/execution_service.pb.h"
+#include "gpurpc/v1/host_region_service.pb.h"
 #include "gpurpc/v1/memory_service.pb.h"
 #include "gpurpc/v1/module_service.grpc.pb.h"
 #include "grpcpp/impl/codegen/proto_utils.h"
@@ -28,27 +29,34 @@ constexpr const char* kSessionServices[] = {
     "gpurpc.v1.MemoryService",
     "gpurpc.v1.ModuleService",
     "gpurpc.v1.ExecutionService",
+    "gpurpc.v1.HostRegionService",
 };
-// Reserved in the API for same-host shared-memory transfers; not served yet.
-constexpr char kHostRegionPrefix[] = "/gpurpc.v1.HostRegionService/";
+
+// Whether a method's client and server stream (unary and server-streaming methods take
+// exactly one request message).
+struct MethodShape {
+  bool client_streaming;
+  bool server_streaming;
+};
 
 // Every method of the session services, by its exact path ("/package.Service/Method"),
-// from the generated descriptors: true for a method whose client streams (unary and
-// server-streaming methods take exactly one request message).
-const absl::flat_hash_map<std::string, bool>& SessionMethods() {
+// from the generated descriptors.
+const absl::flat_hash_map<std::string, MethodShape>& SessionMethods() {
   static const auto* const kMethods = [] {
     // Touch one message of each file so that its descriptors are linked in and registered.
     v1::AllocateRequest::descriptor();
     v1::CompileRequest::descriptor();
     v1::CreateStreamRequest::descriptor();
-    auto* methods = new absl::flat_hash_map<std::string, bool>();
+    v1::RegisterHostRegionRequest::descriptor();
+    auto* methods = new absl::flat_hash_map<std::string, MethodShape>();
     for (const char* name : kSessionServices) {
       const google::protobuf::ServiceDescriptor* service =
           google::protobuf::DescriptorPool::generated_pool()->FindServiceByName(name);
       if (service == nullptr) continue;
       for (int i = 0; i < service->method_count(); ++i) {
         const google::protobuf::MethodDescriptor* method = service->method(i);
-        methods->emplace(absl::StrCat("/", name, "/", method->name()), method->client_streaming());
+        methods->emplace(absl::StrCat("/", name, "/", method->name()),
+                         MethodShape{method->client_streaming(), method->server_streaming()});
       }
     }
     return methods;
@@ -57,16 +65,27 @@ const absl::flat_hash_map<std::string, bool>& SessionMethods() {
 }
 
 constexpr char kCommandStreamMethod[] = "/gpurpc.v1.ExecutionService/CommandStream";
-constexpr char kUploadStreamMethod[] = "/gpurpc.v1.MemoryService/UploadStream";
 constexpr char kAllocateMethod[] = "/gpurpc.v1.MemoryService/Allocate";
 constexpr char kFreeMethod[] = "/gpurpc.v1.MemoryService/Free";
 constexpr char kCompileMethod[] = "/gpurpc.v1.ModuleService/Compile";
 constexpr char kLoadModuleMethod[] = "/gpurpc.v1.ModuleService/LoadModule";
 constexpr char kUnloadModuleMethod[] = "/gpurpc.v1.ModuleService/UnloadModule";
 constexpr char kGetFunctionMethod[] = "/gpurpc.v1.ModuleService/GetFunction";
+constexpr char kRegisterRegionMethod[] = "/gpurpc.v1.HostRegionService/RegisterHostRegion";
+constexpr char kUnregisterRegionMethod[] = "/gpurpc.v1.HostRegionService/UnregisterHostRegion";
 
 // Calls the ledger reads on the way through.
-enum class Ledger { kNone, kAllocate, kFree, kCompile, kLoadModule, kUnloadModule, kGetFunction };
+enum class Ledger {
+  kNone,
+  kAllocate,
+  kFree,
+  kCompile,
+  kLoadModule,
+  kUnloadModule,
+  kGetFunction,
+  kRegisterRegion,
+  kUnregisterRegion,
+};
 
 Ledger LedgerFor(const std::string& method) {
   if (method == kAllocateMethod) return Ledger::kAllocate;
@@ -75,6 +94,8 @@ Ledger LedgerFor(const std::string& method) {
   if (method == kLoadModuleMethod) return Ledger::kLoadModule;
   if (method == kUnloadModuleMethod) return Ledger::kUnloadModule;
   if (method == kGetFunctionMethod) return Ledger::kGetFunction;
+  if (method == kRegisterRegionMethod) return Ledger::kRegisterRegion;
+  if (method == kUnregisterRegionMethod) return Ledger::kUnregisterRegion;
   return Ledger::kNone;
 }
 
@@ -118,6 +139,10 @@ class RejectReactor final : public grpc::ServerGenericBidiReactor {
 };
 
 // One relayed call. The server half faces the client, the WorkerHalf faces the worker.
+// A unary method is relayed as a unary call to the worker (one request, one answer, one
+// completion: a third of the reactions of a streamed relay, each of which costs a hand-over
+// between gRPC's threads); the answer goes to the client with the status in one operation.
+// Streaming methods use the pumps below.
 // Two pumps run at once, each with at most one operation outstanding:
 //   client -> worker: server Read, then worker Write, then server Read ...
 //   worker -> client: worker Read, then server Write, then worker Read ...
@@ -130,12 +155,13 @@ class RelayReactor final : public grpc::ServerGenericBidiReactor {
   // For Ledger::kCompile the caller has taken a compile slot of the session's tenant,
   // which this relay gives back when the call ends.
   RelayReactor(grpc::GenericCallbackServerContext* context, SessionManager* sessions,
-               std::shared_ptr<SessionRecord> session, Ledger ledger, bool client_streaming)
+               std::shared_ptr<SessionRecord> session, Ledger ledger, MethodShape shape)
       : context_(context),
         sessions_(sessions),
         session_(std::move(session)),
         ledger_(ledger),
-        client_streaming_(client_streaming),
+        client_streaming_(shape.client_streaming),
+        unary_(!shape.client_streaming && !shape.server_streaming),
         worker_half_(this) {
     // Callbacks may fire on other threads before the constructor is done.
     std::lock_guard<std::mutex> lock(mu_);
@@ -151,6 +177,10 @@ class RelayReactor final : public grpc::ServerGenericBidiReactor {
     // deadline passes: the ledger must see what the worker really did (an allocation made
     // after the client gave up still holds memory; a compile still holds a CPU).
     if (ledger_ == Ledger::kNone) worker_context_.set_deadline(context_->deadline());
+    if (unary_) {
+      StartRead(&from_client_);  // the worker call starts once the request is complete
+      return;
+    }
     session_->stub().PrepareBidiStreamingCall(&worker_context_, context_->method(),
                                               grpc::StubOptions(), &worker_half_);
     worker_half_.AddMultipleHolds(2);  // one per pump
@@ -161,9 +191,23 @@ class RelayReactor final : public grpc::ServerGenericBidiReactor {
 
   // Server half.
   void OnReadDone(bool ok) override {
-    std::lock_guard<std::mutex> lock(mu_);
+    bool start_unary = false;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      start_unary = OnReadDoneLocked(ok);
+    }
+    // Outside the lock: the completion must be free to take it whenever it runs.
+    if (start_unary) {
+      session_->stub().UnaryCall(&worker_context_, context_->method(), grpc::StubOptions(),
+                                 &from_client_, &from_worker_,
+                                 [this](grpc::Status status) { OnWorkerUnaryDone(status); });
+    }
+  }
+
+  // True when the unary call to the worker is to start now.
+  bool OnReadDoneLocked(bool ok) {
     session_->Touch();
-    if (!to_worker_open_) return;
+    if (!to_worker_open_) return false;
     if (!client_streaming_) {
       // A method that takes one request message: the message is held until the client
       // half-closes, so that a call with none or with more than one is refused before the
@@ -171,50 +215,82 @@ class RelayReactor final : public grpc::ServerGenericBidiReactor {
       if (ok && !request_held_) {
         request_held_ = true;
         StartRead(&extra_);
-        return;
+        return false;
       }
       if (ok || !request_held_) {
         refusal_ = grpc::Status(
             grpc::StatusCode::UNIMPLEMENTED,
             absl::StrFormat("%s takes exactly one request message; this call sent %s",
                             context_->method(), ok ? "more" : "none"));
-        worker_context_.TryCancel();
-        CloseToWorkerLocked();
-        return;
+        RefuseLocked();
+        return false;
       }
       // The one message, then the half-close.
       if (!LedgerBeforeWorkerLocked()) {
-        worker_context_.TryCancel();
-        CloseToWorkerLocked();
-        return;
+        RefuseLocked();
+        return false;
+      }
+      if (unary_) {
+        to_worker_open_ = false;  // the one request goes with the call
+        return true;
       }
       worker_half_.StartWriteLast(&from_client_, grpc::WriteOptions());
-      return;
+      return false;
     }
-    if (ok && (!StreamMessageParses() || !LedgerBeforeWorkerLocked())) {
+    // The messages of a client-streaming call go on as they are: the worker parses them itself
+    // and refuses one that does not parse, naming it (server/worker/raw_messages.h).
+    if (ok && !LedgerBeforeWorkerLocked()) {
       // Refused: the worker never sees the request.
-      worker_context_.TryCancel();
-      CloseToWorkerLocked();
-      return;
+      RefuseLocked();
+      return false;
     }
     if (ok) {
-      worker_half_.StartWrite(&from_client_);
+      // While one message is written to the worker the next is read from the client; a
+      // message that arrives before the write is done waits for it (held_from_client_).
+      if (worker_write_pending_) {
+        held_from_client_ = true;
+      } else {
+        WriteToWorkerLocked();
+      }
     } else {
-      // The client half-closed (or went away): pass that on.
-      worker_half_.StartWritesDone();
-      CloseToWorkerLocked();
+      // The client half-closed (or went away): pass that on once the last message is out.
+      client_half_closed_ = true;
+      if (!worker_write_pending_ && !held_from_client_) {
+        worker_half_.StartWritesDone();
+        CloseToWorkerLocked();
+      }
     }
+    return false;
+  }
+
+  // The request is refused (refusal_ says why) before the worker saw it.
+  void RefuseLocked() {
+    worker_context_.TryCancel();
+    if (!unary_) {
+      CloseToWorkerLocked();  // the worker call ends cancelled: OnWorkerDone finishes
+      return;
+    }
+    // No worker call was started: finish here.
+    to_worker_open_ = false;
+    WorkerFinishedLocked(grpc::Status(grpc::StatusCode::CANCELLED, "not sent to the worker"));
+    MaybeFinishLocked();
   }
 
   void OnWriteDone(bool ok) override {
     std::lock_guard<std::mutex> lock(mu_);
     server_write_pending_ = false;
     if (ok) {
-      worker_half_.StartRead(&from_worker_);  // the read pump's hold is still held here
+      // A message read from the worker meanwhile goes out now, and the read pump goes on
+      // (its hold is still held while the worker's side is open).
+      if (held_from_worker_) {
+        held_from_worker_ = false;
+        WriteToClientLocked();
+      }
     } else {
       // The client is gone: stop the worker call (a ledger call has already answered) and
-      // read nothing more from it.
+      // read nothing more from it (a read still pending ends unheeded).
       if (ledger_ == Ledger::kNone) worker_context_.TryCancel();
+      held_from_worker_ = false;
       CloseFromWorkerLocked();
     }
     MaybeFinishLocked();
@@ -255,28 +331,82 @@ class RelayReactor final : public grpc::ServerGenericBidiReactor {
       return;
     }
     if (ok) {
-      server_write_pending_ = true;
-      StartWrite(&from_worker_);
+      if (!from_worker_open_) return;  // the client is gone (OnWriteDone)
+      // While one answer is written to the client the next is read from the worker; one
+      // that arrives before the write is done waits for it (held_from_worker_).
+      if (server_write_pending_) {
+        held_from_worker_ = true;
+      } else {
+        WriteToClientLocked();
+      }
     } else {
       // The worker has ended the call (perhaps before the client half-closed): start no
       // more worker operations from either pump, so that its status can come through.
       CloseFromWorkerLocked();
       CloseToWorkerLocked();
+      MaybeFinishLocked();
     }
   }
 
   void OnWorkerWriteDone(bool ok) {
     std::lock_guard<std::mutex> lock(mu_);
-    if (ok && client_streaming_) {
-      StartRead(&from_client_);
-    } else {
+    worker_write_pending_ = false;
+    if (!ok || !client_streaming_ || !to_worker_open_) {
       CloseToWorkerLocked();  // a one-message call's only write, or the worker is gone
+      return;
     }
+    if (held_from_client_) {
+      held_from_client_ = false;
+      WriteToWorkerLocked();
+    } else if (client_half_closed_) {
+      worker_half_.StartWritesDone();
+      CloseToWorkerLocked();
+    }
+  }
+
+  // The message in from_client_ goes to the worker, and the next one is read from the client.
+  void WriteToWorkerLocked() {
+    to_worker_.Swap(&from_client_);
+    from_client_.Clear();
+    worker_write_pending_ = true;
+    worker_half_.StartWrite(&to_worker_);
+    StartRead(&from_client_);
+  }
+
+  // The answer in from_worker_ goes to the client, and the next one is read from the worker
+  // (while its side is open).
+  void WriteToClientLocked() {
+    to_client_.Swap(&from_worker_);
+    from_worker_.Clear();
+    server_write_pending_ = true;
+    StartWrite(&to_client_);
+    if (from_worker_open_) worker_half_.StartRead(&from_worker_);
   }
 
   void OnWorkerDone(const grpc::Status& status) {
     grpc::Status final_status = Translate(status);
     std::lock_guard<std::mutex> lock(mu_);
+    WorkerFinishedLocked(std::move(final_status));
+    MaybeFinishLocked();
+  }
+
+  // The unary worker call ended; its answer, if any, is in from_worker_.
+  void OnWorkerUnaryDone(const grpc::Status& status) {
+    grpc::Status final_status = Translate(status);  // may wait for a dying worker: unlocked
+    std::lock_guard<std::mutex> lock(mu_);
+    // Refused by the ledger: the client does not get the answer, refusal_ is the status.
+    const bool answered = status.ok() && LedgerOnAnswerLocked();
+    WorkerFinishedLocked(std::move(final_status));
+    if (answered && final_status_.ok() && !finished_) {
+      finished_ = true;
+      StartWriteAndFinish(&from_worker_, grpc::WriteOptions(), final_status_);
+      return;
+    }
+    MaybeFinishLocked();
+  }
+
+  // The worker's side is over with `final_status` (translated).
+  void WorkerFinishedLocked(grpc::Status final_status) {
     LedgerAfterWorkerLocked(final_status);
     if (!refusal_.ok()) final_status = refusal_;
     if (counts_as_in_flight_) {
@@ -286,7 +416,6 @@ class RelayReactor final : public grpc::ServerGenericBidiReactor {
     }
     worker_done_ = true;
     final_status_ = std::move(final_status);
-    MaybeFinishLocked();
   }
 
   // Maps what the worker answered to what the client sees, and records faults.
@@ -361,7 +490,20 @@ class RelayReactor final : public grpc::ServerGenericBidiReactor {
     } else if (ledger_ == Ledger::kFree && !request_seen_) {
       request_seen_ = true;
       v1::FreeRequest request;
-      if (ParseRelayed(from_client_, &request)) freed_buffer_ = request.buffer_id();
+      if (ParseRelayed(from_client_, &request)) released_id_ = request.buffer_id();
+    } else if (ledger_ == Ledger::kRegisterRegion && !request_seen_) {
+      request_seen_ = true;
+      v1::RegisterHostRegionRequest request;
+      if (ParseRelayed(from_client_, &request) && request.size_bytes() > 0) {
+        if (!Admitted(sessions_->ReserveHostRegion(*session_, request.size_bytes()))) {
+          return false;
+        }
+        reserved_bytes_ = request.size_bytes();
+      }
+    } else if (ledger_ == Ledger::kUnregisterRegion && !request_seen_) {
+      request_seen_ = true;
+      v1::UnregisterHostRegionRequest request;
+      if (ParseRelayed(from_client_, &request)) released_id_ = request.region_id();
     }
     return true;
   }
@@ -399,8 +541,18 @@ class RelayReactor final : public grpc::ServerGenericBidiReactor {
         if (!ParseRelayed(from_worker_, &response)) return true;
         return ChargeModuleLocked(response.module_id(), response.device_memory_bytes());
       }
+      case Ledger::kRegisterRegion: {
+        v1::RegisterHostRegionResponse response;
+        if (reserved_bytes_ > 0 && ParseRelayed(from_worker_, &response) &&
+            response.region_id() != 0) {
+          sessions_->CommitHostRegion(*session_, reserved_bytes_, response.region_id());
+          reserved_bytes_ = 0;
+        }
+        return true;
+      }
       case Ledger::kFree:
       case Ledger::kUnloadModule:
+      case Ledger::kUnregisterRegion:
       case Ledger::kNone:
         return true;
     }
@@ -412,33 +564,6 @@ class RelayReactor final : public grpc::ServerGenericBidiReactor {
     if (module_id == 0) return true;
     if (Admitted(sessions_->ChargeModule(*session_, module_id, bytes))) return true;
     UnloadInBackground(sessions_, session_, module_id);
-    return false;
-  }
-
-  // The client-streaming methods' messages are parsed here: a worker's blocking reader
-  // cannot tell a message that does not parse from the end of the stream, and would take the
-  // rest of the stream as never sent (the batches of a command stream dropped silently).
-  // False, with the refusal recorded, when the message does not parse. Unary requests that
-  // do not parse are answered by the worker itself (server/status_interceptor.h).
-  bool StreamMessageParses() {
-    ++stream_messages_;
-    bool parses = true;
-    const char* type = nullptr;
-    if (context_->method() == kCommandStreamMethod) {
-      thread_local v1::CommandBatch batch;  // kept: its buffers are reused
-      parses = ParseRelayed(from_client_, &batch);
-      type = "gpurpc.v1.CommandBatch";
-    } else if (context_->method() == kUploadStreamMethod) {
-      thread_local v1::UploadStreamRequest chunk;
-      parses = ParseRelayed(from_client_, &chunk);
-      type = "gpurpc.v1.UploadStreamRequest";
-    }
-    if (parses) return true;
-    refusal_ = grpc::Status(
-        grpc::StatusCode::INVALID_ARGUMENT,
-        absl::StrFormat("%s: message %d of the stream is not a valid %s (it does not parse as "
-                        "protobuf); the stream ends here and that message was not applied",
-                        context_->method(), stream_messages_, type));
     return false;
   }
 
@@ -456,7 +581,14 @@ class RelayReactor final : public grpc::ServerGenericBidiReactor {
         reserved_bytes_ = 0;
         break;
       case Ledger::kFree:
-        if (status.ok() && freed_buffer_ != 0) sessions_->ReleaseBuffer(*session_, freed_buffer_);
+        if (status.ok() && released_id_ != 0) sessions_->ReleaseBuffer(*session_, released_id_);
+        break;
+      case Ledger::kRegisterRegion:
+        if (reserved_bytes_ > 0) sessions_->CancelHostRegionReservation(*session_, reserved_bytes_);
+        reserved_bytes_ = 0;
+        break;
+      case Ledger::kUnregisterRegion:
+        if (status.ok() && released_id_ != 0) sessions_->ReleaseHostRegion(*session_, released_id_);
         break;
       case Ledger::kCompile:
         sessions_->EndCompile(session_->tenant());
@@ -477,16 +609,16 @@ class RelayReactor final : public grpc::ServerGenericBidiReactor {
   void CloseToWorkerLocked() {
     if (!to_worker_open_) return;
     to_worker_open_ = false;
-    worker_half_.RemoveHold();
+    if (!unary_) worker_half_.RemoveHold();
   }
   void CloseFromWorkerLocked() {
     if (!from_worker_open_) return;
     from_worker_open_ = false;
-    worker_half_.RemoveHold();
+    if (!unary_) worker_half_.RemoveHold();
   }
 
   void MaybeFinishLocked() {
-    if (worker_done_ && !server_write_pending_ && !finished_) {
+    if (worker_done_ && !server_write_pending_ && !held_from_worker_ && !finished_) {
       finished_ = true;
       Finish(final_status_);
     }
@@ -497,18 +629,24 @@ class RelayReactor final : public grpc::ServerGenericBidiReactor {
   std::shared_ptr<SessionRecord> session_;
   const Ledger ledger_;
   const bool client_streaming_;
+  const bool unary_;           // neither side streams: relayed as a unary worker call
   bool request_held_ = false;  // a one-message call's message is in from_client_
-  uint64_t stream_messages_ = 0;  // of a client-streaming call, read so far
   grpc::ByteBuffer extra_;     // where a one-message call's half-close (or excess) is read
   bool request_seen_ = false;
   uint64_t reserved_bytes_ = 0;
-  uint64_t freed_buffer_ = 0;
+  uint64_t released_id_ = 0;  // Free's buffer, UnregisterHostRegion's region
   uint64_t unloaded_module_ = 0;
   grpc::Status refusal_;
   grpc::ClientContext worker_context_;
   WorkerHalf worker_half_;
-  grpc::ByteBuffer from_client_;
-  grpc::ByteBuffer from_worker_;
+  grpc::ByteBuffer from_client_;  // being read from the client
+  grpc::ByteBuffer to_worker_;    // being written to the worker
+  grpc::ByteBuffer from_worker_;  // being read from the worker
+  grpc::ByteBuffer to_client_;    // being written to the client
+  bool worker_write_pending_ = false;
+  bool held_from_client_ = false;  // from_client_ waits for the worker write to end
+  bool held_from_worker_ = false;  // from_worker_ waits for the client write to end
+  bool client_half_closed_ = false;
 
   std::mutex mu_;
   bool counts_as_in_flight_ = true;
@@ -529,8 +667,7 @@ grpc::ServerGenericBidiReactor* SessionProxy::CreateReactor(
     grpc::GenericCallbackServerContext* context) {
   const auto& methods = SessionMethods();
   const auto method = methods.find(context->method());
-  const bool host_region = absl::StartsWith(context->method(), kHostRegionPrefix);
-  if (method == methods.end() && !host_region) {
+  if (method == methods.end()) {
     return new RejectReactor(
         grpc::Status(grpc::StatusCode::UNIMPLEMENTED,
                      absl::StrFormat("gpurpcd has no method %s",
@@ -540,13 +677,6 @@ grpc::ServerGenericBidiReactor* SessionProxy::CreateReactor(
   if (!identity.ok()) return new RejectReactor(ToGrpcStatus(identity.status()));
   auto session = sessions_->FindFromMetadata(context->client_metadata(), identity->tenant);
   if (!session.ok()) return new RejectReactor(ToGrpcStatus(session.status()));
-  if (host_region) {
-    return new RejectReactor(grpc::Status(
-        grpc::StatusCode::UNIMPLEMENTED,
-        absl::StrFormat("%s: HostRegionService (same-host shared-memory transfers) is not "
-                        "served by this gpurpcd yet; use MemoryService's uploads and downloads",
-                        absl::CHexEscape(context->method().substr(0, 256)))));
-  }
   if (absl::Status usable = (*session)->CheckUsable(); !usable.ok()) {
     return new RejectReactor(ToGrpcStatus(usable));
   }
@@ -556,8 +686,7 @@ grpc::ServerGenericBidiReactor* SessionProxy::CreateReactor(
       return new RejectReactor(ToGrpcStatus(slot));
     }
   }
-  return new RelayReactor(context, sessions_, *std::move(session), ledger,
-                          /*client_streaming=*/method->second);
+  return new RelayReactor(context, sessions_, *std::move(session), ledger, method->second);
 }
 
 }  // namespace gpurpc::frontend

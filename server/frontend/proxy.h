@@ -11,7 +11,10 @@
 // charged; a module over quota is unloaded and the call answers RESOURCE_EXHAUSTED) and
 // UnloadModule (its globals are released) and GetFunction (the local memory the driver will
 // reserve to launch the kernel is charged, the largest per session; over quota the call
-// answers RESOURCE_EXHAUSTED and the function's id is never given out). These ledger calls run to
+// answers RESOURCE_EXHAUSTED and the function's id is never given out), RegisterHostRegion
+// (the region's size is reserved against max_host_region_bytes and recorded under the id the
+// worker answers) and UnregisterHostRegion (released once the worker confirms). These ledger
+// calls run to
 // their end in the worker even when the client cancels, so that the ledger sees what really
 // happened.
 #ifndef GPURPC_SERVER_FRONTEND_PROXY_H_

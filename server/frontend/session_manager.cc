@@ -24,6 +24,8 @@ constexpr absl::Duration kBindTimeout = absl::Seconds(10);
 // server/worker/worker_main.h kExitKernelTimeout: the watchdog ended the worker, after
 // writing why to its status pipe.
 constexpr int kWorkerExitKernelTimeout = 7;
+// kExitSessionFaulted: the worker saw a sticky fault (on a direct channel, say) and ended.
+constexpr int kWorkerExitSessionFaulted = 9;
 
 std::string NewInstanceId() {
   HandleIdGenerator ids;
@@ -106,6 +108,9 @@ bool SessionRecord::MarkFaulted(const std::string& cause, absl::StatusCode code)
 bool SessionRecord::MarkFaultedByExit() {
   if (worker_->exit_code() == kWorkerExitKernelTimeout && !worker_->exit_message().empty()) {
     return MarkFaulted(worker_->exit_message(), absl::StatusCode::kDeadlineExceeded);
+  }
+  if (worker_->exit_code() == kWorkerExitSessionFaulted && !worker_->exit_message().empty()) {
+    return MarkFaulted(worker_->exit_message());
   }
   return MarkFaulted(absl::StrCat("its worker process ", worker_->exit_description()));
 }
@@ -305,6 +310,7 @@ absl::Status SessionManager::BindWorker(WorkerProcess& worker, uint64_t session_
   request.set_session_id(session_id);
   request.set_tenant(tenant);
   *request.mutable_quota() = options_.QuotaFor(tenant);
+  request.set_max_host_region_bytes_per_session(options_.max_host_region_bytes);
   internal::v1::BindResponse response;
   const grpc::Status status = stub.Bind(&context, request, &response);
   if (!status.ok()) {
@@ -529,6 +535,9 @@ TenantUsage SessionManager::Usage(const std::string& tenant) const {
   TenantUsage usage;
   if (auto it = tenant_slots_.find(tenant); it != tenant_slots_.end()) usage.sessions = it->second;
   usage.device_memory_bytes = TenantMemoryLocked(tenant);
+  for (const auto& [id, session] : sessions_) {
+    if (session->tenant() == tenant) usage.host_region_bytes += session->host_region_bytes_;
+  }
   if (auto it = tenant_compiles_.find(tenant); it != tenant_compiles_.end()) {
     usage.compiles = it->second;
   }
@@ -597,6 +606,82 @@ void SessionManager::ReleaseBuffer(SessionRecord& session, uint64_t buffer_id) {
   if (it == session.buffer_bytes_.end()) return;
   session.memory_bytes_ -= std::min(session.memory_bytes_, it->second);
   session.buffer_bytes_.erase(it);
+}
+
+absl::Status SessionManager::ReserveHostRegion(SessionRecord& session, uint64_t bytes) {
+  absl::MutexLock lock(&mu_);
+  if (session.memory_gone_) return absl::OkStatus();  // the worker will answer
+  const uint64_t limit = options_.QuotaFor(session.tenant()).max_host_region_bytes();
+  if (limit != 0) {
+    uint64_t used = 0;
+    for (const auto& [id, other] : sessions_) {
+      if (other->tenant() == session.tenant()) {
+        used = other->host_region_bytes_ > UINT64_MAX - used ? UINT64_MAX
+                                                             : used + other->host_region_bytes_;
+      }
+    }
+    if (bytes > limit || used > limit - bytes) {
+      return absl::ResourceExhaustedError(absl::StrFormat(
+          "quota max_host_region_bytes of tenant '%s' is %s: the tenant holds %s of "
+          "same-host regions, and this region asks for %s more; unregister some first",
+          session.tenant(), Bytes(limit), Bytes(used), Bytes(bytes)));
+    }
+  }
+  session.host_region_bytes_ = bytes > UINT64_MAX - session.host_region_bytes_
+                                   ? UINT64_MAX
+                                   : session.host_region_bytes_ + bytes;
+  return absl::OkStatus();
+}
+
+void SessionManager::CommitHostRegion(SessionRecord& session, uint64_t reserved_bytes,
+                                      uint64_t region_id) {
+  absl::MutexLock lock(&mu_);
+  if (session.memory_gone_) return;
+  session.region_bytes_[region_id] = reserved_bytes;  // the reservation becomes the region's
+}
+
+void SessionManager::CancelHostRegionReservation(SessionRecord& session, uint64_t bytes) {
+  absl::MutexLock lock(&mu_);
+  if (session.memory_gone_) return;
+  session.host_region_bytes_ -= std::min(session.host_region_bytes_, bytes);
+}
+
+void SessionManager::ReleaseHostRegion(SessionRecord& session, uint64_t region_id) {
+  absl::MutexLock lock(&mu_);
+  auto it = session.region_bytes_.find(region_id);
+  if (it == session.region_bytes_.end()) return;
+  session.host_region_bytes_ -= std::min(session.host_region_bytes_, it->second);
+  session.region_bytes_.erase(it);
+}
+
+v1::AttachHostRegionReply SessionManager::AttachHostRegion(
+    const v1::AttachHostRegionRequest& request, int memfd) {
+  v1::AttachHostRegionReply reply;
+  auto answer = [&reply](const absl::Status& status) {
+    reply.set_code(static_cast<int>(status.code()));
+    reply.set_message(std::string(status.message()));
+    return reply;
+  };
+  std::shared_ptr<SessionRecord> session;
+  {
+    absl::MutexLock lock(&mu_);
+    if (auto it = sessions_.find(request.session_id()); it != sessions_.end()) {
+      session = it->second;
+    }
+  }
+  // The same words as the worker's for a wrong ticket: whether a session exists is not
+  // the asker's business.
+  if (session == nullptr || !session->CheckUsable().ok()) {
+    return answer(absl::NotFoundError(
+        absl::StrFormat("no region %d of this session waits for its memfd with that ticket",
+                        request.region_id())));
+  }
+  session->BeginCall();
+  absl::StatusOr<v1::AttachHostRegionReply> attached =
+      session->worker().AttachRegion(request, memfd, absl::Seconds(60));
+  session->EndCall();
+  if (!attached.ok()) return answer(attached.status());
+  return *attached;
 }
 
 absl::Status SessionManager::ChargeModule(SessionRecord& session, uint64_t module_id,

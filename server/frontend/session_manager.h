@@ -81,7 +81,8 @@ class SessionRecord {
   bool MarkFaulted(const std::string& cause,
                    absl::StatusCode code = absl::StatusCode::kFailedPrecondition);
   // After the worker ended: records why, from its exit (the watchdog's line and exit code
-  // 7 become DEADLINE_EXCEEDED). Same return as MarkFaulted.
+  // 7 become DEADLINE_EXCEEDED; a sticky fault's line and exit code 9, FAILED_PRECONDITION
+  // with that cause). Same return as MarkFaulted.
   bool MarkFaultedByExit();
   // Called by Close before it ends the worker, so that the worker's death is no fault.
   void MarkClosing();
@@ -143,6 +144,8 @@ class SessionRecord {
   // Device memory ledger, guarded by the manager's mutex.
   std::unordered_map<uint64_t, uint64_t> buffer_bytes_;  // buffer id -> size
   std::unordered_map<uint64_t, uint64_t> module_bytes_;  // module id -> its globals' size
+  std::unordered_map<uint64_t, uint64_t> region_bytes_;  // host region id -> its size
+  uint64_t host_region_bytes_ = 0;                       // regions + reservations
   uint64_t memory_bytes_ = 0;                            // buffers + reservations
   uint64_t local_memory_bytes_ = 0;  // the largest launch reservation charged so far
   bool memory_gone_ = false;
@@ -153,6 +156,8 @@ class SessionRecord {
     buffer_bytes_.clear();
     module_bytes_.clear();
     local_memory_bytes_ = 0;
+    region_bytes_.clear();
+    host_region_bytes_ = 0;
   }  // the worker ended: its memory is free, accounts nothing
 };
 
@@ -161,6 +166,7 @@ struct TenantUsage {
   uint32_t sessions = 0;  // open, plus opens in progress
   uint64_t device_memory_bytes = 0;
   uint32_t compiles = 0;
+  uint64_t host_region_bytes = 0;
 };
 
 class SessionManager {
@@ -240,6 +246,20 @@ class SessionManager {
   // reservation it made, so a session is charged the largest over the kernels it obtained
   // (GetFunction); RESOURCE_EXHAUSTED naming the quota when that does not fit.
   absl::Status ChargeLocalMemory(SessionRecord& session, uint64_t local_bytes_per_thread);
+  // Same-host regions (host_region_service.proto), as device memory above but against the
+  // tenant's max_host_region_bytes: reserved before RegisterHostRegion reaches the worker,
+  // committed to the region id it answers, released by UnregisterHostRegion.
+  absl::Status ReserveHostRegion(SessionRecord& session, uint64_t bytes);
+  void CommitHostRegion(SessionRecord& session, uint64_t reserved_bytes, uint64_t region_id);
+  void CancelHostRegionReservation(SessionRecord& session, uint64_t bytes);
+  void ReleaseHostRegion(SessionRecord& session, uint64_t region_id);
+  // A client's attach on the region socket: hands `memfd` (not taken) to the worker of
+  // request.session_id. Any tenant's client may ask; the region's one-time ticket, which the
+  // worker checks, is the proof. A session that does not exist or cannot serve answers
+  // NOT_FOUND in the same words as a wrong ticket.
+  v1::AttachHostRegionReply AttachHostRegion(const v1::AttachHostRegionRequest& request,
+                                             int memfd);
+
   // Compile slots: RESOURCE_EXHAUSTED when the tenant's max_concurrent_compiles run.
   absl::Status BeginCompile(const std::string& tenant);
   void EndCompile(const std::string& tenant);

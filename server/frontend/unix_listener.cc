@@ -73,9 +73,7 @@ absl::Status Bind(int fd, const std::string& path) {
 
 }  // namespace
 
-absl::StatusOr<std::unique_ptr<UnixListener>> UnixListener::Open(const std::string& path,
-                                                                 uint32_t mode,
-                                                                 Authenticator* auth) {
+absl::StatusOr<int> OpenListeningUnixSocket(const std::string& path, uint32_t mode, int type) {
   if (path.empty() || path.front() != '/') {
     return absl::InvalidArgumentError(
         absl::StrFormat("unix socket path '%s' is not absolute", path));
@@ -91,7 +89,7 @@ absl::StatusOr<std::unique_ptr<UnixListener>> UnixListener::Open(const std::stri
           absl::StrFormat("%s exists and is not a socket; not replacing it", path));
     }
     // A socket of an earlier run, or of a daemon still running: refuse the latter.
-    const int probe = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    const int probe = socket(AF_UNIX, type | SOCK_CLOEXEC, 0);
     sockaddr_un address{};
     address.sun_family = AF_UNIX;
     std::memcpy(address.sun_path, path.c_str(),
@@ -107,7 +105,7 @@ absl::StatusOr<std::unique_ptr<UnixListener>> UnixListener::Open(const std::stri
     unlink(path.c_str());
   }
 
-  const int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+  const int fd = socket(AF_UNIX, type | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
   if (fd < 0) return absl::UnavailableError(Errno("socket(AF_UNIX)"));
   // Bound under a name nobody else can guess-and-race, given its mode, then moved into place.
   uint64_t nonce = 0;
@@ -126,6 +124,15 @@ absl::StatusOr<std::unique_ptr<UnixListener>> UnixListener::Open(const std::stri
     close(fd);
     return status;
   }
+  return fd;
+}
+
+absl::StatusOr<std::unique_ptr<UnixListener>> UnixListener::Open(const std::string& path,
+                                                                 uint32_t mode,
+                                                                 Authenticator* auth) {
+  absl::StatusOr<int> opened = OpenListeningUnixSocket(path, mode, SOCK_STREAM);
+  if (!opened.ok()) return opened.status();
+  const int fd = *opened;
   const int wake = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
   if (wake < 0) {
     close(fd);

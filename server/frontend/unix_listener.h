@@ -33,6 +33,12 @@
 
 namespace gpurpc::frontend {
 
+// Creates, binds and listens on a Unix socket of `type` (SOCK_STREAM, SOCK_SEQPACKET) at
+// `path` with permissions `mode`, safely as described above (the folder's checks, never
+// looser permissions, a live socket of another process refused). Returns the
+// non-blocking, close-on-exec listening fd. Errors as UnixListener::Open.
+absl::StatusOr<int> OpenListeningUnixSocket(const std::string& path, uint32_t mode, int type);
+
 class UnixListener {
  public:
   static constexpr size_t kMaxConnectionsPerUser = 256;

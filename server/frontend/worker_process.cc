@@ -1,6 +1,7 @@
 #include "server/frontend/worker_process.h"
 
 #include <fcntl.h>
+#include <poll.h>
 #include <signal.h>
 #include <spawn.h>
 #include <sys/socket.h>
@@ -14,6 +15,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "common/grpc_status.h"
+#include "common/fd_passing.h"
 #include "common/limits.h"
 #include "gpurpc/v1/device_service.grpc.pb.h"
 #include "grpcpp/create_channel_posix.h"
@@ -27,6 +29,7 @@ namespace {
 
 constexpr int kChildFd = 3;
 constexpr int kChildStatusFd = 4;
+constexpr int kChildRegionFd = 5;
 constexpr size_t kMaxExitMessageBytes = 4096;
 
 std::string Errno(const char* what) { return absl::StrCat(what, ": ", std::strerror(errno)); }
@@ -78,6 +81,26 @@ absl::StatusOr<std::unique_ptr<WorkerProcess>> WorkerProcess::Spawn(
     return absl::UnavailableError(Errno("fcntl(F_DUPFD_CLOEXEC)"));
   }
 
+  // The region channel (host_region_service.proto): datagrams with a memfd each.
+  int region_pair[2];
+  if (socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, region_pair) != 0) {
+    close(fds[0]);
+    close(child_end);
+    close(status_pipe[0]);
+    close(status_child_end);
+    return absl::UnavailableError(Errno("socketpair(SOCK_SEQPACKET)"));
+  }
+  const int region_child_end = fcntl(region_pair[1], F_DUPFD_CLOEXEC, 10);
+  close(region_pair[1]);
+  if (region_child_end < 0) {
+    close(fds[0]);
+    close(child_end);
+    close(status_pipe[0]);
+    close(status_child_end);
+    close(region_pair[0]);
+    return absl::UnavailableError(Errno("fcntl(F_DUPFD_CLOEXEC)"));
+  }
+
   std::vector<std::string> argv_strings = {exe};
   argv_strings.insert(argv_strings.end(), args.begin(), args.end());
   std::vector<char*> argv;
@@ -88,14 +111,17 @@ absl::StatusOr<std::unique_ptr<WorkerProcess>> WorkerProcess::Spawn(
   posix_spawn_file_actions_init(&actions);
   posix_spawn_file_actions_adddup2(&actions, child_end, kChildFd);
   posix_spawn_file_actions_adddup2(&actions, status_child_end, kChildStatusFd);
+  posix_spawn_file_actions_adddup2(&actions, region_child_end, kChildRegionFd);
   pid_t pid = -1;
   const int rc = posix_spawn(&pid, exe.c_str(), &actions, nullptr, argv.data(), environ);
   posix_spawn_file_actions_destroy(&actions);
   close(child_end);
   close(status_child_end);
+  close(region_child_end);
   if (rc != 0) {
     close(fds[0]);
     close(status_pipe[0]);
+    close(region_pair[0]);
     return absl::UnavailableError(
         absl::StrFormat("cannot start worker %s: %s", exe, std::strerror(rc)));
   }
@@ -111,17 +137,73 @@ absl::StatusOr<std::unique_ptr<WorkerProcess>> WorkerProcess::Spawn(
   auto channel = grpc::CreateCustomInsecureChannelFromFd(absl::StrCat("worker-", pid), fds[0],
                                                          channel_args);
   auto worker = std::unique_ptr<WorkerProcess>(
-      new WorkerProcess(pid, std::move(channel), status_pipe[0]));
+      new WorkerProcess(pid, std::move(channel), status_pipe[0], region_pair[0]));
   worker->reaper_ = std::thread([w = worker.get()] { w->Reap(); });
   spdlog::debug("started worker pid {}", pid);
   return worker;
 }
 
-WorkerProcess::WorkerProcess(pid_t pid, std::shared_ptr<grpc::Channel> channel, int status_fd)
-    : pid_(pid), status_fd_(status_fd), channel_(std::move(channel)) {}
+WorkerProcess::WorkerProcess(pid_t pid, std::shared_ptr<grpc::Channel> channel, int status_fd,
+                             int region_fd)
+    : pid_(pid), status_fd_(status_fd), channel_(std::move(channel)), region_fd_(region_fd) {}
+
+absl::StatusOr<v1::AttachHostRegionReply> WorkerProcess::AttachRegion(
+    const v1::AttachHostRegionRequest& request, int memfd, absl::Duration timeout) {
+  // One at a time: a second attach of the same session is told to retry rather than park
+  // a thread of the front end's blocking pool behind the first (pinning takes seconds).
+  if (!region_mu_.TryLock()) {
+    return absl::ResourceExhaustedError(
+        "another attach of this session is in progress; attach one region at a time");
+  }
+  absl::StatusOr<v1::AttachHostRegionReply> reply = AttachRegionLocked(request, memfd, timeout);
+  region_mu_.Unlock();
+  return reply;
+}
+
+absl::StatusOr<v1::AttachHostRegionReply> WorkerProcess::AttachRegionLocked(
+    const v1::AttachHostRegionRequest& request, int memfd, absl::Duration timeout) {
+  if (region_fd_ < 0) {
+    return absl::UnavailableError("the session's region channel is closed");
+  }
+  auto broken = [&](absl::Status status) {
+    // A late answer could not be told from the next one: no more attaches on this worker.
+    close(region_fd_);
+    region_fd_ = -1;
+    return status;
+  };
+  if (absl::Status sent = SendDatagram(region_fd_, request.SerializeAsString(), {memfd});
+      !sent.ok()) {
+    return broken(absl::UnavailableError(
+        absl::StrCat("the session's worker is gone (", sent.message(), ")")));
+  }
+  pollfd pfd{region_fd_, POLLIN, 0};
+  int ready = -1;
+  do {
+    ready = poll(&pfd, 1, static_cast<int>(absl::ToInt64Milliseconds(timeout)));
+  } while (ready < 0 && errno == EINTR);
+  if (ready == 0) {
+    return broken(absl::DeadlineExceededError(absl::StrFormat(
+        "the session's worker did not map and pin the region within %s",
+        absl::FormatDuration(timeout))));
+  }
+  ReceivedDatagram answer;
+  if (absl::Status received = ReceiveDatagram(region_fd_, &answer); !received.ok()) {
+    return broken(absl::UnavailableError("the session's worker ended before it answered"));
+  }
+  v1::AttachHostRegionReply reply;
+  if (answer.truncated || !answer.fds.empty() || !reply.ParseFromString(answer.bytes)) {
+    return broken(absl::InternalError("the session's worker sent a malformed region answer"));
+  }
+  return reply;
+}
 
 WorkerProcess::~WorkerProcess() {
   Kill();
+  {
+    absl::MutexLock lock(&region_mu_);
+    if (region_fd_ >= 0) close(region_fd_);
+    region_fd_ = -1;
+  }
   if (!reaper_.joinable()) return;
   // The last owner may drop us from inside the exit callback, on the reaper thread itself.
   if (reaper_.get_id() == std::this_thread::get_id()) {

@@ -2,7 +2,9 @@
 // (never fork after CUDA init), connected through a private socketpair that nobody else can
 // open, and reaped by a thread of its own so that its death is noticed at once. A pipe (the
 // worker's fd 4, --worker-status-fd) carries the one line a worker writes when it ends
-// itself on purpose (the kernel watchdog); it is read when the worker is reaped.
+// itself on purpose (the kernel watchdog); it is read when the worker is reaped. A
+// SOCK_SEQPACKET socketpair (the worker's fd 5, --worker-region-fd) carries the memfds of
+// same-host regions (host_region_service.proto), which gRPC cannot.
 #ifndef GPURPC_SERVER_FRONTEND_WORKER_PROCESS_H_
 #define GPURPC_SERVER_FRONTEND_WORKER_PROCESS_H_
 
@@ -18,16 +20,19 @@
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "absl/base/thread_annotations.h"
+#include "absl/synchronization/mutex.h"
 #include "gpurpc/v1/device_service.pb.h"
+#include "gpurpc/v1/host_region_service.pb.h"
 #include "grpcpp/channel.h"
 
 namespace gpurpc::frontend {
 
 class WorkerProcess {
  public:
-  // Starts `exe` with `args` (WorkerArgs: --worker-fd=3 --worker-status-fd=4 ...). The
-  // child gets fd 3 as its end of the socketpair and fd 4 as the write end of its status
-  // pipe.
+  // Starts `exe` with `args` (WorkerArgs: --worker-fd=3 --worker-status-fd=4
+  // --worker-region-fd=5 ...). The child gets fd 3 as its end of the gRPC socketpair, fd 4
+  // as the write end of its status pipe and fd 5 as its end of the region channel.
   static absl::StatusOr<std::unique_ptr<WorkerProcess>> Spawn(
       const std::string& exe, const std::vector<std::string>& args);
 
@@ -57,11 +62,24 @@ class WorkerProcess {
   // control and non-ASCII bytes escaped as \xNN); empty when nothing.
   std::string exit_message() const;
 
+  // Hands a client's region memfd (not taken) to the worker with `request` and returns the
+  // worker's answer. One attach at a time per worker: RESOURCE_EXHAUSTED while another
+  // runs (it never waits for it). UNAVAILABLE when the worker is gone;
+  // DEADLINE_EXCEEDED after `timeout` (the channel is then closed for good: a late answer
+  // could not be told from the next one).
+  absl::StatusOr<v1::AttachHostRegionReply> AttachRegion(
+      const v1::AttachHostRegionRequest& request, int memfd, absl::Duration timeout)
+      ABSL_LOCKS_EXCLUDED(region_mu_);
+
   // Called once, on the reaper thread, when the process ends (at once if it already has).
   void SetExitCallback(std::function<void(const std::string& description)> callback);
 
  private:
-  WorkerProcess(pid_t pid, std::shared_ptr<grpc::Channel> channel, int status_fd);
+  WorkerProcess(pid_t pid, std::shared_ptr<grpc::Channel> channel, int status_fd,
+                int region_fd);
+  absl::StatusOr<v1::AttachHostRegionReply> AttachRegionLocked(
+      const v1::AttachHostRegionRequest& request, int memfd, absl::Duration timeout)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(region_mu_);
   void Reap();
 
   const pid_t pid_;
@@ -75,6 +93,8 @@ class WorkerProcess {
   int exit_code_ = -1;
   std::string exit_message_;
   std::function<void(const std::string&)> on_exit_;
+  absl::Mutex region_mu_;
+  int region_fd_ ABSL_GUARDED_BY(region_mu_);  // our end of the region channel, -1 once closed
 };
 
 }  // namespace gpurpc::frontend

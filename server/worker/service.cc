@@ -1,21 +1,57 @@
 #include "server/worker/service.h"
 
 #include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
 #include <functional>
 #include <string>
 #include <utility>
+#include <vector>
 
 #include "absl/strings/str_format.h"
 #include "common/grpc_status.h"
 #include "common/limits.h"
+#include "google/protobuf/descriptor.h"
 #include "gpurpc/internal/v1/worker_control.grpc.pb.h"
 #include "gpurpc/v1/device_service.grpc.pb.h"
 #include "gpurpc/v1/execution_service.grpc.pb.h"
+#include "gpurpc/v1/host_region_service.grpc.pb.h"
 #include "gpurpc/v1/memory_service.grpc.pb.h"
 #include "gpurpc/v1/module_service.grpc.pb.h"
+#include "grpcpp/impl/codegen/method_handler.h"
+#include "server/worker/raw_messages.h"
 
 namespace gpurpc::worker {
 namespace {
+
+// The streaming methods on raw messages (raw_messages.h): handlers that see the bytes.
+using RawStream = grpc::ServerReaderWriter<grpc::ByteBuffer, grpc::ByteBuffer>;
+template <typename Service>
+using RawHandler =
+    grpc::internal::BidiStreamingHandler<Service, grpc::ByteBuffer, grpc::ByteBuffer>;
+
+// The index of `method` in the generated `service` (its order in the .proto).
+int MethodIndex(const char* service, const char* method) {
+  const google::protobuf::ServiceDescriptor* descriptor =
+      google::protobuf::DescriptorPool::generated_pool()->FindServiceByName(service);
+  const google::protobuf::MethodDescriptor* found =
+      descriptor == nullptr ? nullptr : descriptor->FindMethodByName(method);
+  if (found == nullptr) {
+    std::fprintf(stderr, "gpurpc worker: no method %s.%s in the generated code\n", service, method);
+    std::abort();
+  }
+  return found->index();
+}
+
+// INVALID_ARGUMENT for message `index` (from 1) of a stream that does not parse as `type`.
+grpc::Status NotParsed(const char* method, uint64_t index, const char* type) {
+  return grpc::Status(
+      grpc::StatusCode::INVALID_ARGUMENT,
+      absl::StrFormat("%s: message %d of the stream is not a valid %s (it does not parse as "
+                      "protobuf); the stream ends here and that message was not applied",
+                      method, index, type));
+}
 
 void SetDim(const std::array<int, 3>& in, v1::Dim3* out) {
   out->set_x(in[0]);
@@ -74,7 +110,16 @@ class DeviceServiceImpl final : public v1::DeviceService::Service {
 
 class MemoryServiceImpl final : public v1::MemoryService::Service {
  public:
-  explicit MemoryServiceImpl(Session* session) : session_(session) {}
+  explicit MemoryServiceImpl(Session* session) : session_(session) {
+    // The streamed transfers move raw messages: no copy of their bytes into or out of a
+    // protobuf message (raw_messages.h).
+    MarkMethodStreamed(
+        MethodIndex("gpurpc.v1.MemoryService", "UploadStream"),
+        new RawHandler<MemoryServiceImpl>(&MemoryServiceImpl::RawUploadStream, this));
+    MarkMethodStreamed(
+        MethodIndex("gpurpc.v1.MemoryService", "DownloadStream"),
+        new RawHandler<MemoryServiceImpl>(&MemoryServiceImpl::RawDownloadStream, this));
+  }
 
   grpc::Status Allocate(grpc::ServerContext*, const v1::AllocateRequest* request,
                         v1::AllocateResponse* response) override {
@@ -118,43 +163,71 @@ class MemoryServiceImpl final : public v1::MemoryService::Service {
     return ToGrpcStatus(status);
   }
 
-  grpc::Status UploadStream(grpc::ServerContext*,
-                            grpc::ServerReader<v1::UploadStreamRequest>* reader,
-                            v1::UploadResponse* response) override {
-    v1::UploadStreamRequest message;
-    if (!reader->Read(&message)) {
+  // UploadStream (raw messages): each chunk goes to the device from the received bytes
+  // (gathered into one buffer first when they came in several pieces).
+  grpc::Status RawUploadStream(grpc::ServerContext*, RawStream* stream) {
+    static constexpr char kType[] = "gpurpc.v1.UploadStreamRequest";
+    grpc::ByteBuffer raw;
+    if (!stream->Read(&raw)) {
       return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
                           "UploadStream: no message; the first names the destination");
     }
-    const uint64_t total = message.total_size_bytes();
-    auto base = session_->Resolve(message.destination(), total, "UploadStream destination");
+    uint64_t index = 1;
+    v1::UploadStreamRequest first;
+    SplitMessage chunk;
+    if (!SplitBytesField(&raw, v1::UploadStreamRequest::kDataFieldNumber, &first, &chunk)) {
+      return NotParsed("/gpurpc.v1.MemoryService/UploadStream", index, kType);
+    }
+    const uint64_t total = first.total_size_bytes();
+    auto base = session_->Resolve(first.destination(), total, "UploadStream destination");
     if (!base.ok()) return ToGrpcStatus(base.status());
-    const uint64_t stream_id = message.stream_id();
+    const uint64_t stream_id = first.stream_id();
     uint64_t written = 0;
-    do {
-      const std::string& data = message.data();
-      if (data.size() > kMaxTransferChunkBytes) {
+    std::vector<uint8_t> gathered;
+    v1::UploadStreamRequest later;  // the fields of later messages are not used
+    for (;;) {
+      if (chunk.size > kMaxTransferChunkBytes) {
         return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
                             absl::StrFormat("UploadStream: a chunk of %d bytes exceeds the limit "
                                             "of %d bytes per message; send 1 MiB chunks",
-                                            data.size(), kMaxTransferChunkBytes));
+                                            chunk.size, kMaxTransferChunkBytes));
       }
-      if (data.size() > total - written) {
+      if (chunk.size > total - written) {
         return grpc::Status(
             grpc::StatusCode::INVALID_ARGUMENT,
             absl::StrFormat("UploadStream: more than the announced %d bytes arrived", total));
       }
-      absl::Status status = session_->Upload(*base + written, data.data(), data.size(), stream_id);
+      static const uint8_t kNothing = 0;
+      const uint8_t* data = &kNothing;
+      if (chunk.pieces.size() == 1) {
+        data = chunk.pieces[0].data();
+      } else if (chunk.pieces.size() > 1) {
+        if (gathered.size() < chunk.size) gathered.resize(chunk.size);
+        uint8_t* to = gathered.data();
+        for (absl::Span<const uint8_t> piece : chunk.pieces) {
+          std::memcpy(to, piece.data(), piece.size());
+          to += piece.size();
+        }
+        data = gathered.data();
+      }
+      absl::Status status = session_->Upload(*base + written, data, chunk.size, stream_id);
       if (!status.ok()) return ToGrpcStatus(status);
-      written += data.size();
-    } while (reader->Read(&message));
+      written += chunk.size;
+      if (!stream->Read(&raw)) break;
+      ++index;
+      if (!SplitBytesField(&raw, v1::UploadStreamRequest::kDataFieldNumber, &later, &chunk)) {
+        return NotParsed("/gpurpc.v1.MemoryService/UploadStream", index, kType);
+      }
+    }
     if (written != total) {
       return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
                           absl::StrFormat("UploadStream: the stream ended after %d of the "
                                           "announced %d bytes",
                                           written, total));
     }
-    response->set_bytes_written(written);
+    v1::UploadResponse response;
+    response.set_bytes_written(written);
+    stream->Write(SerializeRaw(response));
     return grpc::Status::OK;
   }
 
@@ -174,29 +247,40 @@ class MemoryServiceImpl final : public v1::MemoryService::Service {
         session_->Download(*address, data->data(), data->size(), request->stream_id()));
   }
 
-  grpc::Status DownloadStream(grpc::ServerContext*, const v1::DownloadRequest* request,
-                              grpc::ServerWriter<v1::DownloadResponse>* writer) override {
+  // DownloadStream (raw messages): the device copies each chunk straight into the buffer
+  // that goes on the wire.
+  grpc::Status RawDownloadStream(grpc::ServerContext*, RawStream* stream) {
+    grpc::ByteBuffer raw;
+    v1::DownloadRequest request;
+    if (!stream->Read(&raw) || !ParseRaw(raw, &request)) {
+      return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                          "/gpurpc.v1.MemoryService/DownloadStream: the request is not a valid "
+                          "message of the method's request type (it does not parse as "
+                          "protobuf), or none was sent");
+    }
     uint64_t chunk =
-        request->chunk_size_bytes() == 0 ? kTransferChunkBytes : request->chunk_size_bytes();
+        request.chunk_size_bytes() == 0 ? kTransferChunkBytes : request.chunk_size_bytes();
     if (chunk > kMaxTransferChunkBytes) {
       return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
                           absl::StrFormat("DownloadStream: chunk_size_bytes %d exceeds %d", chunk,
                                           kMaxTransferChunkBytes));
     }
-    const uint64_t total = request->size_bytes();
-    auto base = session_->Resolve(request->source(), total, "DownloadStream source");
+    const uint64_t total = request.size_bytes();
+    auto base = session_->Resolve(request.source(), total, "DownloadStream source");
     if (!base.ok()) return ToGrpcStatus(base.status());
     if (total == 0) {
-      return ToGrpcStatus(session_->Download(*base, nullptr, 0, request->stream_id()));
+      return ToGrpcStatus(session_->Download(*base, nullptr, 0, request.stream_id()));
     }
-    v1::DownloadResponse message;
+    static const std::string kNoHeader;
     for (uint64_t done = 0; done < total;) {
       const uint64_t n = std::min(chunk, total - done);
-      std::string* data = message.mutable_data();
-      data->resize(n);
-      absl::Status status = session_->Download(*base + done, data->data(), n, request->stream_id());
+      grpc::ByteBuffer message;
+      absl::Status status = ChunkMessage(
+          kNoHeader, v1::DownloadResponse::kDataFieldNumber, n,
+          [&](uint8_t* to) { return session_->Download(*base + done, to, n, request.stream_id()); },
+          &message);
       if (!status.ok()) return ToGrpcStatus(status);
-      if (!writer->Write(message)) {
+      if (!stream->Write(message)) {
         return grpc::Status(grpc::StatusCode::CANCELLED, "DownloadStream: the client went away");
       }
       done += n;
@@ -272,7 +356,12 @@ class ModuleServiceImpl final : public v1::ModuleService::Service {
 
 class ExecutionServiceImpl final : public v1::ExecutionService::Service {
  public:
-  explicit ExecutionServiceImpl(Session* session) : session_(session) {}
+  explicit ExecutionServiceImpl(Session* session) : session_(session) {
+    // Raw messages: a batch that does not parse is refused naming it (raw_messages.h).
+    MarkMethodStreamed(
+        MethodIndex("gpurpc.v1.ExecutionService", "CommandStream"),
+        new RawHandler<ExecutionServiceImpl>(&ExecutionServiceImpl::RawCommandStream, this));
+  }
 
   grpc::Status CreateStream(grpc::ServerContext*, const v1::CreateStreamRequest* request,
                             v1::CreateStreamResponse* response) override {
@@ -332,22 +421,111 @@ class ExecutionServiceImpl final : public v1::ExecutionService::Service {
     return ToGrpcStatus(session_->Launch(request->launch()));
   }
 
-  grpc::Status CommandStream(
-      grpc::ServerContext*,
-      grpc::ServerReaderWriter<v1::CommandReply, v1::CommandBatch>* stream) override {
+  // CUDA graphs.
+  grpc::Status BeginCapture(grpc::ServerContext*, const v1::BeginCaptureRequest* request,
+                            v1::BeginCaptureResponse*) override {
+    return ToGrpcStatus(session_->BeginCapture(request->stream_id(), request->mode()));
+  }
+  grpc::Status EndCapture(grpc::ServerContext*, const v1::EndCaptureRequest* request,
+                          v1::EndCaptureResponse* response) override {
+    return Answer(session_->EndCapture(request->stream_id()),
+                  [&](v1::EndCaptureResponse& r) { *response = std::move(r); });
+  }
+  grpc::Status GetCaptureInfo(grpc::ServerContext*, const v1::GetCaptureInfoRequest* request,
+                              v1::GetCaptureInfoResponse* response) override {
+    return Answer(session_->GetCaptureInfo(request->stream_id()),
+                  [&](v1::GetCaptureInfoResponse& r) { *response = std::move(r); });
+  }
+  grpc::Status InstantiateGraph(grpc::ServerContext*, const v1::InstantiateGraphRequest* request,
+                                v1::InstantiateGraphResponse* response) override {
+    return Answer(session_->InstantiateGraph(request->graph_id()),
+                  [&](uint64_t id) { response->set_graph_exec_id(id); });
+  }
+  grpc::Status LaunchGraph(grpc::ServerContext*, const v1::LaunchGraphRequest* request,
+                           v1::LaunchGraphResponse*) override {
+    return ToGrpcStatus(session_->LaunchGraph(request->launch()));
+  }
+  grpc::Status DestroyGraph(grpc::ServerContext*, const v1::DestroyGraphRequest* request,
+                            v1::DestroyGraphResponse*) override {
+    return ToGrpcStatus(session_->DestroyGraph(request->graph_id()));
+  }
+  grpc::Status DestroyGraphExec(grpc::ServerContext*, const v1::DestroyGraphExecRequest* request,
+                                v1::DestroyGraphExecResponse*) override {
+    return ToGrpcStatus(session_->DestroyGraphExec(request->graph_exec_id()));
+  }
+  grpc::Status GetGraphNodes(grpc::ServerContext*, const v1::GetGraphNodesRequest* request,
+                             v1::GetGraphNodesResponse* response) override {
+    return Answer(session_->GetGraphNodes(request->graph_id()),
+                  [&](v1::GetGraphNodesResponse& r) { *response = std::move(r); });
+  }
+  grpc::Status UpdateGraphExec(grpc::ServerContext*, const v1::UpdateGraphExecRequest* request,
+                               v1::UpdateGraphExecResponse*) override {
+    return ToGrpcStatus(session_->UpdateGraphExec(request->graph_exec_id(), request->graph_id()));
+  }
+  grpc::Status SetGraphExecKernelNodeArgs(grpc::ServerContext*,
+                                          const v1::SetGraphExecKernelNodeArgsRequest* request,
+                                          v1::SetGraphExecKernelNodeArgsResponse*) override {
+    return ToGrpcStatus(session_->SetGraphExecKernelNodeArgs(*request));
+  }
+
+  // CommandStream (raw messages, parsed here: see raw_messages.h).
+  grpc::Status RawCommandStream(grpc::ServerContext*, RawStream* stream) {
+    grpc::ByteBuffer raw;
     v1::CommandBatch batch;
     v1::CommandReply reply;
     uint64_t last_sequence = 0;
-    while (stream->Read(&batch)) {
+    uint64_t index = 0;
+    while (stream->Read(&raw)) {
+      ++index;
+      if (!ParseRaw(raw, &batch)) {
+        return NotParsed("/gpurpc.v1.ExecutionService/CommandStream", index,
+                         "gpurpc.v1.CommandBatch");
+      }
+      raw.Clear();
       reply.Clear();
       absl::Status status = session_->RunBatch(batch, &last_sequence, &reply);
       if (!status.ok() && status.code() == absl::StatusCode::kInvalidArgument) {
         return ToGrpcStatus(status);  // a protocol error (sequence numbers)
       }
-      stream->Write(reply);
+      stream->Write(SerializeRaw(reply));
       if (!status.ok()) return ToGrpcStatus(status);  // a sticky fault ends the stream
     }
     return grpc::Status::OK;
+  }
+
+ private:
+  Session* session_;
+};
+
+class HostRegionServiceImpl final : public v1::HostRegionService::Service {
+ public:
+  explicit HostRegionServiceImpl(Session* session) : session_(session) {}
+
+  grpc::Status RegisterHostRegion(grpc::ServerContext*, const v1::RegisterHostRegionRequest* request,
+                                  v1::RegisterHostRegionResponse* response) override {
+    return Answer(session_->RegisterHostRegion(request->size_bytes()),
+                  [&](v1::RegisterHostRegionResponse& r) { *response = std::move(r); });
+  }
+  grpc::Status UnregisterHostRegion(grpc::ServerContext*,
+                                    const v1::UnregisterHostRegionRequest* request,
+                                    v1::UnregisterHostRegionResponse*) override {
+    return ToGrpcStatus(session_->UnregisterHostRegion(request->region_id()));
+  }
+  grpc::Status CopyHostRegion(grpc::ServerContext*, const v1::CopyHostRegionRequest* request,
+                              v1::CopyHostRegionResponse*) override {
+    v1::RegionCopyCommand command;
+    command.set_region_id(request->region_id());
+    command.set_region_offset_bytes(request->region_offset_bytes());
+    *command.mutable_device() = request->device();
+    command.set_size_bytes(request->size_bytes());
+    command.set_to_device(request->to_device());
+    command.set_stream_id(request->stream_id());
+    return ToGrpcStatus(session_->CopyHostRegion(command));
+  }
+  grpc::Status OpenDirectChannel(grpc::ServerContext*, const v1::OpenDirectChannelRequest*,
+                                 v1::OpenDirectChannelResponse* response) override {
+    return Answer(session_->OpenDirectChannel(),
+                  [&](v1::OpenDirectChannelResponse& r) { *response = std::move(r); });
   }
 
  private:
@@ -367,6 +545,7 @@ class WorkerControlImpl final : public internal::v1::WorkerControl::Service {
     limits.max_modules = request->quota().max_modules_per_session();
     limits.max_concurrent_compiles = request->quota().max_concurrent_compiles();
     limits.kernel_timeout_ms = request->quota().kernel_timeout_ms();
+    limits.max_host_region_bytes = request->max_host_region_bytes_per_session();
     return ToGrpcStatus(session_->Bind(request->tenant(), limits));
   }
 
@@ -395,6 +574,12 @@ void ToProto(const backend::DeviceInfo& info, v1::DeviceInfo* out) {
   out->set_is_fake(info.is_fake);
 }
 
+std::vector<std::unique_ptr<grpc::Service>> MakeDirectServices(Session* session) {
+  std::vector<std::unique_ptr<grpc::Service>> services;
+  services.push_back(std::make_unique<ExecutionServiceImpl>(session));
+  return services;
+}
+
 std::vector<std::unique_ptr<grpc::Service>> MakeWorkerServices(
     backend::Backend* backend, Session* session, int nvrtc_version,
     std::function<std::string()> compile_sandbox) {
@@ -405,6 +590,7 @@ std::vector<std::unique_ptr<grpc::Service>> MakeWorkerServices(
     services.push_back(std::make_unique<MemoryServiceImpl>(session));
     services.push_back(std::make_unique<ModuleServiceImpl>(session));
     services.push_back(std::make_unique<ExecutionServiceImpl>(session));
+    services.push_back(std::make_unique<HostRegionServiceImpl>(session));
     services.push_back(std::make_unique<WorkerControlImpl>(session));
   }
   return services;

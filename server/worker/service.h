@@ -28,6 +28,10 @@ std::vector<std::unique_ptr<grpc::Service>> MakeWorkerServices(
     backend::Backend* backend, Session* session, int nvrtc_version,
     std::function<std::string()> compile_sandbox = nullptr);
 
+// The services of a session's direct channels (HostRegionService.OpenDirectChannel): only
+// ExecutionService, whose calls the front end does not account for.
+std::vector<std::unique_ptr<grpc::Service>> MakeDirectServices(Session* session);
+
 }  // namespace gpurpc::worker
 
 #endif  // GPURPC_SERVER_WORKER_SERVICE_H_

@@ -171,6 +171,9 @@ Session::Session(std::unique_ptr<backend::Context> context, compiler::Compiler* 
                                            : ExitOnKernelTimeout(-1)) {}
 
 Session::~Session() {
+  // Captures end and graph execs and graphs go before everything they use (functions,
+  // modules, streams).
+  ReleaseGraphs();
   // No call is in flight any more. The watchdog's thread stops and its events go first:
   // nothing may outlive the context it was made in.
   watchdog_ptr_.store(nullptr, std::memory_order_release);
@@ -180,8 +183,10 @@ Session::~Session() {
   std::unordered_map<uint64_t, std::shared_ptr<backend::Event>> events;
   std::unordered_map<uint64_t, std::shared_ptr<backend::Stream>> streams;
   std::unordered_map<uint64_t, backend::DevicePtr> buffers;
+  std::unordered_map<uint64_t, std::shared_ptr<RegionEntry>> regions;
   {
     absl::MutexLock lock(&mu_);
+    regions.swap(regions_);
     watchdog = std::move(watchdog_);
     functions.swap(functions_);
     modules.swap(modules_);
@@ -196,6 +201,8 @@ Session::~Session() {
   modules.clear();
   events.clear();
   streams.clear();
+  // Each waits for the context's queued work, then unpins and unmaps.
+  regions.clear();
   for (const auto& [id, address] : buffers) {
     absl::Status status = context_->Free(address);
     (void)status;  // The context is going away; a failure here frees nothing less.
@@ -235,6 +242,9 @@ Session::TableSizes Session::table_sizes() const {
   sizes.functions = functions_.size();
   sizes.streams = streams_.size();
   sizes.events = events_.size();
+  sizes.regions = regions_.size();
+  sizes.graphs = graphs_.size();
+  sizes.graph_execs = graph_execs_.size();
   return sizes;
 }
 
@@ -242,7 +252,8 @@ uint64_t Session::NewIdLocked() {
   for (;;) {
     const uint64_t id = ids_.Next();
     if (buffers_.count(id) == 0 && modules_.count(id) == 0 && functions_.count(id) == 0 &&
-        streams_.count(id) == 0 && events_.count(id) == 0) {
+        streams_.count(id) == 0 && events_.count(id) == 0 && regions_.count(id) == 0 &&
+        graphs_.count(id) == 0 && graph_execs_.count(id) == 0) {
       return id;
     }
   }
@@ -265,10 +276,12 @@ absl::Status Session::Check(absl::Status status) {
       // The call that observes the fault reports it as it is (ABORTED or DATA_LOSS).
       fault_ = status;
       faulted_.store(true, std::memory_order_release);
-      return status;
+    } else {
+      return fault();
     }
   }
-  return fault();
+  if (on_fault_) on_fault_(status);
+  return status;
 }
 
 absl::Status Session::fault() const {
@@ -403,6 +416,7 @@ absl::Status Session::Upload(backend::DevicePtr address, const void* data, uint6
   // The stream is checked even when there is nothing to copy: an unknown id is NOT_FOUND.
   GPURPC_ASSIGN_OR_RETURN(auto stream, FindStream(stream_id));
   if (size_bytes == 0) return absl::OkStatus();
+  GPURPC_RETURN_IF_ERROR(RefuseWhileCapturing(stream_id, "Upload"));
   return Check(context_->Upload(address, data, size_bytes, stream.get()));
 }
 
@@ -410,6 +424,7 @@ absl::Status Session::Download(backend::DevicePtr address, void* data, uint64_t 
                                uint64_t stream_id) {
   GPURPC_RETURN_IF_ERROR(fault());
   GPURPC_ASSIGN_OR_RETURN(auto stream, FindStream(stream_id));
+  GPURPC_RETURN_IF_ERROR(RefuseWhileCapturing(stream_id, "Download"));
   if (size_bytes == 0) return Check(context_->SynchronizeStream(stream.get()));
   return Check(context_->Download(data, address, size_bytes, stream.get()));
 }
@@ -431,9 +446,17 @@ absl::Status Session::Memset(const v1::MemsetCommand& command) {
     return absl::InvalidArgumentError(absl::StrFormat(
         "Memset: destination 0x%x is not aligned to the element size %d", address, element));
   }
-  GPURPC_ASSIGN_OR_RETURN(auto stream, FindStream(command.stream_id()));
-  if (command.count() == 0) return absl::OkStatus();
-  return Check(context_->Memset(address, command.value(), element, command.count(), stream.get()));
+  if (command.count() == 0) return FindStream(command.stream_id()).status();
+  return EnqueueCapturable(
+      command.stream_id(), "Memset",
+      [] {
+        GraphNodeRecord node;
+        node.type = v1::GRAPH_NODE_TYPE_MEMSET;
+        return node;
+      },
+      [&](backend::Stream* stream, bool) {
+        return Check(context_->Memset(address, command.value(), element, command.count(), stream));
+      });
 }
 
 absl::Status Session::Copy(const v1::CopyCommand& command) {
@@ -443,9 +466,17 @@ absl::Status Session::Copy(const v1::CopyCommand& command) {
       Resolve(command.destination(), command.size_bytes(), "CopyDeviceToDevice destination"));
   GPURPC_ASSIGN_OR_RETURN(backend::DevicePtr src, Resolve(command.source(), command.size_bytes(),
                                                           "CopyDeviceToDevice source"));
-  GPURPC_ASSIGN_OR_RETURN(auto stream, FindStream(command.stream_id()));
-  if (command.size_bytes() == 0) return absl::OkStatus();
-  return Check(context_->CopyDeviceToDevice(dst, src, command.size_bytes(), stream.get()));
+  if (command.size_bytes() == 0) return FindStream(command.stream_id()).status();
+  return EnqueueCapturable(
+      command.stream_id(), "CopyDeviceToDevice",
+      [] {
+        GraphNodeRecord node;
+        node.type = v1::GRAPH_NODE_TYPE_MEMCPY;
+        return node;
+      },
+      [&](backend::Stream* stream, bool) {
+        return Check(context_->CopyDeviceToDevice(dst, src, command.size_bytes(), stream));
+      });
 }
 
 // ---------------------------------------------------------------------------- modules
@@ -702,6 +733,7 @@ absl::StatusOr<uint64_t> Session::CreateStream(bool non_blocking) {
       CheckCountLocked("streams", streams_.size(), limits_.max_streams, "max_streams_per_session"));
   const uint64_t id = NewIdLocked();
   streams_[id] = std::move(stream);
+  stream_captures_[id] = NewStreamCapture(/*blocking=*/!non_blocking);
   return id;
 }
 
@@ -719,23 +751,27 @@ absl::Status Session::DestroyStream(uint64_t stream_id) {
     stream = std::move(it->second);
     streams_.erase(it);
   }
+  AbandonCapture(stream_id, stream.get());
   return absl::OkStatus();
 }
 
 absl::Status Session::SynchronizeStream(uint64_t stream_id) {
   GPURPC_RETURN_IF_ERROR(fault());
   GPURPC_ASSIGN_OR_RETURN(auto stream, FindStream(stream_id));
+  GPURPC_RETURN_IF_ERROR(RefuseWhileCapturing(stream_id, "SynchronizeStream"));
   return Check(context_->SynchronizeStream(stream.get()));
 }
 
 absl::StatusOr<bool> Session::QueryStream(uint64_t stream_id) {
   GPURPC_RETURN_IF_ERROR(fault());
   GPURPC_ASSIGN_OR_RETURN(auto stream, FindStream(stream_id));
+  GPURPC_RETURN_IF_ERROR(RefuseWhileCapturing(stream_id, "QueryStream"));
   return Check(context_->QueryStream(stream.get()));
 }
 
 absl::Status Session::Synchronize() {
   GPURPC_RETURN_IF_ERROR(fault());
+  GPURPC_RETURN_IF_ERROR(RefuseWhileAnyCaptures("SynchronizeSession"));
   return Check(context_->Synchronize());
 }
 
@@ -777,6 +813,7 @@ absl::Status Session::RecordEvent(uint64_t event_id, uint64_t stream_id) {
   GPURPC_RETURN_IF_ERROR(fault());
   GPURPC_ASSIGN_OR_RETURN(auto event, FindEvent(event_id));
   GPURPC_ASSIGN_OR_RETURN(auto stream, FindStream(stream_id));
+  GPURPC_RETURN_IF_ERROR(RefuseWhileCapturing(stream_id, "RecordEvent"));
   return Check(context_->RecordEvent(event.get(), stream.get()));
 }
 
@@ -803,6 +840,7 @@ absl::Status Session::StreamWaitEvent(uint64_t stream_id, uint64_t event_id) {
   GPURPC_RETURN_IF_ERROR(fault());
   GPURPC_ASSIGN_OR_RETURN(auto stream, FindStream(stream_id));
   GPURPC_ASSIGN_OR_RETURN(auto event, FindEvent(event_id));
+  GPURPC_RETURN_IF_ERROR(RefuseWhileCapturing(stream_id, "StreamWaitEvent"));
   return Check(context_->StreamWaitEvent(stream.get(), event.get()));
 }
 
@@ -948,13 +986,27 @@ absl::Status Session::Launch(const v1::LaunchCommand& launch) {
   GPURPC_RETURN_IF_ERROR(CheckLaunchDims(*entry, launch, &config));
   thread_local std::vector<uint8_t> scratch;
   GPURPC_ASSIGN_OR_RETURN(absl::Span<const uint8_t> packed, PackArgs(*entry, launch, &scratch));
-  GPURPC_ASSIGN_OR_RETURN(auto stream, FindStream(launch.stream_id()));
-  GPURPC_RETURN_IF_ERROR(Check(context_->Launch(entry->function, config, packed, stream.get())));
-  // Every launch, unary or in a command batch, comes through here.
-  if (Watchdog* watchdog = watchdog_ptr_.load(std::memory_order_acquire)) {
-    watchdog->OnLaunch(launch.stream_id(), stream.get(), entry->name);
-  }
-  return absl::OkStatus();
+  return EnqueueCapturable(
+      launch.stream_id(), "Launch",
+      [&] {
+        GraphNodeRecord node;
+        node.type = v1::GRAPH_NODE_TYPE_KERNEL;
+        node.function = entry;
+        node.function_id = launch.function_id();
+        node.config = config;
+        node.cost_bytes = packed.size();
+        return node;
+      },
+      [&](backend::Stream* stream, bool capturing) -> absl::Status {
+        GPURPC_RETURN_IF_ERROR(Check(context_->Launch(entry->function, config, packed, stream)));
+        // Every launch, unary or in a command batch, comes through here. A captured one
+        // runs only as part of a graph launch, which is watched instead.
+        if (Watchdog* watchdog = watchdog_ptr_.load(std::memory_order_acquire);
+            watchdog != nullptr && !capturing) {
+          watchdog->OnLaunch(launch.stream_id(), stream, entry->name);
+        }
+        return absl::OkStatus();
+      });
 }
 
 // ---------------------------------------------------------------------------- commands
@@ -1004,6 +1056,10 @@ absl::Status Session::RunCommand(const v1::Command& command, v1::CommandReply* r
     case v1::Command::kSync:
       return command.sync().whole_session() ? Synchronize()
                                             : SynchronizeStream(command.sync().stream_id());
+    case v1::Command::kRegionCopy:
+      return CopyHostRegion(command.region_copy());
+    case v1::Command::kLaunchGraph:
+      return LaunchGraph(command.launch_graph());
     default:
       return absl::InvalidArgumentError(
           absl::StrFormat("command %d: no command kind set", command.sequence()));

@@ -5,18 +5,24 @@
 // Fault contract: when the backend reports a sticky execution fault (ABORTED or
 // DATA_LOSS), the call that observed it returns that status, and every later call
 // FAILED_PRECONDITION naming it; the front end marks the session FAULTED on the first and
-// ends the worker process.
+// ends the worker process. A call that does not pass through the front end (a same-host
+// direct channel) cannot tell it, so the first fault also runs `on_fault` (set_on_fault; in
+// the worker: write the cause to the status pipe and end the process shortly after, which
+// the front end sees as the fault).
 //
 // Kernel watchdog: Bind with a non-zero Limits::kernel_timeout_ms starts a Watchdog
-// (watchdog.h) that every successful launch, unary or in a command batch, reports to; a
-// kernel that runs past the timeout calls `on_kernel_timeout` (in the worker: write the
+// (watchdog.h) that every successful launch, unary or in a command batch, reports to (a
+// graph launch as one kernel named "graph exec <id>"; a launch that a capture records, never);
+// a kernel that runs past the timeout calls `on_kernel_timeout` (in the worker: write the
 // reason to the front end's status pipe and _exit(kExitKernelTimeout)).
 //
 // Names (kernels, globals) are C strings to the driver: a name with a NUL byte, an empty
 // name or one over kMaxNameBytes is INVALID_ARGUMENT naming the field.
 //
 // Thread safety: all methods may be called concurrently. Handle tables are guarded by one
-// mutex that is never held across a backend call. Functions and globals stay valid while a
+// mutex that is never held across a backend call. Each stream's capture lock (CUDA graphs,
+// see BeginCapture) is held across the enqueue of work a capture records on that stream.
+// Functions and globals stay valid while a
 // call uses them even if their module is unloaded concurrently: calls hold the module's
 // entry (a shared_ptr) for their duration, and a function looked up while its module is
 // being unloaded is never registered.
@@ -28,16 +34,19 @@
 #include <cstdint>
 #include <map>
 #include <memory>
+#include <set>
 #include <string>
 #include <unordered_map>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
+#include "absl/functional/function_ref.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "common/handle_ids.h"
 #include "gpurpc/v1/execution_service.pb.h"
+#include "gpurpc/v1/host_region_service.pb.h"
 #include "gpurpc/v1/memory_service.pb.h"
 #include "gpurpc/v1/module_service.pb.h"
 #include "server/worker/backend/backend.h"
@@ -57,6 +66,13 @@ inline constexpr uint32_t kMaxParamBytes = 32764;
 // Compiles of one session running at once, whatever the tenant's quota says: each one that
 // misses the cache is a compile helper process (compiler/compile_helper.h).
 inline constexpr uint32_t kMaxConcurrentCompiles = 8;
+// CUDA graphs of one session (execution_service.proto): graphs (captures in progress
+// count), graph execs, and the worker memory all of them may take, counted as every node's
+// kernel arguments plus kGraphNodeOverheadBytes (a graph exec counts its nodes again).
+inline constexpr size_t kMaxGraphsPerSession = 1024;
+inline constexpr size_t kMaxGraphExecsPerSession = 1024;
+inline constexpr uint64_t kMaxGraphBytesPerSession = 256ull << 20;
+inline constexpr uint64_t kGraphNodeOverheadBytes = 256;
 
 class Session {
  public:
@@ -83,6 +99,8 @@ class Session {
     uint32_t max_concurrent_compiles = 0;
     // The kernel watchdog's timeout; 0 = no watchdog.
     uint64_t kernel_timeout_ms = 0;
+    // Same-host regions of the session, bytes (the daemon's --max-host-region-bytes).
+    uint64_t max_host_region_bytes = 0;
   };
   // Binds the session to the tenant the front end handed it to (see worker_control.proto)
   // and starts the watchdog when the limits ask for one. FAILED_PRECONDITION when already
@@ -99,6 +117,9 @@ class Session {
     size_t functions = 0;
     size_t streams = 0;
     size_t events = 0;
+    size_t regions = 0;
+    size_t graphs = 0;
+    size_t graph_execs = 0;
   };
   TableSizes table_sizes() const ABSL_LOCKS_EXCLUDED(mu_);
   // The watchdog started by Bind, or null (tests).
@@ -152,11 +173,71 @@ class Session {
   absl::StatusOr<float> ElapsedTime(uint64_t start_event_id, uint64_t end_event_id);
   absl::Status StreamWaitEvent(uint64_t stream_id, uint64_t event_id);
 
+  // Same-host regions (proto/gpurpc/v1/host_region_service.proto; the implementation is in
+  // session_regions.cc). The path clients attach regions through, "" when the daemon serves
+  // none (RegisterHostRegion is then FAILED_PRECONDITION). Set before serving.
+  void set_region_socket(std::string path) { region_socket_ = std::move(path); }
+  // Runs once, on the thread that observed it, when the first sticky fault is recorded (with
+  // that fault). Set before serving.
+  void set_on_fault(std::function<void(const absl::Status&)> on_fault) {
+    on_fault_ = std::move(on_fault);
+  }
+  // Reserves a region: INVALID_ARGUMENT for size 0, RESOURCE_EXHAUSTED past
+  // Limits::max_host_region_bytes or kMaxHostRegionsPerSession.
+  absl::StatusOr<v1::RegisterHostRegionResponse> RegisterHostRegion(uint64_t size_bytes)
+      ABSL_LOCKS_EXCLUDED(mu_);
+  // Maps and pins the memfd `fd` (not taken: the caller closes it) as region `region_id`
+  // when `ticket` is the region's ticket and the region waits for its memfd. NOT_FOUND,
+  // without saying which, for an unknown region, a wrong ticket or a region that is already
+  // attached; INVALID_ARGUMENT for a memfd MappedRegion::Map refuses (the region then still
+  // waits: the client may retry with a good one).
+  absl::Status AttachHostRegion(uint64_t region_id, const std::string& ticket, int fd)
+      ABSL_LOCKS_EXCLUDED(mu_);
+  // Waits for the session's queued work, then unpins and unmaps the region.
+  absl::Status UnregisterHostRegion(uint64_t region_id) ABSL_LOCKS_EXCLUDED(mu_);
+  // Enqueues a copy between an attached region and a buffer of the session.
+  absl::Status CopyHostRegion(const v1::RegionCopyCommand& command) ABSL_LOCKS_EXCLUDED(mu_);
+  // A one-time ticket for a direct channel (HostRegionService.OpenDirectChannel):
+  // RESOURCE_EXHAUSTED when kMaxDirectChannelsPerSession tickets wait unused.
+  absl::StatusOr<v1::OpenDirectChannelResponse> OpenDirectChannel() ABSL_LOCKS_EXCLUDED(mu_);
+  // Uses up `ticket`; NOT_FOUND when it is not one of the session's unused tickets.
+  absl::Status TakeDirectTicket(const std::string& ticket) ABSL_LOCKS_EXCLUDED(mu_);
+
   // Checks a launch against the kernel's parameter layout and the device and function
   // limits, then enqueues it (and reports it to the watchdog). Typed u8/u16 arguments must
   // fit their width: a larger value is INVALID_ARGUMENT naming the parameter, its type and
   // the value, never truncated.
   absl::Status Launch(const v1::LaunchCommand& launch);
+
+  // CUDA graphs (the contract is ExecutionService's in execution_service.proto; the
+  // implementation is in session_graphs.cc). A capture records what Launch, Memset and Copy
+  // enqueue on its stream while it lasts; work that cannot be captured is refused with
+  // FAILED_PRECONDITION before the backend sees it (Upload, Download, SynchronizeStream,
+  // QueryStream, RecordEvent, StreamWaitEvent and LaunchGraph on a capturing stream; any of
+  // them and these three on stream 0 while a blocking stream captures; Synchronize while
+  // any stream captures), so that the capture goes on. DestroyStream abandons a capture.
+  //
+  // Each stream has a capture state whose lock is held while work that a capture records
+  // (Launch, Memset, Copy, LaunchGraph) is enqueued on it, so that a capture begins or ends
+  // between two such pieces of work, never during one; beginning the capture of a blocking
+  // stream also holds stream 0's. Lock order: a graph exec's lock, then a stream's capture
+  // lock, then mu_.
+  // `mode` is a v1::CaptureMode value (the capture is RELAXED whatever it says).
+  absl::Status BeginCapture(uint64_t stream_id, int mode) ABSL_LOCKS_EXCLUDED(mu_);
+  absl::StatusOr<v1::EndCaptureResponse> EndCapture(uint64_t stream_id) ABSL_LOCKS_EXCLUDED(mu_);
+  absl::StatusOr<v1::GetCaptureInfoResponse> GetCaptureInfo(uint64_t stream_id)
+      ABSL_LOCKS_EXCLUDED(mu_);
+  absl::StatusOr<uint64_t> InstantiateGraph(uint64_t graph_id) ABSL_LOCKS_EXCLUDED(mu_);
+  // Enqueues a graph exec (and reports it to the watchdog, named "graph exec <id>").
+  absl::Status LaunchGraph(const v1::LaunchGraphCommand& launch) ABSL_LOCKS_EXCLUDED(mu_);
+  absl::Status DestroyGraph(uint64_t graph_id) ABSL_LOCKS_EXCLUDED(mu_);
+  absl::Status DestroyGraphExec(uint64_t graph_exec_id) ABSL_LOCKS_EXCLUDED(mu_);
+  absl::StatusOr<v1::GetGraphNodesResponse> GetGraphNodes(uint64_t graph_id)
+      ABSL_LOCKS_EXCLUDED(mu_);
+  absl::Status UpdateGraphExec(uint64_t graph_exec_id, uint64_t graph_id) ABSL_LOCKS_EXCLUDED(mu_);
+  // Checks the arguments and dimensions exactly like Launch.
+  absl::Status SetGraphExecKernelNodeArgs(const v1::SetGraphExecKernelNodeArgsRequest& request)
+      ABSL_LOCKS_EXCLUDED(mu_);
 
   // Runs one command-stream batch in order and fills `reply`. Returns non-OK only for a
   // sticky fault (the stream must then end with that status); per-command errors go into
@@ -184,6 +265,28 @@ class Session {
     // (CheckParamLayout) when the function was looked up.
     uint32_t packed_bytes = 0;
   };
+  // A same-host region (session_regions.cc).
+  struct RegionEntry;
+
+  // CUDA graphs (session_graphs.cc). One node as the session recorded it when it was
+  // captured (or set since, for a graph exec's nodes).
+  struct GraphNodeRecord {
+    v1::GraphNodeType type = v1::GRAPH_NODE_TYPE_UNSPECIFIED;
+    // Kernel nodes: the function (which keeps its module loaded), its id, the launch.
+    std::shared_ptr<FunctionEntry> function;
+    uint64_t function_id = 0;
+    backend::LaunchConfig config;
+    // What it counts against kMaxGraphBytesPerSession.
+    uint64_t cost_bytes = 0;
+  };
+  struct StreamCapture;   // a stream's capture state
+  struct GraphEntry;      // a graph
+  struct GraphExecEntry;  // a graph exec
+  struct StreamAndCapture {
+    std::shared_ptr<backend::Stream> stream;  // null for stream 0
+    std::shared_ptr<StreamCapture> capture;
+  };
+
   // A resolvable device range: a buffer (id != 0) or a module global (id == 0).
   struct Range {
     uint64_t id = 0;
@@ -217,6 +320,30 @@ class Session {
       ABSL_LOCKS_EXCLUDED(mu_);
   absl::Status RunCommand(const v1::Command& command, v1::CommandReply* reply,
                           uint64_t* download_bytes);
+
+  // CUDA graphs (session_graphs.cc).
+  static std::shared_ptr<StreamCapture> NewStreamCapture(bool blocking);
+  // NOT_FOUND for an unknown stream; stream 0's capture state is legacy_capture_.
+  absl::StatusOr<StreamAndCapture> FindStreamCapture(uint64_t stream_id) ABSL_LOCKS_EXCLUDED(mu_);
+  // Enqueues work that a capture records: `enqueue(stream, capturing)` runs with the
+  // stream's capture lock held; while the stream captures, `describe()` is recorded as a
+  // node once `enqueue` succeeded. `what` names the call in errors.
+  absl::Status EnqueueCapturable(uint64_t stream_id, const char* what,
+                                 absl::FunctionRef<GraphNodeRecord()> describe,
+                                 absl::FunctionRef<absl::Status(backend::Stream*, bool)> enqueue)
+      ABSL_LOCKS_EXCLUDED(mu_);
+  // FAILED_PRECONDITION naming `what` for work that cannot be captured on a capturing stream
+  // (see BeginCapture), or on stream 0 while a blocking stream captures; OK otherwise, also
+  // for an unknown stream (the caller reports that).
+  absl::Status RefuseWhileCapturing(uint64_t stream_id, const char* what) ABSL_LOCKS_EXCLUDED(mu_);
+  absl::Status RefuseWhileAnyCaptures(const char* what) ABSL_LOCKS_EXCLUDED(mu_);
+  // Ends a capture of a stream being destroyed, dropping what it recorded.
+  void AbandonCapture(uint64_t stream_id, backend::Stream* stream) ABSL_LOCKS_EXCLUDED(mu_);
+  // ~Session: abandons captures, then destroys graph execs and graphs.
+  void ReleaseGraphs() ABSL_LOCKS_EXCLUDED(mu_);
+  absl::Status ReserveGraphBytesLocked(uint64_t bytes, const char* what)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void ReleaseGraphBytes(uint64_t bytes) ABSL_LOCKS_EXCLUDED(mu_);
   // A fresh id that no live handle of this session has. Nothing is remembered per id
   // (HandleIdGenerator), so creating and destroying handles in a loop grows nothing.
   uint64_t NewIdLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -247,6 +374,26 @@ class Session {
   std::unordered_map<uint64_t, std::shared_ptr<FunctionEntry>> functions_ ABSL_GUARDED_BY(mu_);
   std::unordered_map<uint64_t, std::shared_ptr<backend::Stream>> streams_ ABSL_GUARDED_BY(mu_);
   std::unordered_map<uint64_t, std::shared_ptr<backend::Event>> events_ ABSL_GUARDED_BY(mu_);
+  std::unordered_map<uint64_t, std::shared_ptr<RegionEntry>> regions_ ABSL_GUARDED_BY(mu_);
+  uint64_t region_bytes_ ABSL_GUARDED_BY(mu_) = 0;  // summed over regions_
+  std::vector<std::string> direct_tickets_ ABSL_GUARDED_BY(mu_);  // unused
+  // CUDA graphs: every stream's capture state (by stream id; stream 0's is legacy_capture_),
+  // the streams that capture, graphs, graph execs (and instantiations under way), and the
+  // bytes they count against kMaxGraphBytesPerSession.
+  std::unordered_map<uint64_t, std::shared_ptr<StreamCapture>> stream_captures_
+      ABSL_GUARDED_BY(mu_);
+  const std::shared_ptr<StreamCapture> legacy_capture_ = NewStreamCapture(/*blocking=*/false);
+  std::set<uint64_t> capturing_streams_ ABSL_GUARDED_BY(mu_);
+  std::set<uint64_t> blocking_capturing_streams_ ABSL_GUARDED_BY(mu_);
+  std::unordered_map<uint64_t, std::shared_ptr<GraphEntry>> graphs_ ABSL_GUARDED_BY(mu_);
+  std::unordered_map<uint64_t, std::shared_ptr<GraphExecEntry>> graph_execs_ ABSL_GUARDED_BY(mu_);
+  size_t graph_execs_pending_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t graph_bytes_ ABSL_GUARDED_BY(mu_) = 0;
+  // The sizes of capturing_streams_ and blocking_capturing_streams_, read without mu_.
+  std::atomic<size_t> captures_active_{0};
+  std::atomic<size_t> blocking_captures_active_{0};
+  std::string region_socket_;
+  std::function<void(const absl::Status&)> on_fault_;
   std::atomic<bool> faulted_{false};
   // Set once by Bind; the launch path reads the pointer without mu_.
   std::unique_ptr<Watchdog> watchdog_ ABSL_GUARDED_BY(mu_);

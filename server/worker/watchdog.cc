@@ -261,18 +261,21 @@ void Watchdog::Run() {
 Watchdog::FireFn ExitOnKernelTimeout(int status_fd) {
   return [status_fd](const std::string& message) {
     spdlog::error("{}; ending the worker", message);
-    if (status_fd >= 0) {
-      const std::string line = message + "\n";
-      size_t written = 0;
-      while (written < line.size()) {
-        const ssize_t n = write(status_fd, line.data() + written, line.size() - written);
-        if (n < 0 && errno == EINTR) continue;
-        if (n <= 0) break;  // the front end is gone: the exit code alone must do
-        written += static_cast<size_t>(n);
-      }
-    }
+    WriteStatusLine(status_fd, message);
     _exit(kExitKernelTimeout);
   };
+}
+
+void WriteStatusLine(int status_fd, const std::string& message) {
+  if (status_fd < 0) return;
+  const std::string line = message + "\n";
+  size_t written = 0;
+  while (written < line.size()) {
+    const ssize_t n = write(status_fd, line.data() + written, line.size() - written);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) break;
+    written += static_cast<size_t>(n);
+  }
 }
 
 }  // namespace gpurpc::worker

@@ -180,6 +180,10 @@ class Watchdog {
 // kernel makes an orderly context teardown block forever.
 Watchdog::FireFn ExitOnKernelTimeout(int status_fd);
 
+// Writes `message` and a newline to `status_fd` (skipped when < 0), retrying short writes;
+// gives up quietly when the front end is gone (the exit code alone must then do).
+void WriteStatusLine(int status_fd, const std::string& message);
+
 }  // namespace gpurpc::worker
 
 #endif  // GPURPC_SERVER_WORKER_WATCHDOG_H_

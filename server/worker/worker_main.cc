@@ -28,6 +28,7 @@
 #include "server/worker/compiler/compiler.h"
 #include "server/status_interceptor.h"
 #include "server/worker/service.h"
+#include "server/worker/host_region.h"
 #include "server/worker/session.h"
 #include "spdlog/sinks/stdout_color_sinks.h"
 #include "spdlog/spdlog.h"
@@ -44,6 +45,9 @@ constexpr size_t kWorkerMemoryBytes = 1ull << 30;
 // Open files: gRPC's socket, the driver's device files, compile cache files and the sockets
 // of compile helpers (at most kMaxConcurrentCompiles at once) need far fewer.
 constexpr rlim_t kWorkerMaxOpenFiles = 4096;
+// How long a worker whose session faulted goes on after answering the observing call
+// (kExitSessionFaulted, worker_main.h).
+constexpr std::chrono::milliseconds kFaultExitDelay{300};
 
 // Limits of this process, set before any tenant input. Soft and hard alike, so that nothing
 // in the worker can raise them again.
@@ -130,8 +134,8 @@ int WorkerMain(const DaemonOptions& options) {
   // it on to catch lock-order inversions.
   absl::SetMutexDeadlockDetectionMode(absl::OnDeadlockCycle::kIgnore);
   const absl::Status limits = SetWorkerLimits();
-  // The front end's two fds must not leak into the compile helpers this worker spawns.
-  for (const int fd : {options.worker_fd, options.worker_status_fd}) {
+  // The front end's fds must not leak into the compile helpers this worker spawns.
+  for (const int fd : {options.worker_fd, options.worker_status_fd, options.worker_region_fd}) {
     if (fd >= 0) fcntl(fd, F_SETFD, fcntl(fd, F_GETFD) | FD_CLOEXEC);
   }
   // Die with the front end: an orphaned worker would hold a GPU context forever.
@@ -203,6 +207,17 @@ int WorkerMain(const DaemonOptions& options) {
     }
     session = std::make_unique<Session>(std::move(*context), compiler_ptr, compiler_status,
                                         ExitOnKernelTimeout(options.worker_status_fd));
+    session->set_region_socket(options.region_socket);
+    session->set_on_fault([status_fd = options.worker_status_fd](const absl::Status& fault) {
+      // The reply to the observing call goes out first; then the worker ends (see
+      // kExitSessionFaulted). Destructors are not run: the context is lost anyway.
+      std::thread([status_fd, message = std::string(fault.message())] {
+        std::this_thread::sleep_for(kFaultExitDelay);
+        spdlog::error("sticky fault ({}); ending the worker", message);
+        WriteStatusLine(status_fd, message);
+        _exit(kExitSessionFaulted);
+      }).detach();
+    });
   }
 
   std::function<std::string()> sandbox_report;
@@ -223,6 +238,47 @@ int WorkerMain(const DaemonOptions& options) {
   if (server == nullptr) {
     spdlog::error("cannot start the worker's gRPC server");
     return kExitServerFailed;
+  }
+  // Direct channels of same-host clients (HostRegionService.OpenDirectChannel): a second
+  // server with ExecutionService only, bounded like the first.
+  std::vector<std::unique_ptr<grpc::Service>> direct_services;
+  std::unique_ptr<grpc::Server> direct_server;
+  std::unique_ptr<DirectChannels> direct_channels;
+  std::unique_ptr<RegionChannel> region_channel;
+  if (session != nullptr && options.worker_region_fd >= 0) {
+    direct_services = MakeDirectServices(session.get());
+    grpc::ServerBuilder direct_builder;
+    grpc::ResourceQuota direct_quota("gpurpcd-worker-direct");
+    direct_quota.Resize(kWorkerMemoryBytes);
+    direct_quota.SetMaxThreads(kWorkerMaxThreads);
+    direct_builder.SetResourceQuota(direct_quota);
+    direct_builder.AddChannelArgument(GRPC_ARG_MAX_CONCURRENT_STREAMS, kWorkerMaxConcurrentStreams);
+    direct_builder.SetMaxReceiveMessageSize(kMaxMessageBytes);
+    direct_builder.SetMaxSendMessageSize(kMaxMessageBytes);
+    for (auto& service : direct_services) direct_builder.RegisterService(service.get());
+    direct_builder.experimental().SetInterceptorCreators(
+        StatusInterceptors(/*mark_worker_answers=*/false, kWorkerMaxThreads));
+    direct_server = direct_builder.BuildAndStart();
+    if (direct_server == nullptr) {
+      spdlog::error("cannot start the worker's direct gRPC server");
+      return kExitServerFailed;
+    }
+    direct_channels = std::make_unique<DirectChannels>(direct_server.get());
+    // Regions' memfds and direct channels' sockets arrive from the front end on their own
+    // channel (gRPC carries no fds).
+    Session* const target = session.get();
+    DirectChannels* const channels = direct_channels.get();
+    region_channel = std::make_unique<RegionChannel>(
+        options.worker_region_fd,
+        [target, channels](const v1::AttachHostRegionRequest& request, int fd) -> absl::Status {
+          if (!request.direct_channel()) {
+            return target->AttachHostRegion(request.region_id(), request.ticket(), fd);
+          }
+          if (absl::Status taken = target->TakeDirectTicket(request.ticket()); !taken.ok()) {
+            return taken;
+          }
+          return channels->Admit(fd);
+        });
   }
   // gRPC 1.51 hangs on a blocking fd (DESIGN §2).
   const int flags = fcntl(options.worker_fd, F_GETFL);

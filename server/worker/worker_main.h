@@ -35,6 +35,12 @@ inline constexpr int kExitKernelTimeout = 7;
 // Setting the worker's resource limits failed at start (SetWorkerLimits in worker_main.cc);
 // the worker's log says which.
 inline constexpr int kExitLimitsFailed = 8;
+// The session's context met a sticky fault (session.h's fault contract). The worker wrote
+// the fault's message as one line to --worker-status-fd and ended itself a moment after
+// answering the call that observed it (kFaultExitDelay), so that a fault seen on a direct
+// channel, which the front end does not relay, still marks the session FAULTED and frees
+// its GPU memory. On the relayed path the front end has usually ended the worker first.
+inline constexpr int kExitSessionFaulted = 9;
 
 int WorkerMain(const DaemonOptions& options);
 

@@ -243,6 +243,13 @@ class Fixture {
       case v1::Command::kSync:
         command->mutable_sync()->set_stream_id(SymbolicId(command->sync().stream_id()));
         break;
+      case v1::Command::kLaunchGraph: {
+        // The fixture holds no graph exec: every id is refused (NOT_FOUND).
+        v1::LaunchGraphCommand* launch = command->mutable_launch_graph();
+        launch->set_graph_exec_id(SymbolicId(launch->graph_exec_id()));
+        launch->set_stream_id(SymbolicId(launch->stream_id()));
+        break;
+      }
       default:
         break;
     }

@@ -12,7 +12,8 @@
 #    the daemon's log checked for the token;
 # 5. the soak and leak check (gpurpc-soak: 64 clients, 1000 open/close cycles, 8 clients
 #    killed mid-upload) on the GPU, and the compute and memory benchmarks with the kernel
-#    watchdog on (the default) and off (its cost per launch).
+#    watchdog on (the default) and off (its cost per launch), and the Python benchmark
+#    (regions, graphs, gpuarray) against a same-host daemon beside the C++ client's figures.
 # GPURPC_GPU_STEPS (default "tests python soak bench") picks steps: tests = 1-2,
 # python = 3-4, soak = 5's soak, bench = 5's benchmarks.
 # Logs and gtest XML go to $OUT. Prints a summary line per step.
@@ -76,10 +77,19 @@ fi
 if want bench; then
 echo "== benchmarks (kernel watchdog on, the default)"
 timeout 150 $R/bin/gpurpc_bench_compute > "$OUT/bench-compute.log" 2>&1; echo "rc=$?"
-grep -A12 "^Compute path" "$OUT/bench-compute.log"
+grep -A24 "^Compute path" "$OUT/bench-compute.log"
 echo "== benchmarks (kernel watchdog off: --kernel-timeout=0)"
 timeout 150 $R/bin/gpurpc_bench_compute --daemon-arg=--kernel-timeout=0 > "$OUT/bench-compute-nowd.log" 2>&1; echo "rc=$?"
-grep -A12 "^Compute path" "$OUT/bench-compute-nowd.log"
+grep -A6 "^Compute path" "$OUT/bench-compute-nowd.log"
 timeout 150 $R/bin/gpurpc_bench_memory > "$OUT/bench-memory.log" 2>&1; echo "rc=$?"
 grep -vE "^\[" "$OUT/bench-memory.log" | tail -16
+echo "== Python benchmark on a same-host daemon (regions on), with the C++ client beside it"
+B=$(mktemp -d); chmod 755 "$B"
+$R/bin/gpurpcd --backend=cuda --unix-socket="$B/gpurpcd.sock" --cache-dir="$B/cache" > "$B/daemon.log" 2>&1 &
+D=$!
+for i in $(seq 100); do [ -S "$B/gpurpcd.sock" ] && break; sleep 0.2; done
+PYTHONPATH=$PWD/client/python/src timeout 400 python3 client/python/benchmarks/bench_python.py \
+  --address="unix:$B/gpurpcd.sock" --cpp-bench=$R/bin/gpurpc_bench_compute > "$OUT/bench-python.log" 2>&1; echo "rc=$?"
+grep -vE "^\[" "$OUT/bench-python.log" | tail -40
+kill $D; wait $D; cp "$B/daemon.log" "$OUT/bench-daemon.log"
 fi

@@ -472,6 +472,28 @@ v1::LaunchRequest LaunchReq(const v1::LaunchCommand& launch) {
   *request.mutable_launch() = launch;
   return request;
 }
+// CUDA graphs: captures `launch` on `stream` of `s` into a graph whose id goes to `graph`.
+Outcome CaptureGraph(const Caller& s, uint64_t stream, v1::LaunchCommand launch,
+                     uint64_t* graph) {
+  v1::BeginCaptureRequest begin;
+  begin.set_stream_id(stream);
+  const Outcome begun = s.Call(&ExecutionStub::BeginCapture, begin);
+  if (begun.code != Code::OK) return begun;
+  launch.set_stream_id(stream);
+  const Outcome launched = s.Call(&ExecutionStub::Launch, LaunchReq(launch));
+  v1::EndCaptureRequest end;
+  end.set_stream_id(stream);
+  v1::EndCaptureResponse ended;
+  const Outcome captured = s.Call(&ExecutionStub::EndCapture, end, &ended);
+  if (launched.code != Code::OK) return launched;
+  *graph = ended.graph_id();
+  return captured;
+}
+Outcome DestroyGraph(const Caller& s, uint64_t graph) {
+  v1::DestroyGraphRequest request;
+  request.set_graph_id(graph);
+  return s.Call(&ExecutionStub::DestroyGraph, request);
+}
 v1::Command Cmd(uint64_t sequence) {
   v1::Command command;
   command.set_sequence(sequence);
@@ -1517,7 +1539,7 @@ TEST_F(BadInputTest, UnaryCallsAnswerTheirDocumentedCodes) {
        [&] { return keep_alive(m_.Session(victim_.id())); }, Code::NOT_FOUND, "no session"},
       {"session: another tenant's id on CloseSession",
        [&] { return Close(m_.Session(victim_.id())); }, Code::NOT_FOUND, "no session"},
-      {"session: another tenant's id on an UNIMPLEMENTED service is still NOT_FOUND",
+      {"session: another tenant's id on HostRegionService is NOT_FOUND",
        [&] {
          return m_.Session(victim_.id())
              .Call(&HostRegionStub::UnregisterHostRegion, v1::UnregisterHostRegionRequest());
@@ -2364,6 +2386,138 @@ TEST_F(BadInputTest, UnaryCallsAnswerTheirDocumentedCodes) {
        [&] { return m_.Call(&ExecutionStub::StreamWaitEvent, WaitReq(0, bh_.event)); },
        Code::NOT_FOUND, "no event"},
 
+      // ------------------------------------------------ ExecutionService: CUDA graphs
+      {"BeginCapture: the default stream",
+       [&] {
+         return m_.Call(&ExecutionStub::BeginCapture, StreamReq<v1::BeginCaptureRequest>(0));
+       },
+       Code::INVALID_ARGUMENT, "legacy default stream"},
+      {"BeginCapture: an unknown stream",
+       [&] {
+         return m_.Call(&ExecutionStub::BeginCapture,
+                        StreamReq<v1::BeginCaptureRequest>(Unknown()));
+       },
+       Code::NOT_FOUND, "no stream"},
+      {"BeginCapture: another tenant's stream",
+       [&] {
+         return m_.Call(&ExecutionStub::BeginCapture,
+                        StreamReq<v1::BeginCaptureRequest>(bh_.stream));
+       },
+       Code::NOT_FOUND, "no stream"},
+      {"BeginCapture: a mode that is no CaptureMode",
+       [&] {
+         v1::BeginCaptureRequest request = StreamReq<v1::BeginCaptureRequest>(mh_.stream);
+         request.set_mode(static_cast<v1::CaptureMode>(99));
+         return m_.Call(&ExecutionStub::BeginCapture, request);
+       },
+       Code::INVALID_ARGUMENT, "not a CaptureMode"},
+      {"BeginCapture: twice",
+       [&] {
+         const uint64_t stream = NewStream(m_);
+         const auto begin = StreamReq<v1::BeginCaptureRequest>(stream);
+         const Outcome first = m_.Call(&ExecutionStub::BeginCapture, begin);
+         if (first.code != Code::OK) return Broken("the first BeginCapture: " + Describe(first));
+         const Outcome second = m_.Call(&ExecutionStub::BeginCapture, begin);
+         m_.Call(&ExecutionStub::DestroyStream, StreamReq<v1::DestroyStreamRequest>(stream));
+         return second;
+       },
+       Code::FAILED_PRECONDITION, "already capturing"},
+      {"EndCapture: a stream that does not capture",
+       [&] {
+         return m_.Call(&ExecutionStub::EndCapture,
+                        StreamReq<v1::EndCaptureRequest>(mh_.stream));
+       },
+       Code::FAILED_PRECONDITION, "not capturing"},
+      {"SynchronizeStream: a capturing stream",
+       [&] {
+         const uint64_t stream = NewStream(m_);
+         const Outcome begun =
+             m_.Call(&ExecutionStub::BeginCapture, StreamReq<v1::BeginCaptureRequest>(stream));
+         if (begun.code != Code::OK) return Broken("BeginCapture: " + Describe(begun));
+         const Outcome synced = m_.Call(&ExecutionStub::SynchronizeStream,
+                                        StreamReq<v1::SynchronizeStreamRequest>(stream));
+         m_.Call(&ExecutionStub::DestroyStream, StreamReq<v1::DestroyStreamRequest>(stream));
+         return synced;
+       },
+       Code::FAILED_PRECONDITION, "capturing a graph"},
+      {"InstantiateGraph: an unknown graph",
+       [&] {
+         v1::InstantiateGraphRequest request;
+         request.set_graph_id(Unknown());
+         return m_.Call(&ExecutionStub::InstantiateGraph, request);
+       },
+       Code::NOT_FOUND, "no graph"},
+      {"InstantiateGraph: another tenant's graph",
+       [&] {
+         uint64_t graph = 0;
+         const Outcome captured = CaptureGraph(victim_, bh_.stream, FillLaunch(bh_), &graph);
+         if (captured.code != Code::OK) return Broken("bob's capture: " + Describe(captured));
+         v1::InstantiateGraphRequest request;
+         request.set_graph_id(graph);
+         const Outcome got = m_.Call(&ExecutionStub::InstantiateGraph, request);
+         DestroyGraph(victim_, graph);
+         return got;
+       },
+       Code::NOT_FOUND, "no graph"},
+      {"LaunchGraph: graph exec 0",
+       [&] { return m_.Call(&ExecutionStub::LaunchGraph, v1::LaunchGraphRequest()); },
+       Code::NOT_FOUND, "no graph exec"},
+      {"LaunchGraph: a graph's id is no graph exec's",
+       [&] {
+         uint64_t graph = 0;
+         const Outcome captured = CaptureGraph(m_, mh_.stream, FillLaunch(mh_), &graph);
+         if (captured.code != Code::OK) return Broken("capture: " + Describe(captured));
+         v1::LaunchGraphRequest request;
+         request.mutable_launch()->set_graph_exec_id(graph);
+         const Outcome got = m_.Call(&ExecutionStub::LaunchGraph, request);
+         DestroyGraph(m_, graph);
+         return got;
+       },
+       Code::NOT_FOUND, "no graph exec"},
+      {"GetGraphNodes: UINT64_MAX",
+       [&] {
+         v1::GetGraphNodesRequest request;
+         request.set_graph_id(kU64Max);
+         return m_.Call(&ExecutionStub::GetGraphNodes, request);
+       },
+       Code::NOT_FOUND, "no graph"},
+      {"UpdateGraphExec: unknown ids",
+       [&] {
+         v1::UpdateGraphExecRequest request;
+         request.set_graph_exec_id(Unknown());
+         request.set_graph_id(Unknown());
+         return m_.Call(&ExecutionStub::UpdateGraphExec, request);
+       },
+       Code::NOT_FOUND, "no graph exec"},
+      {"SetGraphExecKernelNodeArgs: a node past the graph",
+       [&] {
+         uint64_t graph = 0;
+         const Outcome captured = CaptureGraph(m_, mh_.stream, FillLaunch(mh_), &graph);
+         if (captured.code != Code::OK) return Broken("capture: " + Describe(captured));
+         v1::InstantiateGraphRequest instantiate;
+         instantiate.set_graph_id(graph);
+         v1::InstantiateGraphResponse made;
+         const Outcome exec = m_.Call(&ExecutionStub::InstantiateGraph, instantiate, &made);
+         DestroyGraph(m_, graph);
+         if (exec.code != Code::OK) return Broken("InstantiateGraph: " + Describe(exec));
+         v1::SetGraphExecKernelNodeArgsRequest request;
+         request.set_graph_exec_id(made.graph_exec_id());
+         request.set_node_index(kU32Max);
+         const Outcome got = m_.Call(&ExecutionStub::SetGraphExecKernelNodeArgs, request);
+         v1::DestroyGraphExecRequest destroy;
+         destroy.set_graph_exec_id(made.graph_exec_id());
+         m_.Call(&ExecutionStub::DestroyGraphExec, destroy);
+         return got;
+       },
+       Code::INVALID_ARGUMENT, "past the 1 nodes"},
+      {"DestroyGraphExec: an unknown graph exec",
+       [&] {
+         v1::DestroyGraphExecRequest request;
+         request.set_graph_exec_id(Unknown());
+         return m_.Call(&ExecutionStub::DestroyGraphExec, request);
+       },
+       Code::NOT_FOUND, "no graph exec"},
+
       // ------------------------------------------------ ExecutionService.Launch
       {"Launch: an unknown function",
        [&] {
@@ -2680,33 +2834,53 @@ TEST_F(BadInputTest, UnaryCallsAnswerTheirDocumentedCodes) {
        },
        Code::ABORTED, "CUDA_ERROR_ILLEGAL_ADDRESS"},
 
-      // ------------------------------------------------ HostRegionService (not implemented)
-      {"RegisterHostRegion: a path out of /dev/shm, UINT64_MAX bytes",
+      // ------------------------------------------------ HostRegionService
+      // (tests/service/host_region_test.cc tries the region socket itself)
+      {"RegisterHostRegion: UINT64_MAX bytes",
        [&] {
          v1::RegisterHostRegionRequest request;
-         request.set_shm_name("/../../etc/shadow");
          request.set_size_bytes(kU64Max);
          return m_.Call(&HostRegionStub::RegisterHostRegion, request);
        },
-       Code::UNIMPLEMENTED, ""},
+       Code::RESOURCE_EXHAUSTED, "--max-host-region-bytes"},
+      {"RegisterHostRegion: 0 bytes",
+       [&] { return m_.Call(&HostRegionStub::RegisterHostRegion, v1::RegisterHostRegionRequest()); },
+       Code::INVALID_ARGUMENT, "size_bytes must be > 0"},
       {"UnregisterHostRegion: an unknown region",
        [&] {
          v1::UnregisterHostRegionRequest request;
          request.set_region_id(Unknown());
          return m_.Call(&HostRegionStub::UnregisterHostRegion, request);
        },
-       Code::UNIMPLEMENTED, ""},
-      {"CopyHostRegion: to another tenant's address, offset and size UINT64_MAX",
+       Code::NOT_FOUND, "no region"},
+      {"CopyHostRegion: an unknown region, to another tenant's address, offset and size "
+       "UINT64_MAX",
        [&] {
          v1::CopyHostRegionRequest request;
          request.set_region_id(Unknown());
          request.set_region_offset_bytes(kU64Max);
-         request.set_device_address(bh_.buffer.device_address());
+         request.mutable_device()->set_device_address(bh_.buffer.device_address());
          request.set_size_bytes(kU64Max);
          request.set_to_device(true);
          return m_.Call(&HostRegionStub::CopyHostRegion, request);
        },
-       Code::UNIMPLEMENTED, ""},
+       Code::NOT_FOUND, "no region"},
+      {"CopyHostRegion: a region not attached yet, offset and size UINT64_MAX",
+       [&] {
+         v1::RegisterHostRegionRequest reg;
+         reg.set_size_bytes(4096);
+         v1::RegisterHostRegionResponse registered;
+         const Outcome made = m_.Call(&HostRegionStub::RegisterHostRegion, reg, &registered);
+         if (made.code != Code::OK) return made;
+         v1::CopyHostRegionRequest request;
+         request.set_region_id(registered.region_id());
+         request.set_region_offset_bytes(kU64Max);
+         request.mutable_device()->set_device_address(bh_.buffer.device_address());
+         request.set_size_bytes(kU64Max);
+         request.set_to_device(false);
+         return m_.Call(&HostRegionStub::CopyHostRegion, request);
+       },
+       Code::FAILED_PRECONDITION, "no memfd attached"},
 
       // ------------------------------------------------ AdminService
       {"Admin ListSessions: not an admin",

@@ -73,6 +73,35 @@ TEST(OptionsTest, TcpNeedsCredentialsAndTlsOffLoopback) {
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("nothing to serve on")));
 }
 
+TEST(OptionsTest, TheRegionSocketSitsBesideTheUnixSocket) {
+  auto options = Parse({"--unix-socket=/run/gpurpc/gpurpcd.sock"});
+  ASSERT_THAT(options, IsOk());
+  EXPECT_EQ(options->region_socket, "/run/gpurpc/gpurpcd-regions.sock");
+  options = Parse({"--unix-socket=/run/gpurpc/socket"});
+  ASSERT_THAT(options, IsOk());
+  EXPECT_EQ(options->region_socket, "/run/gpurpc/socket.regions");
+  options = Parse({"--unix-socket=/run/gpurpc/gpurpcd.sock", "--region-socket=/tmp/r.sock"});
+  ASSERT_THAT(options, IsOk());
+  EXPECT_EQ(options->region_socket, "/tmp/r.sock");
+  options = Parse({"--unix-socket=/run/gpurpc/gpurpcd.sock", "--region-socket="});
+  ASSERT_THAT(options, IsOk());
+  EXPECT_EQ(options->region_socket, "");
+  // No Unix socket, no regions.
+  options = Parse({"--unix-socket=", "--listen=127.0.0.1:1", "--tokens-file=/x"});
+  ASSERT_THAT(options, IsOk());
+  EXPECT_EQ(options->region_socket, "");
+  // Beside a socket path too long for one more: none, and the log says why.
+  const std::string long_path = "/" + std::string(80, 'd') + "/gpurpcd.sock";
+  options = Parse({"--unix-socket=" + long_path});
+  ASSERT_THAT(options, IsOk());
+  EXPECT_EQ(options->region_socket, "");
+  EXPECT_THAT(options->region_socket_note, HasSubstr("too long"));
+  EXPECT_THAT(Parse({"--region-socket=relative.sock"}).status(),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("absolute")));
+  EXPECT_THAT(Parse({"--max-host-region-bytes=lots"}).status(),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("max-host-region-bytes")));
+}
+
 TEST(OptionsTest, QuotaFlagsAndTenantNames) {
   auto options = Parse({"--tenant-max-sessions=3", "--tenant-max-device-memory-bytes=1024",
                         "--admin-tenants=root,ops"});

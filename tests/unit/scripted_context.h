@@ -151,6 +151,18 @@ class ScriptedContext final : public backend::Context {
     return absl::OkStatus();
   }
 
+  absl::StatusOr<std::unique_ptr<backend::HostRegistration>> RegisterHostMemory(void*,
+                                                                               uint64_t) override {
+    return Unimplemented("RegisterHostMemory");
+  }
+  absl::Status CopyHostToDeviceAsync(backend::DevicePtr, const void*, uint64_t,
+                                     backend::Stream*) override {
+    return Unimplemented("CopyHostToDeviceAsync");
+  }
+  absl::Status CopyDeviceToHostAsync(void*, backend::DevicePtr, uint64_t,
+                                     backend::Stream*) override {
+    return Unimplemented("CopyDeviceToHostAsync");
+  }
   absl::StatusOr<std::unique_ptr<backend::Stream>> CreateStream(bool) override {
     absl::MutexLock lock(&mu_);
     return std::unique_ptr<backend::Stream>(new Stream(++streams_created_));

@@ -5,6 +5,7 @@
 #include <cstdlib>
 #include <utility>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_format.h"
 #include "client/cpp/src/session_core.h"
 #include "common/grpc_status.h"
@@ -47,13 +48,16 @@ void SetPointer(const DeviceRef& ref, v1::DevicePointer* out) {
 
 uint64_t StreamId(const Stream* stream) { return stream == nullptr ? 0 : stream->id(); }
 
+constexpr char kUploadStreamMethod[] = "/gpurpc.v1.MemoryService/UploadStream";
+constexpr char kDownloadStreamMethod[] = "/gpurpc.v1.MemoryService/DownloadStream";
+
 absl::Status NoSession() { return absl::FailedPreconditionError("no session (moved from?)"); }
 
-// The start of `stub.async()->Method(...)`, for internal::RunUnary.
-#define GPURPC_RPC(stub, Method)                                                           \
-  [&rpc_stub = (stub)](grpc::ClientContext* rpc_context, const auto* rpc_request,          \
-                       auto* rpc_response, std::function<void(grpc::Status)> rpc_done) {   \
-    rpc_stub.async()->Method(rpc_context, rpc_request, rpc_response, std::move(rpc_done)); \
+// `stub.PrepareAsyncMethod(...)`, the start of a call for internal::RunUnary.
+#define GPURPC_RPC(stub, Method)                                                  \
+  [&rpc_stub = (stub)](grpc::ClientContext* rpc_context, const auto& rpc_request, \
+                       grpc::CompletionQueue* rpc_queue) {                        \
+    return rpc_stub.PrepareAsync##Method(rpc_context, rpc_request, rpc_queue);    \
   }
 
 // A session-scoped unary call: the session's health first (a FAULTED or lost session answers
@@ -106,83 +110,6 @@ absl::Status ClientCall(const std::shared_ptr<grpc::Channel>& channel, const std
   return retried;
 }
 
-// A streamed upload on gRPC's callback API (see session_core.h for why), written one chunk at
-// a time. Alive until OnDone (self_); a hold keeps OnDone away while chunks are written.
-class UploadCall : public grpc::ClientWriteReactor<v1::UploadStreamRequest> {
- public:
-  void Begin(SessionCore& core, std::shared_ptr<UploadCall> self) {
-    self_ = std::move(self);
-    core.AddMetadata(&context_);
-    core.memory().async()->UploadStream(&context_, &response_, this);
-    AddHold();
-    StartCall();
-  }
-  // One chunk; the caller waits (WaitWritten) before the next.
-  void Write(v1::UploadStreamRequest message) {
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      writing_ = true;
-    }
-    message_ = std::move(message);
-    StartWrite(&message_);  // no lock held: the reaction may run inline
-  }
-  // True once the write ended (its result in *ok), false at the deadline.
-  bool WaitWritten(absl::Time deadline, bool* ok) {
-    std::unique_lock<std::mutex> lock(mu_);
-    if (!Wait(lock, deadline, [&] { return !writing_ || done_; })) return false;
-    *ok = !writing_ && write_ok_;
-    return true;
-  }
-  // No more chunks: half-closes (when `finish`) and lets OnDone come.
-  void Release(bool finish) {
-    if (finish) StartWritesDone();
-    RemoveHold();
-  }
-  // True once the call ended (its status in *status), false at the deadline.
-  bool WaitDone(absl::Time deadline, grpc::Status* status) {
-    std::unique_lock<std::mutex> lock(mu_);
-    if (!Wait(lock, deadline, [&] { return done_; })) return false;
-    *status = status_;
-    return true;
-  }
-  void Cancel() { context_.TryCancel(); }
-
-  void OnWriteDone(bool ok) override {
-    std::lock_guard<std::mutex> lock(mu_);
-    writing_ = false;
-    write_ok_ = ok;
-    cv_.notify_all();
-  }
-  void OnDone(const grpc::Status& status) override {
-    std::shared_ptr<UploadCall> self = std::move(self_);  // released as this returns
-    std::lock_guard<std::mutex> lock(mu_);
-    done_ = true;
-    status_ = status;
-    cv_.notify_all();
-  }
-
- private:
-  template <typename Predicate>
-  bool Wait(std::unique_lock<std::mutex>& lock, absl::Time deadline, Predicate done) {
-    if (deadline == absl::InfiniteFuture()) {
-      cv_.wait(lock, done);
-      return true;
-    }
-    return cv_.wait_until(lock, absl::ToChronoTime(deadline), done);
-  }
-
-  grpc::ClientContext context_;
-  v1::UploadResponse response_;
-  v1::UploadStreamRequest message_;
-  std::shared_ptr<UploadCall> self_;
-  std::mutex mu_;
-  std::condition_variable cv_;
-  bool writing_ = false;
-  bool write_ok_ = true;
-  bool done_ = false;
-  grpc::Status status_;
-};
-
 void SetDim(const Dim3& in, v1::Dim3* out) {
   out->set_x(in.x);
   out->set_y(in.y);
@@ -190,8 +117,7 @@ void SetDim(const Dim3& in, v1::Dim3* out) {
 }
 
 // A streamed transfer has no deadline as a whole (its size has no bound); each of its steps
-// (opening it, every 1 MiB chunk, the final answer) must finish within the call timeout. The
-// download stays on the synchronous API: a cancelled read ends at once.
+// (opening it, every 1 MiB chunk, the final answer) must finish within the call timeout.
 absl::Status StreamStepTimeout(absl::string_view call, absl::Duration timeout, uint64_t done,
                                uint64_t total) {
   return internal::TimeoutError(
@@ -213,33 +139,41 @@ absl::Status UploadImpl(SessionCore& core, const DeviceRef& dst, absl::Span<cons
     return SessionCall(core, GPURPC_RPC(core.memory(), Upload), "Upload", std::move(request),
                        &response);
   }
+  // Streamed: raw messages (transport.h), each chunk copied once, into a pooled buffer.
   const absl::Duration timeout = core.call_timeout();
-  auto call = std::make_shared<UploadCall>();
-  call->Begin(core, call);
-  v1::UploadStreamRequest message;
-  SetPointer(dst, message.mutable_destination());
-  message.set_total_size_bytes(data.size());
-  message.set_stream_id(stream_id);
+  internal::Background::Busy busy;
+  auto call = std::make_shared<internal::RawStreamCall>(
+      core.channel(), kUploadStreamMethod,
+      [&core](grpc::ClientContext* context) { core.AddMetadata(context); });
+  v1::UploadStreamRequest first;  // the first message names the destination and the size
+  SetPointer(dst, first.mutable_destination());
+  first.set_total_size_bytes(data.size());
+  first.set_stream_id(stream_id);
+  std::string header = first.SerializeAsString();
   size_t done = 0;
   bool written = true;
   while (done < data.size() && written) {
     const size_t n = std::min<size_t>(kTransferChunkBytes, data.size() - done);
-    message.set_data(data.data() + done, n);
-    call->Write(std::move(message));
-    message.Clear();
-    if (!call->WaitWritten(internal::DeadlineAfter(timeout), &written)) {
-      call->Cancel();
-      call->Release(/*finish=*/false);
+    call->Write(internal::ChunkMessage(header, v1::UploadStreamRequest::kDataFieldNumber,
+                                       data.data() + done, n));
+    header.clear();
+    if (!call->Await(internal::RawStreamCall::kWrite, internal::DeadlineAfter(timeout), &written)) {
+      internal::RawStreamCall::End(std::move(call));
       return StreamStepTimeout("UploadStream", timeout, done, data.size());
     }
     if (written) done += n;  // else the daemon ended the call: its status says why
   }
-  call->Release(/*finish=*/written);
-  grpc::Status status;
-  if (!call->WaitDone(internal::DeadlineAfter(timeout), &status)) {
-    call->Cancel();
+  grpc::ByteBuffer answer;
+  bool ok = false;
+  if (written) call->WritesDone();
+  call->Read(&answer);
+  call->Finish();
+  if (!call->Await(internal::RawStreamCall::kFinish, internal::DeadlineAfter(timeout), &ok)) {
+    internal::RawStreamCall::End(std::move(call));
     return StreamStepTimeout("UploadStream", timeout, done, data.size());
   }
+  const grpc::Status status = call->status();
+  internal::RawStreamCall::End(std::move(call));
   return FromGrpcStatus(status);
 }
 
@@ -262,40 +196,44 @@ absl::Status DownloadImpl(SessionCore& core, const DeviceRef& src, absl::Span<ui
     std::copy(response.data().begin(), response.data().end(), out.begin());
     return absl::OkStatus();
   }
+  // Streamed: raw messages (transport.h), each chunk's bytes copied once, straight into `out`;
+  // the next chunk is read while one is copied.
   const absl::Duration timeout = core.call_timeout();
-  grpc::ClientContext context;
-  core.AddMetadata(&context);
-  bool timed_out = false;
-  std::unique_ptr<grpc::ClientReader<v1::DownloadResponse>> reader;
-  {
-    internal::DeadlineCanceller canceller(&context, internal::DeadlineAfter(timeout));
-    reader = core.memory().DownloadStream(&context, request);
-    timed_out = canceller.fired();
-  }
-  v1::DownloadResponse chunk;
+  internal::Background::Busy busy;
+  auto call = std::make_shared<internal::RawStreamCall>(
+      core.channel(), kDownloadStreamMethod,
+      [&core](grpc::ClientContext* context) { core.AddMetadata(context); });
+  std::string serialized = request.SerializeAsString();
+  grpc::Slice request_slice(serialized);
+  call->WriteLast(grpc::ByteBuffer(&request_slice, 1));
+  grpc::ByteBuffer chunks[2];
   size_t done = 0;
-  while (!timed_out) {
-    internal::DeadlineCanceller canceller(&context, internal::DeadlineAfter(timeout));
-    const bool read = reader->Read(&chunk);
-    timed_out = canceller.fired();
-    if (!read) break;
-    if (chunk.data().size() > out.size() - done) {
-      context.TryCancel();
-      reader->Finish().ok();
-      return absl::InternalError("DownloadStream: the daemon sent more than asked");
+  call->Read(&chunks[0]);
+  for (int k = 0;; ++k) {
+    bool read = false;
+    if (!call->Await(internal::RawStreamCall::kRead, internal::DeadlineAfter(timeout), &read)) {
+      internal::RawStreamCall::End(std::move(call));
+      return StreamStepTimeout("DownloadStream", timeout, done, out.size());
     }
-    std::copy(chunk.data().begin(), chunk.data().end(), out.begin() + done);
-    done += chunk.data().size();
+    if (!read) break;
+    grpc::ByteBuffer& chunk = chunks[k % 2];
+    call->Read(&chunks[(k + 1) % 2]);
+    absl::Status copied = internal::CopyChunkField(&chunk, v1::DownloadResponse::kDataFieldNumber,
+                                                   out, &done, "DownloadStream");
+    chunk.Clear();
+    if (!copied.ok()) {
+      internal::RawStreamCall::End(std::move(call));  // cancels it
+      return copied;
+    }
   }
-  grpc::Status status;
-  {
-    internal::DeadlineCanceller canceller(&context, internal::DeadlineAfter(timeout));
-    status = reader->Finish();
-    timed_out = timed_out || canceller.fired();
-  }
-  if (timed_out && !status.ok()) {
+  call->Finish();
+  bool ok = false;
+  if (!call->Await(internal::RawStreamCall::kFinish, internal::DeadlineAfter(timeout), &ok)) {
+    internal::RawStreamCall::End(std::move(call));
     return StreamStepTimeout("DownloadStream", timeout, done, out.size());
   }
+  const grpc::Status status = call->status();
+  internal::RawStreamCall::End(std::move(call));
   if (!status.ok()) return FromGrpcStatus(status);
   if (done != out.size()) {
     return absl::InternalError(
@@ -340,6 +278,14 @@ absl::StatusOr<Session> Client::OpenSession(int device_ordinal,
   if (!status.ok()) return status;
   Session session;
   session.core_ = std::make_shared<SessionCore>(channel_, response, call_timeout_);
+  // The direct path when asked for; best effort (the relay serves everything anyway).
+  if (const char* direct = std::getenv("GPURPC_DIRECT");
+      direct != nullptr && std::string(direct) == "1" && absl::StartsWith(target_, "unix:")) {
+    if (absl::Status used = session.UseDirectChannel(); !used.ok() && std::getenv("GPURPC_CLIENT_DEBUG")) {
+      std::fprintf(stderr, "gpurpc: no direct channel for session %llu: %s\n",
+                   static_cast<unsigned long long>(response.session_id()), used.ToString().c_str());
+    }
+  }
   return session;
 }
 

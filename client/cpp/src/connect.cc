@@ -379,7 +379,6 @@ absl::StatusOr<Client> Client::Connect(const ConnectOptions& options) {
     absl::Status error = FromGrpcStatus(status);
     return absl::Status(error.code(), absl::StrCat("gpurpcd at ", *target, ": ", error.message()));
   }
-  internal::KeepCallbackQueueAlive();
   return Client(std::move(channel), *target, *call_timeout);
 }
 

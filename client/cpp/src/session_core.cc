@@ -32,208 +32,178 @@ absl::StatusCode FaultCode(int32_t code) {
 
 }  // namespace
 
-void KeepCallbackQueueAlive() {
-  static std::once_flag once;
-  std::call_once(once, [] {
-    // Never destroyed, on purpose (see the header). Its one call fails at once: nothing
-    // listens there (a Unix socket path that cannot exist, so nothing goes to the network).
-    static auto* const channel = new std::shared_ptr<grpc::Channel>(grpc::CreateChannel(
-        "unix:/nonexistent/gpurpc-callback-queue-keeper", grpc::InsecureChannelCredentials()));
-    struct Probe {
-      grpc::ClientContext context;
-      v1::KeepAliveRequest request;
-      v1::KeepAliveResponse response;
-    };
-    auto* probe = new Probe();
-    static auto* const stub = v1::SessionService::NewStub(*channel).release();
-    // One callback call makes the channel take its reference on the shared queue.
-    stub->async()->KeepAlive(&probe->context, &probe->request, &probe->response,
-                             [probe](const grpc::Status&) { delete probe; });
-  });
-}
-
-absl::Time DeadlineAfter(absl::Duration timeout) {
-  if (timeout == absl::InfiniteDuration()) return absl::InfiniteFuture();
-  return absl::Now() + std::max(timeout, absl::ZeroDuration());
-}
-
-void SetDeadline(grpc::ClientContext* context, absl::Time deadline) {
-  if (deadline != absl::InfiniteFuture()) context->set_deadline(absl::ToChronoTime(deadline));
-}
-
-absl::Status TimeoutError(absl::string_view call, absl::Duration timeout,
-                          absl::string_view detail) {
-  return absl::DeadlineExceededError(absl::StrCat(
-      call, " did not finish within ", absl::FormatDuration(timeout), detail.empty() ? "" : "; ",
-      detail,
-      " (the call timeout: set it with ConnectOptions::call_timeout, $GPURPC_TIMEOUT or "
-      "Session::set_call_timeout)"));
-}
-
-absl::Status CallStatus(const grpc::Status& status, absl::string_view call, absl::Duration timeout,
-                        absl::Time deadline) {
-  if (status.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED && absl::Now() >= deadline) {
-    return TimeoutError(call, timeout);
-  }
-  return FromGrpcStatus(status);
-}
-
-// ---------------------------------------------------------------------- DeadlineCanceller
-
-DeadlineCanceller::DeadlineCanceller(grpc::ClientContext* context, absl::Time deadline)
-    : state_(std::make_shared<State>()) {
-  if (deadline == absl::InfiniteFuture()) return;
-  state_->context = context;
-  alarm_ = std::make_unique<grpc::Alarm>();
-  // The callback runs on gRPC's executor, never inline; the state outlives this object.
-  alarm_->Set(absl::ToChronoTime(deadline), [state = state_](bool expired) {
-    if (!expired) return;  // cancelled: the step finished in time
-    std::lock_guard<std::mutex> lock(state->mu);
-    if (state->context == nullptr) return;
-    state->fired = true;
-    state->context->TryCancel();
-  });
-}
-
-DeadlineCanceller::~DeadlineCanceller() {
-  {
-    std::lock_guard<std::mutex> lock(state_->mu);
-    state_->context = nullptr;
-  }
-  if (alarm_ != nullptr) alarm_->Cancel();
-}
-
-bool DeadlineCanceller::fired() const {
-  std::lock_guard<std::mutex> lock(state_->mu);
-  return state_->fired;
-}
-
 // ---------------------------------------------------------------------- SessionWatch
 
-class SessionWatch::Call : public grpc::ClientReadReactor<v1::SessionEvent> {
+// One WatchSession stream on the background queue. Its reactions run on the background
+// thread; it lives until its last operation has come back (its own reference, self_).
+class WatchCall {
  public:
-  explicit Call(SessionWatch* watch) : watch_(watch) {}
+  explicit WatchCall(std::shared_ptr<SessionWatch::State> state) : state_(std::move(state)) {}
 
-  // `self` keeps this alive until OnDone.
-  void Begin(std::shared_ptr<Call> self) {
+  // Opens the stream (`core` is alive: the state's lock is held). `self` keeps this alive.
+  void Begin(SessionCore& core, std::shared_ptr<WatchCall> self) {
     self_ = std::move(self);
-    watch_->core_->AddMetadata(&context_);
+    core.AddMetadata(&context_);
     // No deadline: the stream is meant to stay open as long as the session is used.
-    watch_->core_->sessions().async()->WatchSession(&context_, &request_, this);
-    StartRead(&event_);
-    StartCall();
+    reader_ =
+        core.sessions().PrepareAsyncWatchSession(&context_, request_, Background::Get().queue());
+    ops_ = 2;
+    reader_->StartCall(static_cast<Background::Tag*>(&started_));
+    reader_->Read(&event_, static_cast<Background::Tag*>(&read_));
   }
 
-  // Thread-safe, also before Begin (the call is then cancelled as it starts).
+  // Thread-safe (TryCancel runs no reaction inline on a completion queue).
   void Cancel() { context_.TryCancel(); }
 
-  void OnReadDone(bool ok) override {
-    if (!ok) return;  // the stream ended: OnDone follows
-    watch_->OnEvent(event_);
-    StartRead(&event_);
-  }
-
-  void OnDone(const grpc::Status& status) override {
-    std::shared_ptr<Call> self = std::move(self_);  // released as this returns
-    watch_->OnCallDone(status);
-  }
-
  private:
-  SessionWatch* const watch_;
+  struct Op final : Background::Tag {
+    Op(WatchCall* call, void (WatchCall::*react)(bool)) : call(call), react(react) {}
+    void Run(bool ok) override {
+      WatchCall* const target = call;
+      (target->*react)(ok);
+      target->OpDone();
+    }
+    WatchCall* const call;
+    void (WatchCall::*const react)(bool);
+  };
+
+  void OnStarted(bool) {}  // a failed start fails the read too
+  void OnRead(bool ok);
+  void OnFinished(bool) { finished_seen_ = true; }
+  void OpDone() {
+    if (--ops_ > 0 || !finished_seen_) return;
+    // The last operation is back: report the end, and go.
+    std::shared_ptr<WatchCall> self = std::move(self_);
+    Report();
+  }
+  void Report();
+
+  const std::shared_ptr<SessionWatch::State> state_;
   grpc::ClientContext context_;
   v1::WatchSessionRequest request_;
   v1::SessionEvent event_;
-  std::shared_ptr<Call> self_;
+  grpc::Status status_;
+  std::unique_ptr<grpc::ClientAsyncReader<v1::SessionEvent>> reader_;
+  Op started_{this, &WatchCall::OnStarted};
+  Op read_{this, &WatchCall::OnRead};
+  Op finished_{this, &WatchCall::OnFinished};
+  std::atomic<int> ops_{0};
+  bool finished_seen_ = false;
+  std::shared_ptr<WatchCall> self_;
 };
 
+// The re-open of a broken stream after its backoff; frees itself when run.
+class WatchAlarm final : public Background::Tag {
+ public:
+  explicit WatchAlarm(std::shared_ptr<SessionWatch::State> state) : state_(std::move(state)) {}
+  void Set(absl::Duration after) {
+    alarm_.Set(Background::Get().queue(), absl::ToChronoTime(absl::Now() + after),
+               static_cast<Background::Tag*>(this));
+  }
+  void Cancel() { alarm_.Cancel(); }
+  void Run(bool fired) override;
+
+ private:
+  const std::shared_ptr<SessionWatch::State> state_;
+  grpc::Alarm alarm_;
+};
+
+struct SessionWatch::State : std::enable_shared_from_this<SessionWatch::State> {
+  State(SessionCore* core, absl::Duration backoff_cap)
+      : core(core), backoff_cap(backoff_cap), backoff(kWatchInitialBackoff) {}
+
+  // Opens a stream; mu held.
+  void OpenLocked() {
+    if (core == nullptr || call != nullptr) return;
+    call = std::make_shared<WatchCall>(shared_from_this());
+    call->Begin(*core, call);
+  }
+
+  void OnEvent(const v1::SessionEvent& event) {
+    std::lock_guard<std::mutex> lock(mu);
+    backoff = kWatchInitialBackoff;  // the stream works
+    if (core != nullptr) SessionWatch::Deliver(core, event);
+  }
+
+  void OnCallDone(const grpc::Status& status) {
+    std::lock_guard<std::mutex> lock(mu);
+    call.reset();
+    if (core == nullptr) return;  // stopped
+    switch (status.error_code()) {
+      case grpc::StatusCode::OK:                // the session was closed or reclaimed
+      case grpc::StatusCode::NOT_FOUND:         // gone (reclaimed, closed, daemon restarted)
+      case grpc::StatusCode::UNIMPLEMENTED:     // a daemon without WatchSession
+      case grpc::StatusCode::INVALID_ARGUMENT:  // retrying cannot help
+      case grpc::StatusCode::UNAUTHENTICATED:
+      case grpc::StatusCode::PERMISSION_DENIED:
+        SessionWatch::End(core, status);
+        return;
+      default:
+        break;  // a broken connection, a daemon restarting, ...: re-open after a backoff
+    }
+    alarm = new WatchAlarm(shared_from_this());
+    alarm->Set(backoff);
+    backoff = std::min(backoff * 2, backoff_cap);
+  }
+
+  void OnAlarm(WatchAlarm* fired_alarm, bool fired) {
+    std::lock_guard<std::mutex> lock(mu);
+    if (alarm == fired_alarm) alarm = nullptr;
+    if (fired) OpenLocked();
+  }
+
+  std::mutex mu;
+  SessionCore* core;  // null once stopped: nothing reaches the core afterwards
+  const absl::Duration backoff_cap;
+  absl::Duration backoff;
+  std::shared_ptr<WatchCall> call;  // the open stream, if any
+  WatchAlarm* alarm = nullptr;      // the pending re-open, if any (it frees itself)
+};
+
+void WatchCall::OnRead(bool ok) {
+  if (!ok) {
+    // The stream ended (or was cancelled): its status follows.
+    ++ops_;
+    reader_->Finish(&status_, static_cast<Background::Tag*>(&finished_));
+    return;
+  }
+  state_->OnEvent(event_);
+  ++ops_;
+  reader_->Read(&event_, static_cast<Background::Tag*>(&read_));
+}
+
+void WatchCall::Report() { state_->OnCallDone(status_); }
+
+void WatchAlarm::Run(bool fired) {
+  state_->OnAlarm(this, fired);
+  delete this;
+}
+
 SessionWatch::SessionWatch(SessionCore* core, absl::Duration backoff_cap)
-    : core_(core), backoff_cap_(backoff_cap), backoff_(kWatchInitialBackoff) {}
+    : state_(std::make_shared<State>(core, backoff_cap)) {}
 
 SessionWatch::~SessionWatch() { Stop(); }
 
-void SessionWatch::Start() { Open(); }
-
-void SessionWatch::Open() {
-  std::shared_ptr<Call> call = std::make_shared<Call>(this);
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    if (stopping_ || call_ != nullptr) return;
-    call_ = call;
-  }
-  // Outside mu_: gRPC may run the reactions (OnDone of a call that fails at once) inline.
-  call->Begin(call);
-}
-
-void SessionWatch::OnEvent(const v1::SessionEvent& event) {
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    backoff_ = kWatchInitialBackoff;  // the stream works
-  }
-  // The call is still open (OnDone comes after every OnReadDone), so Stop() has not
-  // returned and core_ is alive.
-  core_->OnWatchEvent(event);
-}
-
-void SessionWatch::OnCallDone(const grpc::Status& status) {
-  std::lock_guard<std::mutex> lock(mu_);
-  call_.reset();
-  if (stopping_) {
-    idle_cv_.notify_all();
-    return;
-  }
-  switch (status.error_code()) {
-    case grpc::StatusCode::OK:                // the session was closed or reclaimed
-    case grpc::StatusCode::NOT_FOUND:         // gone (reclaimed, closed, daemon restarted)
-    case grpc::StatusCode::UNIMPLEMENTED:     // a daemon without WatchSession
-    case grpc::StatusCode::INVALID_ARGUMENT:  // retrying cannot help
-    case grpc::StatusCode::UNAUTHENTICATED:
-    case grpc::StatusCode::PERMISSION_DENIED:
-      // Under mu_, so that Stop() cannot return (and core_ go) meanwhile; the core takes
-      // only its own health_mu_.
-      core_->OnWatchEnd(status);
-      idle_cv_.notify_all();
-      return;
-    default:
-      break;  // a broken connection, a daemon restarting, ...: re-open after a backoff
-  }
-  alarm_ = std::make_shared<grpc::Alarm>();
-  alarm_pending_ = true;
-  // The callback runs on gRPC's executor, never inline.
-  alarm_->Set(absl::ToChronoTime(absl::Now() + backoff_), [this](bool fired) { OnAlarm(fired); });
-  backoff_ = std::min(backoff_ * 2, backoff_cap_);
-}
-
-void SessionWatch::OnAlarm(bool fired) {
-  std::shared_ptr<Call> call;
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    alarm_pending_ = false;
-    if (stopping_ || !fired) {
-      idle_cv_.notify_all();
-      return;
-    }
-    // Set before mu_ is released, so that Stop() waits for this call.
-    call = std::make_shared<Call>(this);
-    call_ = call;
-  }
-  call->Begin(call);
+void SessionWatch::Start() {
+  std::lock_guard<std::mutex> lock(state_->mu);
+  state_->OpenLocked();
 }
 
 void SessionWatch::Stop() {
-  std::shared_ptr<Call> call;
-  std::shared_ptr<grpc::Alarm> alarm;
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    stopping_ = true;
-    call = call_;
-    if (alarm_pending_) alarm = alarm_;
-  }
-  // Outside mu_: cancelling may run the call's reactions inline.
-  if (call != nullptr) call->Cancel();
-  if (alarm != nullptr) alarm->Cancel();
-  std::unique_lock<std::mutex> lock(mu_);
-  idle_cv_.wait(lock, [&] { return call_ == nullptr && !alarm_pending_; });
+  // Under the lock, so that no reaction is between its check of `core` and its use: once
+  // this returns, nothing reaches the core. Cancelling on a completion queue runs nothing
+  // inline, so it may be done here too.
+  std::lock_guard<std::mutex> lock(state_->mu);
+  state_->core = nullptr;
+  if (state_->call != nullptr) state_->call->Cancel();
+  if (state_->alarm != nullptr) state_->alarm->Cancel();
 }
+
+void SessionWatch::Deliver(SessionCore* core, const v1::SessionEvent& event) {
+  core->OnWatchEvent(event);
+}
+
+void SessionWatch::End(SessionCore* core, const grpc::Status& status) { core->OnWatchEnd(status); }
 
 // ---------------------------------------------------------------------- command stream
 
@@ -242,7 +212,7 @@ void SessionWatch::Stop() {
 struct CommandStreamState {
   std::mutex mu;
   std::condition_variable cv;
-  // The current call's; the callbacks of an earlier call (cancelled and replaced) change
+  // The current call's; the events of an earlier call (cancelled and replaced) change
   // nothing.
   uint64_t generation = 0;
   // The last sequence of each batch sent and not yet answered: the worker answers every
@@ -257,50 +227,124 @@ struct CommandStreamState {
   bool write_ok = true;                // how the last write ended
   bool abandoned = false;              // the call was cancelled with a write stuck
   bool closed = false;                 // the session is closed: waiters return
+  // The current call while waiters may drive it (SessionCore::WaitCommands), and whether
+  // one does.
+  std::shared_ptr<CommandCall> drivable;
+  bool driving = false;
 };
 
-// One ExecutionService.CommandStream call on gRPC's callback API. Alive until OnDone (self_).
-// A read is always pending until the stream ends; a hold keeps OnDone away until then, so
-// that Write (StartWrite) never races with OnDone.
-class CommandCall : public grpc::ClientBidiReactor<v1::CommandBatch, v1::CommandReply> {
+// One ExecutionService.CommandStream call on a completion queue of its own (transport.h),
+// driven by the threads that wait for it (SessionCore::WaitCommands) and, once replaced or
+// closed (Retire), drained by Background. A read is always pending until the stream ends;
+// then the call asks for its status.
+class CommandCall final : public Drainable {
  public:
   CommandCall(std::shared_ptr<CommandStreamState> state, uint64_t generation)
       : state_(std::move(state)), generation_(generation) {}
 
-  void Begin(const SessionCore& core, v1::ExecutionService::Stub& stub,
-             std::shared_ptr<CommandCall> self) {
-    self_ = std::move(self);
+  void Begin(const SessionCore& core, v1::ExecutionService::Stub& stub) {
     // No deadline on the stream itself: it lives as long as the session; each write and each
     // wait for a reply has one (SessionCore::FlushLocked, WaitProcessed).
     core.AddMetadata(&context_);
-    stub.async()->CommandStream(&context_, this);
-    AddHold();
-    StartRead(&reply_);
-    StartCall();
+    // The headers go with the first batch: StartCall then starts no operation (gRPC's
+    // stream uses one operation set for both, and a Write before a StartCall has come back
+    // would be a second operation of it in flight).
+    context_.set_initial_metadata_corked(true);
+    std::lock_guard<std::mutex> lock(ops_mu_);
+    stream_ = stub.PrepareAsyncCommandStream(&context_, &queue_);
+    stream_->StartCall(kStartTag);
+    stream_->Read(&reply_, kReadTag);
   }
 
   // Starts writing `batch`; one write at a time (the caller waits for write_pending to
-  // clear). False when the stream has ended (nothing is written). No lock of the state may
-  // be held: the reaction may run inline.
+  // clear). False when the stream has ended or the call was retired (nothing is written).
   bool Write(std::shared_ptr<v1::CommandBatch> batch) {
-    std::lock_guard<std::mutex> lock(write_mu_);
-    if (ended_) return false;
+    std::lock_guard<std::mutex> lock(ops_mu_);
+    if (ended_ || retired_) return false;
     writing_ = std::move(batch);
-    StartWrite(writing_.get());
+    stream_->Write(*writing_, kWriteTag);
     return true;
   }
 
-  // Thread-safe; no lock may be held (reactions may run inline).
+  // Waits at most until `until` for one event of the call and handles it; false when none
+  // came (or the queue is drained). The caller holds no lock of the state.
+  bool DriveOnce(absl::Time until) {
+    void* tag = nullptr;
+    bool ok = false;
+    if (queue_.AsyncNext(&tag, &ok, QueueDeadline(until)) != grpc::CompletionQueue::GOT_EVENT) {
+      return false;
+    }
+    Handle(tag, ok);
+    return true;
+  }
+
+  // Thread-safe; runs nothing inline.
   void Cancel() { context_.TryCancel(); }
 
-  void OnReadDone(bool ok) override {
+  // Cancels the call for good: no operation starts on it any more, waiters stop driving it,
+  // and Background drains it (`self` is this call).
+  void Retire(std::shared_ptr<CommandCall> self) {
+    {
+      std::lock_guard<std::mutex> lock(ops_mu_);
+      if (retired_) return;
+      retired_ = true;
+    }
+    context_.TryCancel();
+    queue_.Shutdown();
+    {
+      std::lock_guard<std::mutex> lock(state_->mu);
+      if (state_->drivable.get() == this) state_->drivable.reset();
+      if (state_->generation == generation_ && !state_->stream_ended) {
+        // Its own end (Finish) is never asked for now: end it here, so that no wait for it
+        // lasts.
+        state_->stream_ended = true;
+        state_->write_pending = false;
+        state_->stream_error = absl::UnavailableError(
+            "the command stream was given up (a write made no progress within the call "
+            "timeout, or the session was closed)");
+      }
+      state_->cv.notify_all();
+    }
+    Background::Get().Abandon(std::move(self));
+  }
+
+  grpc::CompletionQueue* drain_queue() override { return &queue_; }
+  void OnDrained(void* tag, bool ok) override { Handle(tag, ok); }
+
+ private:
+  static inline void* const kStartTag = reinterpret_cast<void*>(1);
+  static inline void* const kReadTag = reinterpret_cast<void*>(2);
+  static inline void* const kWriteTag = reinterpret_cast<void*>(3);
+  static inline void* const kFinishTag = reinterpret_cast<void*>(4);
+
+  void Handle(void* tag, bool ok) {
+    if (tag == kReadTag) {
+      OnRead(ok);
+    } else if (tag == kWriteTag) {
+      std::lock_guard<std::mutex> lock(state_->mu);
+      if (state_->generation != generation_) return;
+      state_->write_pending = false;
+      state_->write_ok = ok;
+      state_->cv.notify_all();
+    } else if (tag == kFinishTag) {
+      std::lock_guard<std::mutex> lock(state_->mu);
+      if (state_->generation != generation_) return;
+      state_->stream_ended = true;
+      state_->write_pending = false;
+      state_->stream_error = status_.ok()
+                                 ? absl::FailedPreconditionError("the command stream has ended")
+                                 : FromGrpcStatus(status_);
+      state_->cv.notify_all();
+    }
+    // kStartTag never comes (the headers are corked, see Begin).
+  }
+
+  void OnRead(bool ok) {
     if (!ok) {
-      // The stream ended (or was cancelled): no more writes; OnDone follows once the hold
-      // is gone. `keep` outlives the lock (OnDone may run inline and drop self_).
-      std::shared_ptr<CommandCall> keep = self_;
-      std::lock_guard<std::mutex> lock(write_mu_);
+      // The stream ended (or was cancelled): no more writes; its status follows.
+      std::lock_guard<std::mutex> lock(ops_mu_);
       ended_ = true;
-      RemoveHold();
+      if (!retired_) stream_->Finish(&status_, kFinishTag);
       return;
     }
     {
@@ -319,38 +363,21 @@ class CommandCall : public grpc::ClientBidiReactor<v1::CommandBatch, v1::Command
       }
       state_->cv.notify_all();
     }
-    StartRead(&reply_);
+    std::lock_guard<std::mutex> lock(ops_mu_);
+    if (!retired_) stream_->Read(&reply_, kReadTag);
   }
 
-  void OnWriteDone(bool ok) override {
-    std::lock_guard<std::mutex> lock(state_->mu);
-    if (state_->generation != generation_) return;
-    state_->write_pending = false;
-    state_->write_ok = ok;
-    state_->cv.notify_all();
-  }
-
-  void OnDone(const grpc::Status& status) override {
-    std::shared_ptr<CommandCall> self = std::move(self_);  // released as this returns
-    std::lock_guard<std::mutex> lock(state_->mu);
-    if (state_->generation != generation_) return;
-    state_->stream_ended = true;
-    state_->write_pending = false;
-    state_->stream_error = status.ok()
-                               ? absl::FailedPreconditionError("the command stream has ended")
-                               : FromGrpcStatus(status);
-    state_->cv.notify_all();
-  }
-
- private:
   const std::shared_ptr<CommandStreamState> state_;
   const uint64_t generation_;
+  grpc::CompletionQueue queue_;
   grpc::ClientContext context_;
   v1::CommandReply reply_;
-  std::mutex write_mu_;
-  bool ended_ = false;                         // guarded by write_mu_
-  std::shared_ptr<v1::CommandBatch> writing_;  // alive until its write ends
-  std::shared_ptr<CommandCall> self_;
+  grpc::Status status_;
+  std::mutex ops_mu_;  // orders the operations started on stream_
+  std::unique_ptr<grpc::ClientAsyncReaderWriter<v1::CommandBatch, v1::CommandReply>> stream_;
+  bool ended_ = false;    // the read failed: no more writes (ops_mu_)
+  bool retired_ = false;  // the queue is shut down: no more operations (ops_mu_)
+  std::shared_ptr<v1::CommandBatch> writing_;  // alive until the next write
 };
 
 // ---------------------------------------------------------------------- SessionCore
@@ -455,14 +482,14 @@ absl::Status SessionCore::EnsureStreamLocked(absl::Time deadline) {
     // what callers see; not for a stream abandoned with a write stuck: that end may never
     // come.
     if (!commands_->abandoned) {
-      commands_->cv.wait_until(lock,
-                               absl::ToChronoTime(std::min(deadline, absl::Now() + kCloseTimeout)),
-                               [&] { return commands_->stream_ended || commands_->closed; });
+      Background::Busy busy;
+      WaitCommands(lock, std::min(deadline, absl::Now() + kCloseTimeout),
+                   [&] { return commands_->stream_ended || commands_->closed; });
     }
     old = call_;
   }
   if (absl::Status usable = CheckUsable(); !usable.ok()) return usable;
-  if (old != nullptr) old->Cancel();  // harmless when it ended; no lock held
+  if (old != nullptr) old->Retire(old);  // harmless when it ended; no lock held
   uint64_t generation;
   {
     std::lock_guard<std::mutex> lock(commands_->mu);
@@ -477,11 +504,36 @@ absl::Status SessionCore::EnsureStreamLocked(absl::Time deadline) {
     commands_->processed_through = sent_through_ = next_sequence_;
   }
   auto call = std::make_shared<CommandCall>(commands_, generation);
+  call->Begin(*this, *execution_);
   {
     std::lock_guard<std::mutex> lock(call_mu_);
     call_ = call;
   }
-  call->Begin(*this, *execution_, call);
+  bool closed;
+  {
+    std::lock_guard<std::mutex> lock(commands_->mu);
+    closed = commands_->closed;
+    if (!closed) commands_->drivable = call;
+  }
+  if (closed) {
+    // Close ran meanwhile (it marks the state closed before it retires call_).
+    call->Retire(call);
+    return CheckUsable();
+  }
+  return absl::OkStatus();
+}
+
+absl::Status SessionCore::UseExecutionChannel(std::shared_ptr<grpc::Channel> direct) {
+  std::lock_guard<std::mutex> lock(send_mu_);
+  {
+    std::lock_guard<std::mutex> call_lock(call_mu_);
+    if (call_ != nullptr || next_sequence_ != 0) {
+      return absl::FailedPreconditionError(
+          "UseDirectChannel: the session's command stream is already open; switch first");
+    }
+  }
+  direct_channel_ = std::move(direct);
+  execution_ = v1::ExecutionService::NewStub(direct_channel_);
   return absl::OkStatus();
 }
 
@@ -498,6 +550,32 @@ absl::Status SessionCore::Enqueue(v1::Command command) {
     return FlushLocked(deadline, timeout, "sending queued commands");
   }
   return absl::OkStatus();
+}
+
+template <typename Done>
+bool SessionCore::WaitCommands(std::unique_lock<std::mutex>& lock, absl::Time deadline, Done done) {
+  CommandStreamState& state = *commands_;
+  for (;;) {
+    if (done()) return true;
+    if (deadline != absl::InfiniteFuture() && absl::Now() >= deadline) return false;
+    std::shared_ptr<CommandCall> call = state.driving ? nullptr : state.drivable;
+    if (call == nullptr) {
+      // Another thread drives the call (it reports every event), or there is none to drive.
+      if (deadline == absl::InfiniteFuture()) {
+        state.cv.wait(lock);
+      } else {
+        state.cv.wait_until(lock, absl::ToChronoTime(deadline));
+      }
+      continue;
+    }
+    state.driving = true;
+    lock.unlock();
+    call->DriveOnce(deadline);
+    call.reset();
+    lock.lock();
+    state.driving = false;
+    state.cv.notify_all();  // a waiter that does not drive may take over
+  }
 }
 
 absl::Status SessionCore::FlushLocked(absl::Time deadline, absl::Duration timeout,
@@ -517,6 +595,7 @@ absl::Status SessionCore::FlushLocked(absl::Time deadline, absl::Duration timeou
     commands_->unanswered_batches.push_back(last);
     commands_->write_pending = true;
   }
+  Background::Busy busy;
   const bool started = call_->Write(std::move(batch));
   std::unique_lock<std::mutex> lock(commands_->mu);
   if (!started) {
@@ -526,15 +605,13 @@ absl::Status SessionCore::FlushLocked(absl::Time deadline, absl::Duration timeou
   auto written = [&] {
     return !commands_->write_pending || commands_->stream_ended || commands_->closed;
   };
-  if (deadline == absl::InfiniteFuture()) {
-    commands_->cv.wait(lock, written);
-  } else if (!commands_->cv.wait_until(lock, absl::ToChronoTime(deadline + kAbandonMargin),
-                                       written)) {
+  if (!WaitCommands(lock, deadline == absl::InfiniteFuture() ? deadline : deadline + kAbandonMargin,
+                    written)) {
     // The daemon takes no bytes (stopped, wedged): give the stream up.
     commands_->stream_error_reported = true;
     commands_->abandoned = true;
     lock.unlock();
-    call_->Cancel();
+    call_->Retire(call_);
     return TimeoutError(call, timeout,
                         "the daemon took no commands, so the command stream was cancelled: "
                         "commands enqueued since the last synchronising call may not have run");
@@ -545,9 +622,8 @@ absl::Status SessionCore::FlushLocked(absl::Time deadline, absl::Duration timeou
   }
   if (commands_->write_pending || !commands_->write_ok) {
     // The call is over: wait for its status (it comes at once once a write failed).
-    commands_->cv.wait_until(lock,
-                             absl::ToChronoTime(std::min(deadline, absl::Now() + kCloseTimeout)),
-                             [&] { return commands_->stream_ended || commands_->closed; });
+    WaitCommands(lock, std::min(deadline, absl::Now() + kCloseTimeout),
+                 [&] { return commands_->stream_ended || commands_->closed; });
     commands_->stream_error_reported = true;
     if (!commands_->stream_ended) {
       return absl::UnavailableError(
@@ -569,13 +645,12 @@ absl::Status SessionCore::Flush() {
 
 absl::Status SessionCore::WaitProcessed(uint64_t sequence, absl::Time deadline,
                                         absl::Duration timeout, absl::string_view call) {
+  Background::Busy busy;
   std::unique_lock<std::mutex> lock(commands_->mu);
   auto done = [&] {
     return commands_->processed_through >= sequence || commands_->stream_ended || commands_->closed;
   };
-  if (deadline == absl::InfiniteFuture()) {
-    commands_->cv.wait(lock, done);
-  } else if (!commands_->cv.wait_until(lock, absl::ToChronoTime(deadline), done)) {
+  if (!WaitCommands(lock, deadline, done)) {
     return TimeoutError(call, timeout,
                         "a deadline does not cancel the GPU work: it goes on, and a later "
                         "synchronising call waits for it");
@@ -666,16 +741,16 @@ absl::Status SessionCore::Close() {
     std::lock_guard<std::mutex> lock(call_mu_);
     call = call_;
   }
-  // The call ends on its own (at once, or once a stuck write ends); it holds only what it
-  // shares with this object through commands_.
-  if (call != nullptr) call->Cancel();
+  // The call ends on the background thread (at once, or once a stuck write ends); it holds
+  // only what it shares with this object through commands_.
+  if (call != nullptr) call->Retire(call);
   const absl::Duration timeout = std::min(call_timeout(), kCloseTimeout);
   v1::CloseSessionResponse response;
   return RunUnary(
       "CloseSession",
-      [this](grpc::ClientContext* context, const v1::CloseSessionRequest* request,
-             v1::CloseSessionResponse* out, std::function<void(grpc::Status)> done) {
-        sessions_->async()->CloseSession(context, request, out, std::move(done));
+      [this](grpc::ClientContext* context, const v1::CloseSessionRequest& request,
+             grpc::CompletionQueue* queue) {
+        return sessions_->PrepareAsyncCloseSession(context, request, queue);
       },
       v1::CloseSessionRequest(), &response, timeout,
       [this](grpc::ClientContext* context) { AddMetadata(context); });

@@ -14,6 +14,7 @@
 //   failure...). The context is unusable afterwards; the worker reports it and exits.
 // - DATA_LOSS: an uncorrectable ECC error (also sticky).
 // - UNAVAILABLE: no driver or no device.
+// - FAILED_PRECONDITION: CUDA graph capture misuse (see Context::BeginCapture).
 // - INTERNAL: anything else.
 // Messages name the driver call and the CUDA error name, e.g.
 // "cuStreamSynchronize: CUDA_ERROR_ILLEGAL_ADDRESS (an illegal memory access was
@@ -105,6 +106,35 @@ class Event {
   virtual ~Event() = default;
 };
 
+// Host memory registered with the context (page-locked, cuMemHostRegister): copies between
+// it and the device are DMA. Destroying it unregisters the memory; the caller first makes
+// sure no queued copy still uses it (Context::Synchronize).
+class HostRegistration {
+ public:
+  virtual ~HostRegistration() = default;
+};
+
+// CUDA graphs (Context::BeginCapture and after). A Graph is what one capture of one stream
+// recorded: its nodes form a chain, in capture order. A GraphExec is an executable graph
+// instantiated from one Graph; it keeps that graph's backend object alive (its node handles
+// name the nodes for SetGraphExecKernelNode), whatever the caller does with its own
+// reference. Both are used from one call at a time per object or are serialised by the
+// backend; destroying a GraphExec leaves launches already enqueued running.
+enum class GraphNodeKind { kKernel, kMemset, kCopy, kOther };
+enum class CaptureStatus { kNone, kActive, kInvalidated };
+
+class Graph {
+ public:
+  virtual ~Graph() = default;
+  // The nodes' kinds, in capture order (the chain from its root).
+  virtual const std::vector<GraphNodeKind>& nodes() const = 0;
+};
+
+class GraphExec {
+ public:
+  virtual ~GraphExec() = default;
+};
+
 class Function {
  public:
   virtual ~Function() = default;
@@ -158,6 +188,21 @@ class Context {
   virtual absl::Status CopyDeviceToDevice(DevicePtr dst, DevicePtr src,
                                           uint64_t size_bytes, Stream* stream) = 0;
 
+  // Same-host regions. RegisterHostMemory pins [host, host + size_bytes) (size_bytes > 0)
+  // for DMA; INVALID_ARGUMENT when the range overlaps memory already registered,
+  // RESOURCE_EXHAUSTED when the host cannot pin that much.
+  virtual absl::StatusOr<std::unique_ptr<HostRegistration>> RegisterHostMemory(
+      void* host, uint64_t size_bytes) = 0;
+  // Stream-ordered, asynchronous copies between registered host memory and the device
+  // (cuMemcpyHtoDAsync / cuMemcpyDtoHAsync): the host bytes are read or written when the
+  // stream reaches the copy, so they must stay mapped and registered until then. The fake
+  // refuses host ranges that are not registered (INVALID_ARGUMENT); the session layer only
+  // passes ranges of its regions.
+  virtual absl::Status CopyHostToDeviceAsync(DevicePtr dst, const void* src, uint64_t size_bytes,
+                                             Stream* stream) = 0;
+  virtual absl::Status CopyDeviceToHostAsync(void* dst, DevicePtr src, uint64_t size_bytes,
+                                             Stream* stream) = 0;
+
   // Modules: PTX, cubin or fatbin. A rejected image is INVALID_ARGUMENT with the JIT log.
   // The CUDA backend also refuses, before the driver sees them, images whose footprint
   // ModuleFootprintBytes refuses (malformed binaries, compressed fatbins). The fake refuses
@@ -190,7 +235,63 @@ class Context {
   virtual absl::Status SynchronizeEvent(Event* event) = 0;
   // Milliseconds between two recorded, completed events.
   virtual absl::StatusOr<float> ElapsedTime(Event* start, Event* end) = 0;
+
+  // CUDA graphs. Every method answers UNIMPLEMENTED unless the backend overrides it (the
+  // CUDA and fake backends do; test doubles need not). Errors besides the common ones:
+  // FAILED_PRECONDITION for capture misuse (CUDA_ERROR_STREAM_CAPTURE_*, a stream that does
+  // not capture, an update the driver refuses); never ABORTED or DATA_LOSS for it, which
+  // would end the session.
+  //
+  // Begins capturing `stream` (never nullptr: the legacy stream cannot capture) in
+  // CU_STREAM_CAPTURE_MODE_RELAXED, so that other threads' calls keep working. While it
+  // captures, kernel launches, memsets and device-to-device copies on it are recorded, not
+  // run; the backend refuses (FAILED_PRECONDITION, and may invalidate the capture) what
+  // cannot be captured: uploads, downloads, event records and waits, synchronising or
+  // querying it, and, while a blocking stream captures, any use of the legacy stream and
+  // Synchronize. The session layer refuses all of these before they get here.
+  virtual absl::Status BeginCapture(Stream* stream);
+  // Ends the capture of `stream` and returns its graph; FAILED_PRECONDITION when the stream
+  // does not capture or the capture was invalidated (which ends it).
+  virtual absl::StatusOr<std::unique_ptr<Graph>> EndCapture(Stream* stream);
+  virtual absl::StatusOr<CaptureStatus> QueryCapture(Stream* stream);
+  // An executable graph of `graph` (made by this context), which it keeps alive.
+  virtual absl::StatusOr<std::unique_ptr<GraphExec>> InstantiateGraph(std::shared_ptr<Graph> graph);
+  // Enqueues one run of `exec`'s nodes, in order, on `stream`. Returns once enqueued.
+  virtual absl::Status LaunchGraph(GraphExec* exec, Stream* stream);
+  // cuGraphExecUpdate: `exec` takes the node parameters of `graph`, which must have the same
+  // nodes (count and kinds, in order; the caller checked); FAILED_PRECONDITION when the
+  // driver refuses, and `exec` is then unchanged. Launches already enqueued are not affected.
+  virtual absl::Status UpdateGraphExec(GraphExec* exec, Graph* graph);
+  // cuGraphExecKernelNodeSetParams for node `node_index` (a kernel node; the caller checked)
+  // of the graph `exec` was instantiated from: `function` with `config` and `packed_args`
+  // laid out as function->params() describes (checked by the caller), for later launches.
+  virtual absl::Status SetGraphExecKernelNode(GraphExec* exec, size_t node_index,
+                                              Function* function, const LaunchConfig& config,
+                                              absl::Span<const uint8_t> packed_args);
 };
+
+inline absl::Status Context::BeginCapture(Stream*) {
+  return absl::UnimplementedError("this backend has no CUDA graphs");
+}
+inline absl::StatusOr<std::unique_ptr<Graph>> Context::EndCapture(Stream*) {
+  return absl::UnimplementedError("this backend has no CUDA graphs");
+}
+inline absl::StatusOr<CaptureStatus> Context::QueryCapture(Stream*) { return CaptureStatus::kNone; }
+inline absl::StatusOr<std::unique_ptr<GraphExec>> Context::InstantiateGraph(
+    std::shared_ptr<Graph>) {
+  return absl::UnimplementedError("this backend has no CUDA graphs");
+}
+inline absl::Status Context::LaunchGraph(GraphExec*, Stream*) {
+  return absl::UnimplementedError("this backend has no CUDA graphs");
+}
+inline absl::Status Context::UpdateGraphExec(GraphExec*, Graph*) {
+  return absl::UnimplementedError("this backend has no CUDA graphs");
+}
+inline absl::Status Context::SetGraphExecKernelNode(GraphExec*, size_t, Function*,
+                                                    const LaunchConfig&,
+                                                    absl::Span<const uint8_t>) {
+  return absl::UnimplementedError("this backend has no CUDA graphs");
+}
 
 // A backend: enumerates devices and opens contexts.
 class Backend {

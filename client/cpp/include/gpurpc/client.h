@@ -14,10 +14,10 @@
 //   saxpy->LaunchAsync(launch, 2.0f, *x, *y, n);  // through the command stream
 //   session->Synchronize();                       // execution errors surface here
 //
-// Ownership: Session, Buffer, Module, Stream and Event are move-only owners; destroying one
-// releases the remote object and never throws (failures are logged to stderr when
-// GPURPC_CLIENT_DEBUG is set). Every handle keeps its session's connection alive; handles
-// that outlive their Session become inert (the daemon already freed them).
+// Ownership: Session, Buffer, Module, Stream, Event, Graph and GraphExec are move-only
+// owners; destroying one releases the remote object and never throws (failures are logged to
+// stderr when GPURPC_CLIENT_DEBUG is set). Every handle keeps its session's connection alive;
+// handles that outlive their Session become inert (the daemon already freed them).
 // Function is a cheap copyable value that keeps its module loaded.
 //
 // Errors: absl::Status with the daemon's code and message (DESIGN §3): INVALID_ARGUMENT
@@ -41,8 +41,10 @@
 // run too long). Close and KeepAlive use short bounds of their own (5 s and 10 s, or the call
 // timeout when shorter); handle destructors' cleanup calls at most 10 s.
 //
-// Liveness and faults. A Session holds one WatchSession stream open while it exists (on
-// gRPC's callback API: no thread is parked per session). It is the daemon's proof that the
+// Liveness and faults. A Session holds one WatchSession stream open while it exists (served by
+// one background thread per process, which waits on the network only while the process makes
+// no call, so that every call's own thread reads its answer with no hand-over between threads;
+// no thread is parked per session). It is the daemon's proof that the
 // client lives: a session whose client dies or disconnects is reclaimed after the daemon's
 // grace (--session-grace, default 10 s), and a session that is merely idle is kept however
 // long. A broken stream (connection lost, daemon restarting) is re-opened with a backoff of
@@ -104,6 +106,9 @@ class Module;
 class Function;
 class Stream;
 class Event;
+class Graph;
+class GraphExec;
+class KernelArg;
 
 namespace internal {
 class SessionCore;
@@ -288,6 +293,23 @@ class Stream {
   // Makes this stream wait for `event` (stream ordered, through the command stream).
   absl::Status WaitEvent(const Event& event) const;
 
+  // CUDA graphs. BeginCapture starts recording this stream's work: kernel launches, memsets
+  // and device-to-device copies enqueued on it until EndCapture do not run, they become the
+  // nodes of the Graph that EndCapture returns (instantiate it and launch the GraphExec to
+  // run them). Meanwhile the daemon refuses other work on this stream (uploads, downloads,
+  // event records and waits, Synchronize) with FAILED_PRECONDITION and the capture goes on;
+  // while a blocking stream captures, the default stream cannot be used at all (create the
+  // capturing stream non_blocking to keep using it), nor Session::Synchronize while any
+  // stream captures. Both calls first send the commands queued before them. `mode` is
+  // accepted for CUDA's API; the daemon always captures in RELAXED mode
+  // (execution_service.proto says why). Errors: INVALID_ARGUMENT for the default stream
+  // (it cannot be captured); FAILED_PRECONDITION for a stream that already captures
+  // (BeginCapture) or does not (EndCapture).
+  absl::Status BeginCapture(v1::CaptureMode mode = v1::CAPTURE_MODE_RELAXED) const;
+  absl::StatusOr<Graph> EndCapture() const;
+  // Whether the stream captures (after sending the queued commands).
+  absl::StatusOr<bool> IsCapturing() const;
+
  private:
   friend class Session;
   std::shared_ptr<internal::SessionCore> core_;
@@ -313,6 +335,111 @@ class Event {
 
  private:
   friend class Session;
+  std::shared_ptr<internal::SessionCore> core_;
+  uint64_t id_ = 0;
+};
+
+// A same-host region (proto/gpurpc/v1/host_region_service.proto): memory this process
+// shares with its session's worker (a sealed memfd, mapped here and there) and that the
+// worker has pinned, so that copies between it and device memory are DMA at PCIe speed with
+// no bytes through gRPC. Only for a client on the daemon's host. Move-only; on destruction
+// (or Unregister) the daemon waits for the session's queued work, unpins and unmaps it, and
+// the local mapping goes.
+//
+// Copies are stream ordered and asynchronous, like cuMemcpy*Async on pinned memory: bytes
+// copied to the device are read when the stream reaches the copy (do not change them
+// before a synchronising call), bytes copied from the device are in data() after one
+// (Stream/Session/Event::Synchronize). Each copy is one command of the command stream.
+class HostRegion {
+ public:
+  HostRegion() = default;
+  HostRegion(HostRegion&&) noexcept;
+  HostRegion& operator=(HostRegion&&) noexcept;
+  ~HostRegion();
+
+  uint64_t id() const { return id_; }
+  uint8_t* data() const { return data_; }
+  uint64_t size_bytes() const { return size_bytes_; }
+  // Bytes [offset_bytes, offset_bytes + size_bytes) of the region, clamped to it.
+  absl::Span<uint8_t> span(uint64_t offset_bytes, uint64_t size_bytes) const {
+    return absl::Span<uint8_t>(data_, size_bytes_).subspan(offset_bytes, size_bytes);
+  }
+  absl::Span<uint8_t> span() const { return absl::Span<uint8_t>(data_, size_bytes_); }
+
+  // Region bytes [region_offset_bytes, + size_bytes) to `dst`, or `src` to them. Range
+  // errors (outside the region or the buffer, size 0) come back from the daemon, at the next
+  // synchronising call like every queued command's.
+  absl::Status CopyToDevice(const DeviceRef& dst, uint64_t region_offset_bytes,
+                            uint64_t size_bytes, const Stream* stream = nullptr) const;
+  absl::Status CopyFromDevice(const DeviceRef& src, uint64_t region_offset_bytes,
+                              uint64_t size_bytes, const Stream* stream = nullptr) const;
+  // Unregisters now; NOT_FOUND when already gone. The mapping stays until destruction.
+  absl::Status Unregister();
+
+ private:
+  friend class Session;
+  void Unmap();
+  std::shared_ptr<internal::SessionCore> core_;
+  uint64_t id_ = 0;
+  uint8_t* data_ = nullptr;
+  uint64_t size_bytes_ = 0;
+};
+
+// A captured graph (Stream::EndCapture). Move-only; destroyed remotely on destruction
+// (graph execs made from it stay usable).
+class Graph {
+ public:
+  Graph() = default;
+  Graph(Graph&&) noexcept;
+  Graph& operator=(Graph&&) noexcept;
+  ~Graph();
+  uint64_t id() const { return id_; }
+  uint32_t node_count() const { return node_count_; }
+  // An executable graph of it; RESOURCE_EXHAUSTED past the session's bound of graph execs.
+  absl::StatusOr<GraphExec> Instantiate() const;
+  // Its nodes in capture order: type, and for kernel nodes the function, its parameters and
+  // its launch dimensions.
+  absl::StatusOr<std::vector<v1::GraphNode>> Nodes() const;
+  // Destroys now; NOT_FOUND when already destroyed.
+  absl::Status Destroy();
+
+ private:
+  friend class Stream;
+  std::shared_ptr<internal::SessionCore> core_;
+  uint64_t id_ = 0;
+  uint32_t node_count_ = 0;
+};
+
+// An executable graph (Graph::Instantiate). Move-only; destroyed remotely on destruction
+// (launches already enqueued still run).
+class GraphExec {
+ public:
+  GraphExec() = default;
+  GraphExec(GraphExec&&) noexcept;
+  GraphExec& operator=(GraphExec&&) noexcept;
+  ~GraphExec();
+  uint64_t id() const { return id_; }
+  // Runs the graph's nodes in order on `stream` (nullptr = the default stream), through the
+  // command stream like Function::LaunchAsync: one command for the whole graph; errors
+  // surface at the next synchronising call.
+  absl::Status Launch(const Stream* stream = nullptr) const;
+  // Takes the parameters of `graph`, which must have the same nodes (count and types, in
+  // order): FAILED_PRECONDITION naming the first difference otherwise, and nothing changes.
+  absl::Status Update(const Graph& graph) const;
+  // Sets kernel node `node_index` (Graph::Nodes' index) to launch `function` with `config`
+  // (its stream is ignored) and `args`, for later launches. Checked like a launch: the
+  // arguments against the kernel's parameters, the dimensions against the device.
+  template <typename... Args>
+  absl::Status SetKernelNodeArgs(uint32_t node_index, const Function& function,
+                                 const LaunchConfig& config, const Args&... args) const;
+  absl::Status SetKernelNodeArgsPacked(uint32_t node_index, const Function& function,
+                                       const LaunchConfig& config,
+                                       absl::Span<const KernelArg> args) const;
+  // Destroys now; NOT_FOUND when already destroyed.
+  absl::Status Destroy();
+
+ private:
+  friend class Graph;
   std::shared_ptr<internal::SessionCore> core_;
   uint64_t id_ = 0;
 };
@@ -374,6 +501,14 @@ class Function {
   std::vector<v1::ParamInfo> params_;
   v1::FunctionAttributes attributes_;
 };
+
+template <typename... Args>
+absl::Status GraphExec::SetKernelNodeArgs(uint32_t node_index, const Function& function,
+                                          const LaunchConfig& config, const Args&... args) const {
+  const KernelArg packed[] = {KernelArg(args)..., KernelArg(0)};
+  return SetKernelNodeArgsPacked(node_index, function, config,
+                                 absl::MakeSpan(packed, sizeof...(Args)));
+}
 
 // A loaded module. Move-only; unloaded when it and every Function from it are gone.
 class Module {
@@ -449,6 +584,26 @@ class Session {
   // ≤ 1 MiB, copied at the call.
   absl::Status UploadAsync(const DeviceRef& dst, absl::Span<const uint8_t> data,
                            const Stream* stream = nullptr) const;
+
+  // Same-host regions (HostRegion). Creates a memfd of `size_bytes`, seals and maps it,
+  // registers it with the session and attaches it on the daemon's region socket
+  // ($GPURPC_REGION_SOCKET overrides the path the daemon names). FAILED_PRECONDITION when
+  // the daemon serves no region socket; UNAVAILABLE when its region socket cannot be reached
+  // (this client is not on the daemon's host); RESOURCE_EXHAUSTED past the session's or the
+  // tenant's region limits. Nothing is left behind on failure.
+  absl::StatusOr<HostRegion> CreateHostRegion(uint64_t size_bytes) const;
+  // The direct path (HostRegionService.OpenDirectChannel): from now on ExecutionService
+  // calls (launches, streams, events, synchronisation and the command stream with its
+  // uploads, downloads and region copies) go straight to the session's worker over a
+  // socketpair passed on the region socket, skipping the front end's relay; memory, module
+  // and region calls still go through the front end. Same host only. Call it right after
+  // OpenSession, before any stream-ordered work and before sharing the session between
+  // threads (FAILED_PRECONDITION afterwards); errors as CreateHostRegion. Client::OpenSession
+  // does it by itself when $GPURPC_DIRECT is "1" (and carries on without on failure). On
+  // the direct path a worker that dies shows as UNAVAILABLE on the call in flight; the
+  // session's fault comes from its watch, as always.
+  absl::Status UseDirectChannel() const;
+  bool direct() const;
 
   // Modules.
   absl::StatusOr<CompileResult> Compile(const CompileOptions& options) const;

@@ -418,8 +418,13 @@ class StagingRing {
   // Waits until the last copy that used `slot` has completed.
   absl::Status WaitIdle(ContextCore& core, Slot& slot) {
     if (!slot.pending) return absl::OkStatus();
-    GPURPC_RETURN_IF_ERROR(
-        core.Check(core.api().cuEventSynchronize(slot.done), "cuEventSynchronize"));
+    const CUresult result = core.api().cuEventSynchronize(slot.done);
+    // CUDA_ERROR_CAPTURED_EVENT: a stream capture that began while the copy was enqueued
+    // recorded the copy and the event instead of running them; nothing on a stream reads
+    // the slot, so it is free (without this, it would stay busy for good).
+    if (result != CUDA_ERROR_CAPTURED_EVENT) {
+      GPURPC_RETURN_IF_ERROR(core.Check(result, "cuEventSynchronize"));
+    }
     slot.pending = false;
     return absl::OkStatus();
   }
@@ -461,6 +466,165 @@ class StagingRing {
 };
 
 // ---------------------------------------------------------------------------------------
+
+// A cuMemHostRegister'ed range, unregistered when destroyed (skipped on a poisoned context,
+// whose process is about to end).
+class CudaHostRegistration final : public HostRegistration {
+ public:
+  CudaHostRegistration(std::shared_ptr<ContextCore> core, void* host)
+      : core_(std::move(core)), host_(host) {}
+  ~CudaHostRegistration() override {
+    core_->CleanUp("cuMemHostUnregister", [&] { return core_->api().cuMemHostUnregister(host_); });
+  }
+
+ private:
+  const std::shared_ptr<ContextCore> core_;
+  void* const host_;
+};
+
+// A graph captured from a stream, with its nodes in capture order (the chain from its
+// root) and their kinds. The driver's graph objects are not internally synchronised: every
+// call that reads or changes one holds mutex() (Instantiate, Update, node handles in
+// SetParams; a graph exec's mutex is always taken before its graph's).
+class CudaGraph final : public Graph {
+ public:
+  CudaGraph(std::shared_ptr<ContextCore> core, CUgraph graph)
+      : core_(std::move(core)), graph_(graph) {}
+  ~CudaGraph() override {
+    const DriverApi& api = core_->api();
+    core_->CleanUp("cuGraphDestroy", [&] { return api.cuGraphDestroy(graph_); });
+  }
+
+  // Reads the nodes; the constructor's caller calls it once before handing the graph out.
+  absl::Status ReadNodes() {
+    const DriverApi& api = core_->api();
+    size_t count = 0;
+    GPURPC_RETURN_IF_ERROR(
+        core_->Check(api.cuGraphGetNodes(graph_, nullptr, &count), "cuGraphGetNodes"));
+    std::vector<CUgraphNode> all(count);
+    if (count > 0) {
+      GPURPC_RETURN_IF_ERROR(
+          core_->Check(api.cuGraphGetNodes(graph_, all.data(), &count), "cuGraphGetNodes"));
+      all.resize(count);
+    }
+    // Topological order (Kahn), ties in cuGraphGetNodes order: for the chain a one-stream
+    // capture makes, the order the work was enqueued in.
+    std::map<CUgraphNode, size_t> waiting;  // node -> dependencies not yet placed
+    std::map<CUgraphNode, std::vector<CUgraphNode>> dependents;
+    for (CUgraphNode node : all) waiting.emplace(node, 0);
+    for (CUgraphNode node : all) {
+      size_t n = 0;
+      GPURPC_RETURN_IF_ERROR(
+          core_->Check(api.cuGraphNodeGetDependentNodes(node, nullptr, nullptr, &n),
+                       "cuGraphNodeGetDependentNodes"));
+      std::vector<CUgraphNode>& out = dependents[node];
+      out.resize(n);
+      if (n > 0) {
+        GPURPC_RETURN_IF_ERROR(
+            core_->Check(api.cuGraphNodeGetDependentNodes(node, out.data(), nullptr, &n),
+                         "cuGraphNodeGetDependentNodes"));
+        out.resize(n);
+      }
+      for (CUgraphNode next : out) ++waiting[next];
+    }
+    std::vector<CUgraphNode> ready;
+    for (CUgraphNode node : all) {
+      if (waiting[node] == 0) ready.push_back(node);
+    }
+    std::reverse(ready.begin(), ready.end());  // a stack, first node on top
+    while (!ready.empty()) {
+      CUgraphNode node = ready.back();
+      ready.pop_back();
+      nodes_.push_back(node);
+      const std::vector<CUgraphNode>& out = dependents[node];
+      for (auto it = out.rbegin(); it != out.rend(); ++it) {
+        if (--waiting[*it] == 0) ready.push_back(*it);
+      }
+    }
+    if (nodes_.size() != all.size()) {
+      return absl::InternalError(absl::StrCat("the captured graph has ", all.size(),
+                                              " nodes but only ", nodes_.size(),
+                                              " are reachable in dependency order"));
+    }
+    for (CUgraphNode node : nodes_) {
+      CUgraphNodeType type;
+      GPURPC_RETURN_IF_ERROR(
+          core_->Check(api.cuGraphNodeGetType(node, &type), "cuGraphNodeGetType"));
+      switch (type) {
+        case CU_GRAPH_NODE_TYPE_KERNEL:
+          kinds_.push_back(GraphNodeKind::kKernel);
+          break;
+        case CU_GRAPH_NODE_TYPE_MEMSET:
+          kinds_.push_back(GraphNodeKind::kMemset);
+          break;
+        case CU_GRAPH_NODE_TYPE_MEMCPY:
+          kinds_.push_back(GraphNodeKind::kCopy);
+          break;
+        default:
+          kinds_.push_back(GraphNodeKind::kOther);
+      }
+    }
+    return absl::OkStatus();
+  }
+
+  const std::vector<GraphNodeKind>& nodes() const override { return kinds_; }
+  CUgraph handle() const { return graph_; }
+  const std::vector<CUgraphNode>& node_handles() const { return nodes_; }
+  std::mutex& mutex() { return mu_; }
+
+ private:
+  const std::shared_ptr<ContextCore> core_;
+  const CUgraph graph_;
+  std::vector<CUgraphNode> nodes_;
+  std::vector<GraphNodeKind> kinds_;
+  std::mutex mu_;
+};
+
+class CudaGraphExec final : public GraphExec {
+ public:
+  CudaGraphExec(std::shared_ptr<ContextCore> core, CUgraphExec exec,
+                std::shared_ptr<CudaGraph> source)
+      : core_(std::move(core)), exec_(exec), source_(std::move(source)) {}
+  // Launches already enqueued still run (cuGraphExecDestroy does not wait for them).
+  ~CudaGraphExec() override {
+    const DriverApi& api = core_->api();
+    core_->CleanUp("cuGraphExecDestroy", [&] { return api.cuGraphExecDestroy(exec_); });
+  }
+  CUgraphExec handle() const { return exec_; }
+  // The graph it was instantiated from: its node handles name this exec's nodes.
+  CudaGraph& source() const { return *source_; }
+  std::mutex& mutex() { return mu_; }
+
+ private:
+  const std::shared_ptr<ContextCore> core_;
+  const CUgraphExec exec_;
+  const std::shared_ptr<CudaGraph> source_;
+  std::mutex mu_;
+};
+
+const char* GraphExecUpdateResultName(CUgraphExecUpdateResult result) {
+  switch (result) {
+    case CU_GRAPH_EXEC_UPDATE_SUCCESS:
+      return "CU_GRAPH_EXEC_UPDATE_SUCCESS";
+    case CU_GRAPH_EXEC_UPDATE_ERROR:
+      return "CU_GRAPH_EXEC_UPDATE_ERROR";
+    case CU_GRAPH_EXEC_UPDATE_ERROR_TOPOLOGY_CHANGED:
+      return "CU_GRAPH_EXEC_UPDATE_ERROR_TOPOLOGY_CHANGED";
+    case CU_GRAPH_EXEC_UPDATE_ERROR_NODE_TYPE_CHANGED:
+      return "CU_GRAPH_EXEC_UPDATE_ERROR_NODE_TYPE_CHANGED";
+    case CU_GRAPH_EXEC_UPDATE_ERROR_FUNCTION_CHANGED:
+      return "CU_GRAPH_EXEC_UPDATE_ERROR_FUNCTION_CHANGED";
+    case CU_GRAPH_EXEC_UPDATE_ERROR_PARAMETERS_CHANGED:
+      return "CU_GRAPH_EXEC_UPDATE_ERROR_PARAMETERS_CHANGED";
+    case CU_GRAPH_EXEC_UPDATE_ERROR_NOT_SUPPORTED:
+      return "CU_GRAPH_EXEC_UPDATE_ERROR_NOT_SUPPORTED";
+    case CU_GRAPH_EXEC_UPDATE_ERROR_UNSUPPORTED_FUNCTION_CHANGE:
+      return "CU_GRAPH_EXEC_UPDATE_ERROR_UNSUPPORTED_FUNCTION_CHANGE";
+    case CU_GRAPH_EXEC_UPDATE_ERROR_ATTRIBUTES_CHANGED:
+      return "CU_GRAPH_EXEC_UPDATE_ERROR_ATTRIBUTES_CHANGED";
+  }
+  return "an unknown CUgraphExecUpdateResult";
+}
 
 class CudaContext final : public Context {
  public:
@@ -526,6 +690,7 @@ class CudaContext final : public Context {
     if (size_bytes == 0) return absl::OkStatus();
     GPURPC_RETURN_IF_ERROR(core_->MakeCurrent());
     const CUstream cu_stream = ToCuStream(stream);
+    GPURPC_RETURN_IF_ERROR(RefuseWhileCapturing(cu_stream, "cuMemcpyHtoDAsync"));
     StagingRing& ring = size_bytes <= kSmallTransferBytes ? small_staging_ : staging_;
     std::lock_guard<std::mutex> lock(ring.mutex());
     GPURPC_RETURN_IF_ERROR(ring.EnsureAllocated(*core_));
@@ -552,6 +717,7 @@ class CudaContext final : public Context {
     if (size_bytes == 0) return absl::OkStatus();
     GPURPC_RETURN_IF_ERROR(core_->MakeCurrent());
     const CUstream cu_stream = ToCuStream(stream);
+    GPURPC_RETURN_IF_ERROR(RefuseWhileCapturing(cu_stream, "cuMemcpyDtoHAsync"));
     auto* bytes = static_cast<uint8_t*>(dst);
 
     if (size_bytes <= kSmallTransferBytes) {
@@ -644,6 +810,42 @@ class CudaContext final : public Context {
       return core_->Error(result, "cuMemcpyDtoDAsync",
                           absl::StrCat("dst=", HexAddress(dst), " src=", HexAddress(src),
                                        " size_bytes=", size_bytes));
+    }
+    return absl::OkStatus();
+  }
+
+  absl::StatusOr<std::unique_ptr<HostRegistration>> RegisterHostMemory(
+      void* host, uint64_t size_bytes) override {
+    GPURPC_RETURN_IF_ERROR(core_->MakeCurrent());
+    const CUresult result = api_.cuMemHostRegister(host, size_bytes, 0);
+    if (result != CUDA_SUCCESS) {
+      return core_->Error(result, "cuMemHostRegister", absl::StrCat("size_bytes=", size_bytes));
+    }
+    return std::make_unique<CudaHostRegistration>(core_, host);
+  }
+
+  absl::Status CopyHostToDeviceAsync(DevicePtr dst, const void* src, uint64_t size_bytes,
+                                     Stream* stream) override {
+    if (size_bytes == 0) return absl::OkStatus();
+    GPURPC_RETURN_IF_ERROR(core_->MakeCurrent());
+    const CUresult result = api_.cuMemcpyHtoDAsync(static_cast<CUdeviceptr>(dst), src,
+                                                   size_bytes, ToCuStream(stream));
+    if (result != CUDA_SUCCESS) {
+      return core_->Error(result, "cuMemcpyHtoDAsync",
+                          absl::StrCat("dst=", HexAddress(dst), " size_bytes=", size_bytes));
+    }
+    return absl::OkStatus();
+  }
+
+  absl::Status CopyDeviceToHostAsync(void* dst, DevicePtr src, uint64_t size_bytes,
+                                     Stream* stream) override {
+    if (size_bytes == 0) return absl::OkStatus();
+    GPURPC_RETURN_IF_ERROR(core_->MakeCurrent());
+    const CUresult result = api_.cuMemcpyDtoHAsync(dst, static_cast<CUdeviceptr>(src), size_bytes,
+                                                   ToCuStream(stream));
+    if (result != CUDA_SUCCESS) {
+      return core_->Error(result, "cuMemcpyDtoHAsync",
+                          absl::StrCat("src=", HexAddress(src), " size_bytes=", size_bytes));
     }
     return absl::OkStatus();
   }
@@ -824,7 +1026,164 @@ class CudaContext final : public Context {
     return core_->Error(result, "cuEventElapsedTime");
   }
 
+  // ------------------------------------------------------------------------ CUDA graphs
+
+  absl::Status BeginCapture(Stream* stream) override {
+    if (stream == nullptr) {
+      return absl::InvalidArgumentError(
+          "cuStreamBeginCapture: the legacy default stream cannot be captured");
+    }
+    GPURPC_RETURN_IF_ERROR(core_->MakeCurrent());
+    // RELAXED: the session's other calls run on other threads meanwhile (backend.h).
+    return core_->Check(
+        api_.cuStreamBeginCapture(ToCuStream(stream), CU_STREAM_CAPTURE_MODE_RELAXED),
+        "cuStreamBeginCapture");
+  }
+
+  absl::StatusOr<std::unique_ptr<Graph>> EndCapture(Stream* stream) override {
+    if (stream == nullptr) {
+      return absl::FailedPreconditionError("cuStreamEndCapture: the legacy stream never captures");
+    }
+    GPURPC_RETURN_IF_ERROR(core_->MakeCurrent());
+    CUgraph graph = nullptr;
+    const CUresult result = api_.cuStreamEndCapture(ToCuStream(stream), &graph);
+    if (result != CUDA_SUCCESS) {
+      if (graph != nullptr) api_.cuGraphDestroy(graph);
+      return core_->Error(result, "cuStreamEndCapture");
+    }
+    if (graph == nullptr) {
+      return absl::FailedPreconditionError("cuStreamEndCapture: the capture produced no graph");
+    }
+    auto captured = std::make_unique<CudaGraph>(core_, graph);  // destroys it on failure
+    GPURPC_RETURN_IF_ERROR(captured->ReadNodes());
+    return std::unique_ptr<Graph>(std::move(captured));
+  }
+
+  absl::StatusOr<CaptureStatus> QueryCapture(Stream* stream) override {
+    if (stream == nullptr) return CaptureStatus::kNone;
+    GPURPC_RETURN_IF_ERROR(core_->MakeCurrent());
+    CUstreamCaptureStatus status = CU_STREAM_CAPTURE_STATUS_NONE;
+    GPURPC_RETURN_IF_ERROR(
+        core_->Check(api_.cuStreamIsCapturing(ToCuStream(stream), &status), "cuStreamIsCapturing"));
+    switch (status) {
+      case CU_STREAM_CAPTURE_STATUS_ACTIVE:
+        return CaptureStatus::kActive;
+      case CU_STREAM_CAPTURE_STATUS_INVALIDATED:
+        return CaptureStatus::kInvalidated;
+      default:
+        return CaptureStatus::kNone;
+    }
+  }
+
+  absl::StatusOr<std::unique_ptr<GraphExec>> InstantiateGraph(
+      std::shared_ptr<Graph> graph) override {
+    auto cuda_graph = std::static_pointer_cast<CudaGraph>(std::move(graph));
+    if (cuda_graph == nullptr) return absl::InvalidArgumentError("cuGraphInstantiate: no graph");
+    GPURPC_RETURN_IF_ERROR(core_->MakeCurrent());
+    CUgraphExec exec = nullptr;
+    {
+      std::lock_guard<std::mutex> lock(cuda_graph->mutex());
+      const CUresult result = api_.cuGraphInstantiateWithFlags(&exec, cuda_graph->handle(), 0);
+      if (result != CUDA_SUCCESS) return core_->Error(result, "cuGraphInstantiateWithFlags");
+    }
+    return std::unique_ptr<GraphExec>(
+        std::make_unique<CudaGraphExec>(core_, exec, std::move(cuda_graph)));
+  }
+
+  absl::Status LaunchGraph(GraphExec* exec, Stream* stream) override {
+    auto* cuda_exec = static_cast<CudaGraphExec*>(exec);
+    if (cuda_exec == nullptr) return absl::InvalidArgumentError("cuGraphLaunch: no graph exec");
+    GPURPC_RETURN_IF_ERROR(core_->MakeCurrent());
+    std::lock_guard<std::mutex> lock(cuda_exec->mutex());
+    return core_->Check(api_.cuGraphLaunch(cuda_exec->handle(), ToCuStream(stream)),
+                        "cuGraphLaunch");
+  }
+
+  absl::Status UpdateGraphExec(GraphExec* exec, Graph* graph) override {
+    auto* cuda_exec = static_cast<CudaGraphExec*>(exec);
+    auto* cuda_graph = static_cast<CudaGraph*>(graph);
+    if (cuda_exec == nullptr || cuda_graph == nullptr) {
+      return absl::InvalidArgumentError("cuGraphExecUpdate: no graph exec or graph");
+    }
+    GPURPC_RETURN_IF_ERROR(core_->MakeCurrent());
+    std::lock_guard<std::mutex> exec_lock(cuda_exec->mutex());
+    std::lock_guard<std::mutex> graph_lock(cuda_graph->mutex());
+    CUgraphExecUpdateResultInfo info{};
+    const CUresult result =
+        api_.cuGraphExecUpdate(cuda_exec->handle(), cuda_graph->handle(), &info);
+    if (result == CUDA_SUCCESS) return absl::OkStatus();
+    std::string detail = GraphExecUpdateResultName(info.result);
+    const std::vector<CUgraphNode>& nodes = cuda_graph->node_handles();
+    const auto at = std::find(nodes.begin(), nodes.end(), info.errorNode);
+    if (info.errorNode != nullptr && at != nodes.end()) {
+      absl::StrAppend(&detail, " at node ", at - nodes.begin(), " of the graph");
+    }
+    return core_->Error(result, "cuGraphExecUpdate", detail);
+  }
+
+  absl::Status SetGraphExecKernelNode(GraphExec* exec, size_t node_index, Function* function,
+                                      const LaunchConfig& config,
+                                      absl::Span<const uint8_t> packed_args) override {
+    auto* cuda_exec = static_cast<CudaGraphExec*>(exec);
+    auto* cuda_function = static_cast<CudaFunction*>(function);
+    if (cuda_exec == nullptr || cuda_function == nullptr) {
+      return absl::InvalidArgumentError(
+          "cuGraphExecKernelNodeSetParams: no graph exec or function");
+    }
+    GPURPC_RETURN_IF_ERROR(core_->MakeCurrent());
+    if (cuda_function->NeedsMoreDynamicShared(config.shared_memory_bytes)) {
+      GPURPC_RETURN_IF_ERROR(cuda_function->RaiseDynamicShared(*core_, config.shared_memory_bytes));
+    }
+    std::lock_guard<std::mutex> exec_lock(cuda_exec->mutex());
+    CudaGraph& source = cuda_exec->source();
+    std::lock_guard<std::mutex> graph_lock(source.mutex());
+    if (node_index >= source.node_handles().size() ||
+        source.nodes()[node_index] != GraphNodeKind::kKernel) {
+      return absl::InvalidArgumentError(absl::StrCat("cuGraphExecKernelNodeSetParams: node ",
+                                                     node_index, " is not a kernel node"));
+    }
+    size_t args_size = packed_args.size();
+    void* extra[] = {
+        CU_LAUNCH_PARAM_BUFFER_POINTER,
+        const_cast<uint8_t*>(packed_args.data()),
+        CU_LAUNCH_PARAM_BUFFER_SIZE,
+        &args_size,
+        CU_LAUNCH_PARAM_END,
+    };
+    CUDA_KERNEL_NODE_PARAMS_v2 params{};
+    params.func = cuda_function->handle();
+    params.gridDimX = config.grid.x;
+    params.gridDimY = config.grid.y;
+    params.gridDimZ = config.grid.z;
+    params.blockDimX = config.block.x;
+    params.blockDimY = config.block.y;
+    params.blockDimZ = config.block.z;
+    params.sharedMemBytes = config.shared_memory_bytes;
+    params.kernelParams = nullptr;
+    params.extra = args_size == 0 ? nullptr : extra;  // copied by the driver
+    const CUresult result = api_.cuGraphExecKernelNodeSetParams(
+        cuda_exec->handle(), source.node_handles()[node_index], &params);
+    if (result == CUDA_SUCCESS) return absl::OkStatus();
+    return core_->Error(result, "cuGraphExecKernelNodeSetParams",
+                        absl::StrCat("node ", node_index, " kernel ", cuda_function->name()));
+  }
+
  private:
+  // Uploads and downloads go through pinned staging slots that an event guards: captured,
+  // the copy would read the slot at every replay and the event would never complete. The
+  // session refuses them on a capturing stream; this is the backend's own check.
+  absl::Status RefuseWhileCapturing(CUstream stream, const char* call) {
+    if (stream == nullptr) return absl::OkStatus();  // the driver checks the legacy stream
+    CUstreamCaptureStatus status = CU_STREAM_CAPTURE_STATUS_NONE;
+    GPURPC_RETURN_IF_ERROR(
+        core_->Check(api_.cuStreamIsCapturing(stream, &status), "cuStreamIsCapturing"));
+    if (status == CU_STREAM_CAPTURE_STATUS_NONE) return absl::OkStatus();
+    return absl::FailedPreconditionError(
+        absl::StrCat(call,
+                     ": the stream is capturing a graph; copies from or to host memory "
+                     "cannot be captured"));
+  }
+
   ABSL_ATTRIBUTE_NOINLINE absl::Status LaunchError(CUresult result, const CudaFunction& function,
                                                    const LaunchConfig& config, size_t args_size) {
     return core_->Error(

@@ -57,10 +57,27 @@ absl::StatusCode StatusCodeForCuResult(CUresult result) {
     case CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES:
     case CUDA_ERROR_COOPERATIVE_LAUNCH_TOO_LARGE:
     case CUDA_ERROR_INVALID_CLUSTER_SIZE:
+    case CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED:
+    case CUDA_ERROR_HOST_MEMORY_NOT_REGISTERED:
       return absl::StatusCode::kInvalidArgument;
 
     case CUDA_ERROR_NOT_FOUND:
       return absl::StatusCode::kNotFound;
+
+    // CUDA graph capture misuse and refused graph updates: the call was wrong for the
+    // stream's or graph's state; never a fault of the context (the session goes on).
+    case CUDA_ERROR_ILLEGAL_STATE:
+    case CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED:
+    case CUDA_ERROR_STREAM_CAPTURE_INVALIDATED:
+    case CUDA_ERROR_STREAM_CAPTURE_MERGE:
+    case CUDA_ERROR_STREAM_CAPTURE_UNMATCHED:
+    case CUDA_ERROR_STREAM_CAPTURE_UNJOINED:
+    case CUDA_ERROR_STREAM_CAPTURE_ISOLATION:
+    case CUDA_ERROR_STREAM_CAPTURE_IMPLICIT:
+    case CUDA_ERROR_CAPTURED_EVENT:
+    case CUDA_ERROR_STREAM_CAPTURE_WRONG_THREAD:
+    case CUDA_ERROR_GRAPH_EXEC_UPDATE_FAILURE:
+      return absl::StatusCode::kFailedPrecondition;
 
     // Sticky: "any further CUDA work will return the same error" (cuda.h). The process
     // must exit (DESIGN §1: no in-process recovery).

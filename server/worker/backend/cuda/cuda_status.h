@@ -14,6 +14,9 @@ namespace gpurpc::backend::cuda {
 // - RESOURCE_EXHAUSTED: out of memory.
 // - INVALID_ARGUMENT: a rejected value, handle, image or launch configuration.
 // - NOT_FOUND: a missing name (kernel, global).
+// - FAILED_PRECONDITION: CUDA graph capture misuse (CUDA_ERROR_STREAM_CAPTURE_*,
+//   CUDA_ERROR_CAPTURED_EVENT, CUDA_ERROR_ILLEGAL_STATE) or a refused graph update
+//   (CUDA_ERROR_GRAPH_EXEC_UPDATE_FAILURE). Not sticky.
 // - ABORTED: a sticky execution fault; the context (in fact the process) is unusable.
 // - DATA_LOSS: an uncorrectable ECC or NVLink error (also sticky).
 // - UNAVAILABLE: no driver or device, or not ready yet (CUDA_ERROR_NOT_READY).

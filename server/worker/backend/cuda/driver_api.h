@@ -52,6 +52,8 @@ inline constexpr int kCudaApiVersion = 13000;
   X(cuMemGetInfo, 3020)                 \
   X(cuMemHostAlloc, 2020)               \
   X(cuMemFreeHost, 2000)                \
+  X(cuMemHostRegister, 6050)            \
+  X(cuMemHostUnregister, 4000)          \
   X(cuMemcpyHtoDAsync, 3020)            \
   X(cuMemcpyDtoHAsync, 3020)            \
   X(cuMemcpyDtoDAsync, 3020)            \
@@ -77,7 +79,20 @@ inline constexpr int kCudaApiVersion = 13000;
   X(cuEventRecord, 2000)                \
   X(cuEventQuery, 2000)                 \
   X(cuEventSynchronize, 2000)           \
-  X(cuEventElapsedTime, 12080)
+  X(cuEventElapsedTime, 12080)          \
+  X(cuStreamBeginCapture, 10010)        \
+  X(cuStreamEndCapture, 10000)          \
+  X(cuStreamIsCapturing, 10000)         \
+  X(cuGraphDestroy, 10000)              \
+  X(cuGraphGetNodes, 10000)             \
+  X(cuGraphGetRootNodes, 10000)         \
+  X(cuGraphNodeGetType, 10000)          \
+  X(cuGraphNodeGetDependentNodes, 12030) \
+  X(cuGraphInstantiateWithFlags, 11040) \
+  X(cuGraphExecDestroy, 10000)          \
+  X(cuGraphLaunch, 10000)               \
+  X(cuGraphExecUpdate, 12000)           \
+  X(cuGraphExecKernelNodeSetParams, 12000)
 
 // The resolved entry points. Every pointer is non-null once LoadDriverApi() succeeded.
 // Immutable after loading; safe to use from any thread.

@@ -27,6 +27,15 @@
 // - Implicit synchronization: Free, and destroying a module that has globals, wait for all
 //   queued work (as cuMemFree does); destroying a stream waits for its queued work; destroying
 //   the context stops every thread at once, interrupting spin_us kernels.
+// - Registered host memory: RegisterHostMemory records the range (overlaps refused as
+//   CUDA does); CopyHostToDeviceAsync / CopyDeviceToHostAsync enqueue like any copy and
+//   touch the host bytes on the stream's thread, so a client that reads a region before
+//   synchronising sees what CUDA would show it; unregistering waits for queued work.
+// - CUDA graphs (fake_graph.h): a capturing stream records its kernels, memsets and
+//   device-to-device copies instead of queueing them, and refuses other work
+//   (CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED, invalidating the capture) as does the legacy
+//   stream while a blocking stream captures (CUDA_ERROR_STREAM_CAPTURE_IMPLICIT) and
+//   Synchronize; a graph launch is one piece of work that replays the operations in order.
 // - Long-running kernels: spin_us sleeps on its stream's thread without holding the lock.
 // - Bounded queues: at most 1024 pieces of work wait per stream and 64 MiB of upload and
 //   argument bytes per context; a call beyond that waits for room, as cuLaunchKernel blocks
@@ -61,6 +70,7 @@
 #include "absl/types/span.h"
 #include "common/status_macros.h"
 #include "server/worker/backend/backend.h"
+#include "server/worker/backend/fake/fake_graph.h"
 #include "server/worker/backend/fake/fake_module_image.h"
 #include "server/worker/backend/module_footprint.h"
 #include "server/worker/backend/ptx_globals.h"
@@ -516,6 +526,63 @@ class DeviceState {
     return StickyErrorLocked(kCall);
   }
 
+  // --- Registered host memory (same-host regions) ---------------------------------------------
+
+  absl::Status RegisterHost(const void* host, uint64_t size_bytes) ABSL_LOCKS_EXCLUDED(mu_) {
+    constexpr absl::string_view kCall = "cuMemHostRegister";
+    const auto start = reinterpret_cast<uintptr_t>(host);
+    absl::MutexLock lock(&mu_);
+    GPURPC_RETURN_IF_ERROR(StickyErrorLocked(kCall));
+    if (host == nullptr || size_bytes == 0 || start + size_bytes < start) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(kCall, ": ", kInvalidValue, ": an empty or wrapping host range"));
+    }
+    // Overlap with a registered range: the one starting after `start`, or the one before.
+    auto next = registered_.lower_bound(start);
+    const bool overlaps_next = next != registered_.end() && next->first < start + size_bytes;
+    const bool overlaps_prev =
+        next != registered_.begin() && std::prev(next)->first + std::prev(next)->second > start;
+    if (overlaps_next || overlaps_prev) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          kCall, ": CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED (part of the range is registered)"));
+    }
+    registered_.emplace(start, size_bytes);
+    return absl::OkStatus();
+  }
+
+  // Waits for the queued work first, like Free: a copy may still use the range.
+  void UnregisterHost(const void* host) ABSL_LOCKS_EXCLUDED(mu_) {
+    absl::MutexLock lock(&mu_);
+    WaitLocked("cuMemHostUnregister", AllQueuesLocked()).IgnoreError();
+    registered_.erase(reinterpret_cast<uintptr_t>(host));
+  }
+
+  absl::Status CopyHostAsync(bool to_device, DevicePtr device, void* host, uint64_t size_bytes,
+                             Stream* stream) ABSL_LOCKS_EXCLUDED(mu_) {
+    const absl::string_view call = to_device ? "cuMemcpyHtoDAsync" : "cuMemcpyDtoHAsync";
+    absl::MutexLock lock(&mu_);
+    GPURPC_RETURN_IF_ERROR(StickyErrorLocked(call));
+    GPURPC_ASSIGN_OR_RETURN(const uint64_t queue, QueueOfLocked(call, stream));
+    if (size_bytes == 0) return absl::OkStatus();
+    const auto start = reinterpret_cast<uintptr_t>(host);
+    auto range = registered_.upper_bound(start);
+    if (range == registered_.begin() || start + size_bytes < start ||
+        std::prev(range)->first + std::prev(range)->second < start + size_bytes) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          call, ": ", kInvalidValue, ": the host range is not registered host memory"));
+    }
+    GPURPC_RETURN_IF_ERROR(MakeRoomLocked(call, queue, 0));
+    GPURPC_RETURN_IF_ERROR(ResolveLocked(call, device, size_bytes).status());
+    Work work;
+    work.kind = to_device ? WorkKind::kUploadFromHost : WorkKind::kDownload;
+    work.dst = to_device ? device : 0;
+    work.src = to_device ? 0 : device;
+    work.size_bytes = size_bytes;
+    work.host = host;
+    EnqueueLocked(queue, std::move(work));
+    return absl::OkStatus();
+  }
+
   absl::Status Memset(DevicePtr dst, uint32_t value, uint32_t element_size_bytes, uint64_t count,
                       Stream* stream) ABSL_LOCKS_EXCLUDED(mu_) {
     absl::string_view call = "cuMemsetAsync";
@@ -524,7 +591,7 @@ class DeviceState {
     if (element_size_bytes == 4) call = "cuMemsetD32Async";
     absl::MutexLock lock(&mu_);
     GPURPC_RETURN_IF_ERROR(StickyErrorLocked(call));
-    GPURPC_ASSIGN_OR_RETURN(const uint64_t queue, QueueOfLocked(call, stream));
+    GPURPC_ASSIGN_OR_RETURN(const uint64_t queue, QueueOfLocked(call, stream, kCapturable));
     if (element_size_bytes != 1 && element_size_bytes != 2 && element_size_bytes != 4) {
       return absl::InvalidArgumentError(absl::StrCat(call, ": ", kInvalidValue, ": element size ",
                                                      element_size_bytes,
@@ -559,7 +626,7 @@ class DeviceState {
     constexpr absl::string_view kCall = "cuMemcpyDtoDAsync";
     absl::MutexLock lock(&mu_);
     GPURPC_RETURN_IF_ERROR(StickyErrorLocked(kCall));
-    GPURPC_ASSIGN_OR_RETURN(const uint64_t queue, QueueOfLocked(kCall, stream));
+    GPURPC_ASSIGN_OR_RETURN(const uint64_t queue, QueueOfLocked(kCall, stream, kCapturable));
     if (size_bytes == 0) return absl::OkStatus();
     GPURPC_RETURN_IF_ERROR(MakeRoomLocked(kCall, queue, 0));
     GPURPC_RETURN_IF_ERROR(ResolveLocked(kCall, dst, size_bytes).status());
@@ -580,7 +647,7 @@ class DeviceState {
     constexpr absl::string_view kCall = "cuLaunchKernel";
     absl::MutexLock lock(&mu_);
     GPURPC_RETURN_IF_ERROR(StickyErrorLocked(kCall));
-    GPURPC_ASSIGN_OR_RETURN(const uint64_t queue, QueueOfLocked(kCall, stream));
+    GPURPC_ASSIGN_OR_RETURN(const uint64_t queue, QueueOfLocked(kCall, stream, kCapturable));
     GPURPC_RETURN_IF_ERROR(MakeRoomLocked(kCall, queue, packed_args.size()));
     const auto* fake = dynamic_cast<const FakeFunction*>(function);
     if (fake == nullptr || fake->owner() != this) {
@@ -684,6 +751,12 @@ class DeviceState {
     constexpr absl::string_view kCall = "cuCtxSynchronize";
     absl::MutexLock lock(&mu_);
     GPURPC_RETURN_IF_ERROR(StickyErrorLocked(kCall));
+    for (auto& [id, queue] : queues_) {
+      if (queue->capturing) {
+        for (auto& [other_id, other] : queues_) other->capture_invalidated |= other->capturing;
+        return CaptureError(kCall, kCaptureUnsupported, "a stream of the context is capturing");
+      }
+    }
     GPURPC_RETURN_IF_ERROR(WaitLocked(kCall, AllQueuesLocked()));
     return StickyErrorLocked(kCall);
   }
@@ -767,8 +840,94 @@ class DeviceState {
         .count();
   }
 
+  // --- CUDA graphs (fake_graph.h) -------------------------------------------------------
+
+  absl::Status BeginCapture(Stream* stream) ABSL_LOCKS_EXCLUDED(mu_) {
+    constexpr absl::string_view kCall = "cuStreamBeginCapture";
+    absl::MutexLock lock(&mu_);
+    GPURPC_RETURN_IF_ERROR(StickyErrorLocked(kCall));
+    if (stream == nullptr) {
+      return CaptureError(kCall, kCaptureUnsupported, "the legacy stream cannot be captured");
+    }
+    GPURPC_ASSIGN_OR_RETURN(const uint64_t id, QueueOfLocked(kCall, stream, kCapturable));
+    Queue& queue = *queues_.at(id);
+    if (queue.capturing) {
+      return CaptureError(kCall, kIllegalState, "the stream is already capturing");
+    }
+    queue.capturing = true;
+    queue.capture_invalidated = false;
+    queue.capture.clear();
+    return absl::OkStatus();
+  }
+
+  // The operations the capture recorded; the capture is over either way.
+  absl::StatusOr<fake::GraphOps> EndCapture(Stream* stream) ABSL_LOCKS_EXCLUDED(mu_) {
+    constexpr absl::string_view kCall = "cuStreamEndCapture";
+    absl::MutexLock lock(&mu_);
+    GPURPC_RETURN_IF_ERROR(StickyErrorLocked(kCall));
+    if (stream == nullptr) return CaptureError(kCall, kIllegalState, "the stream is not capturing");
+    GPURPC_ASSIGN_OR_RETURN(const uint64_t id, QueueOfLocked(kCall, stream, kCapturable));
+    Queue& queue = *queues_.at(id);
+    if (!queue.capturing) return CaptureError(kCall, kIllegalState, "the stream is not capturing");
+    queue.capturing = false;
+    fake::GraphOps ops = std::move(queue.capture);
+    queue.capture.clear();
+    if (queue.capture_invalidated) {
+      return CaptureError(kCall, kCaptureInvalidated,
+                          "work the capture could not record was enqueued on a capturing stream");
+    }
+    return ops;
+  }
+
+  absl::StatusOr<CaptureStatus> QueryCapture(Stream* stream) ABSL_LOCKS_EXCLUDED(mu_) {
+    constexpr absl::string_view kCall = "cuStreamIsCapturing";
+    absl::MutexLock lock(&mu_);
+    GPURPC_RETURN_IF_ERROR(StickyErrorLocked(kCall));
+    if (stream == nullptr) return CaptureStatus::kNone;
+    GPURPC_ASSIGN_OR_RETURN(const uint64_t id, QueueOfLocked(kCall, stream, kCapturable));
+    const Queue& queue = *queues_.at(id);
+    if (!queue.capturing) return CaptureStatus::kNone;
+    return queue.capture_invalidated ? CaptureStatus::kInvalidated : CaptureStatus::kActive;
+  }
+
+  // Enqueues one replay of `exec`'s current snapshot, after its previous launch.
+  absl::Status LaunchGraph(fake::FakeGraphExec* exec, Stream* stream) ABSL_LOCKS_EXCLUDED(mu_) {
+    constexpr absl::string_view kCall = "cuGraphLaunch";
+    std::shared_ptr<const fake::GraphOps> ops = exec->snapshot();
+    absl::MutexLock lock(&mu_);
+    GPURPC_RETURN_IF_ERROR(StickyErrorLocked(kCall));
+    GPURPC_ASSIGN_OR_RETURN(const uint64_t queue, QueueOfLocked(kCall, stream));
+    GPURPC_RETURN_IF_ERROR(MakeRoomLocked(kCall, queue, 0));
+    Work work;
+    work.kind = WorkKind::kGraph;
+    work.graph = std::move(ops);
+    if (exec->last_launch_seq != 0) {
+      work.after.push_back(Point{exec->last_launch_queue, exec->last_launch_seq});
+    }
+    exec->last_launch_seq = EnqueueLocked(queue, std::move(work));
+    exec->last_launch_queue = queue;
+    return absl::OkStatus();
+  }
+
  private:
   static constexpr uint64_t kLegacyQueue = 0;
+  // QueueOfLocked: the call may be recorded by a capturing stream.
+  static constexpr bool kCapturable = true;
+  static constexpr char kCaptureUnsupported[] =
+      "CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED (operation not permitted when stream is capturing)";
+  static constexpr char kCaptureImplicit[] =
+      "CUDA_ERROR_STREAM_CAPTURE_IMPLICIT (operation would make the legacy stream depend on a "
+      "capturing blocking stream)";
+  static constexpr char kCaptureInvalidated[] =
+      "CUDA_ERROR_STREAM_CAPTURE_INVALIDATED (operation failed due to a previous error during "
+      "capture)";
+  static constexpr char kIllegalState[] =
+      "CUDA_ERROR_ILLEGAL_STATE (the operation cannot be performed in the present state)";
+
+  static absl::Status CaptureError(absl::string_view call, absl::string_view error,
+                                   absl::string_view detail) {
+    return absl::FailedPreconditionError(absl::StrCat(call, ": ", error, ": ", detail));
+  }
 
   struct FreeDeleter {
     void operator()(uint8_t* p) const { std::free(p); }
@@ -787,7 +946,9 @@ class DeviceState {
     uint64_t seq = 0;
   };
 
-  enum class WorkKind { kUpload, kDownload, kMemset, kCopy, kKernel, kRecord, kWait };
+  enum class WorkKind {
+    kUpload, kUploadFromHost, kDownload, kMemset, kCopy, kKernel, kRecord, kWait, kGraph
+  };
 
   struct Work {
     WorkKind kind = WorkKind::kWait;
@@ -801,7 +962,9 @@ class DeviceState {
     uint64_t size_bytes = 0;
     // Upload's bytes, Launch's packed arguments.
     std::vector<uint8_t> bytes;
-    // Download's destination, kept alive by the waiting caller.
+    // Download's destination, kept alive by the waiting caller, or registered host memory
+    // (CopyDeviceToHostAsync's destination, CopyHostToDeviceAsync's source) that the
+    // caller keeps registered until the work has run.
     void* host = nullptr;
     uint32_t value = 0;
     uint32_t element_size_bytes = 0;
@@ -809,6 +972,8 @@ class DeviceState {
     uint64_t count = 0;
     const BuiltinKernel* kernel = nullptr;
     uint64_t event = 0;
+    // A graph launch's operations, replayed in order.
+    std::shared_ptr<const fake::GraphOps> graph;
   };
 
   // A stream. The fields are guarded by mu_ (the map that owns it is), except `thread`, which
@@ -821,6 +986,10 @@ class DeviceState {
     std::deque<Work> pending;
     uint64_t enqueued = 0;
     uint64_t completed = 0;
+    // A capture in progress: what it recorded, and whether work it could not record came.
+    bool capturing = false;
+    bool capture_invalidated = false;
+    fake::GraphOps capture;
     std::thread thread;
   };
 
@@ -854,15 +1023,33 @@ class DeviceState {
         absl::StrCat("cuMemFree: no live fake allocation starts at ", Hex(ptr)));
   }
 
-  // The queue of `stream` (nullptr: the legacy stream), if it belongs to this context.
-  absl::StatusOr<uint64_t> QueueOfLocked(absl::string_view call, Stream* stream) const
+  // The queue of `stream` (nullptr: the legacy stream), if it belongs to this context and
+  // may take the call: a capturing stream only takes `capturable` calls, and the legacy stream
+  // none while a blocking stream captures (either refusal invalidates the captures).
+  absl::StatusOr<uint64_t> QueueOfLocked(absl::string_view call, Stream* stream,
+                                         bool capturable = false)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     GPURPC_RETURN_IF_ERROR(CheckAliveLocked(call));
-    if (stream == nullptr) return kLegacyQueue;
+    if (stream == nullptr) {
+      bool implicit = false;
+      for (auto& [id, queue] : queues_) {
+        if (queue->capturing && !queue->non_blocking) {
+          queue->capture_invalidated = true;
+          implicit = true;
+        }
+      }
+      if (implicit) return CaptureError(call, kCaptureImplicit, "a blocking stream is capturing");
+      return kLegacyQueue;
+    }
     const auto* fake = dynamic_cast<const FakeStream*>(stream);
     if (fake == nullptr || fake->owner() != this || queues_.count(fake->queue()) == 0) {
       return absl::InvalidArgumentError(absl::StrCat(
           call, ": ", kInvalidHandle, ": the stream was not created by this fake context"));
+    }
+    Queue& queue = *queues_.at(fake->queue());
+    if (queue.capturing && !capturable) {
+      queue.capture_invalidated = true;
+      return CaptureError(call, kCaptureUnsupported, "the stream is capturing a graph");
     }
     return fake->queue();
   }
@@ -909,8 +1096,14 @@ class DeviceState {
   // synchronization: work on the legacy stream waits for all work queued so far on blocking
   // streams, and work on a blocking stream for all work queued so far on the legacy stream.
   // Returns its position. Every point it waits for was queued before it: no cycles.
+  // On a capturing stream the work is recorded instead (returns 0); work the capture cannot
+  // record (it came while its call waited for room) invalidates the capture and runs.
   uint64_t EnqueueLocked(uint64_t queue_id, Work work) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     Queue& queue = *queues_.at(queue_id);
+    if (queue.capturing) {
+      if (Record(work, &queue.capture)) return 0;
+      queue.capture_invalidated = true;
+    }
     if (queue.legacy) {
       for (const auto& [id, other] : queues_) {
         if (!other->legacy && !other->non_blocking && other->completed < other->enqueued) {
@@ -1004,6 +1197,12 @@ class DeviceState {
         std::memcpy(to, work.bytes.data(), work.size_bytes);
         return;
       }
+      case WorkKind::kUploadFromHost: {
+        uint8_t* const to = FindLocked(work.dst, work.size_bytes);
+        if (to == nullptr) return PoisonLocked(kIllegalAddress, "a fake cuMemcpyHtoDAsync");
+        std::memcpy(to, work.host, work.size_bytes);
+        return;
+      }
       case WorkKind::kDownload: {
         const uint8_t* const from = FindLocked(work.src, work.size_bytes);
         if (from == nullptr) return PoisonLocked(kIllegalAddress, "a fake cuMemcpyDtoHAsync");
@@ -1038,7 +1237,72 @@ class DeviceState {
       }
       case WorkKind::kWait:
         return;
+      case WorkKind::kGraph:
+        for (const fake::GraphOp& op : *work.graph) {
+          if (!fault_.empty() || shutting_down_) return;
+          Work step = Replay(op);
+          RunLocked(queue, step);
+        }
+        return;
     }
+  }
+
+  // A capturable piece of work as a graph operation; false for other kinds.
+  static bool Record(const Work& work, fake::GraphOps* ops) {
+    fake::GraphOp op;
+    switch (work.kind) {
+      case WorkKind::kKernel:
+        op.kind = GraphNodeKind::kKernel;
+        op.kernel = work.kernel;
+        op.count = work.count;
+        op.args = work.bytes;
+        break;
+      case WorkKind::kMemset:
+        op.kind = GraphNodeKind::kMemset;
+        op.dst = work.dst;
+        op.value = work.value;
+        op.element_size_bytes = work.element_size_bytes;
+        op.count = work.count;
+        break;
+      case WorkKind::kCopy:
+        op.kind = GraphNodeKind::kCopy;
+        op.dst = work.dst;
+        op.src = work.src;
+        op.size_bytes = work.size_bytes;
+        break;
+      default:
+        return false;
+    }
+    ops->push_back(std::move(op));
+    return true;
+  }
+
+  // The work that replays `op`: run like the operation it recorded, with the same checks.
+  static Work Replay(const fake::GraphOp& op) {
+    Work work;
+    work.dst = op.dst;
+    work.src = op.src;
+    work.size_bytes = op.size_bytes;
+    work.value = op.value;
+    work.element_size_bytes = op.element_size_bytes;
+    work.count = op.count;
+    switch (op.kind) {
+      case GraphNodeKind::kKernel:
+        work.kind = WorkKind::kKernel;
+        work.kernel = static_cast<const BuiltinKernel*>(op.kernel);
+        work.bytes = op.args;
+        break;
+      case GraphNodeKind::kMemset:
+        work.kind = WorkKind::kMemset;
+        break;
+      case GraphNodeKind::kCopy:
+        work.kind = WorkKind::kCopy;
+        break;
+      case GraphNodeKind::kOther:
+        work.kind = WorkKind::kWait;  // nothing to do
+        break;
+    }
+    return work;
   }
 
   void MemsetLocked(const Work& work) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
@@ -1197,6 +1461,8 @@ class DeviceState {
   const uint64_t total_memory_bytes_;
   absl::Mutex mu_;
   std::map<DevicePtr, Allocation> allocations_ ABSL_GUARDED_BY(mu_);
+  // Registered host ranges: start -> size.
+  std::map<uintptr_t, uint64_t> registered_ ABSL_GUARDED_BY(mu_);
   uint64_t used_bytes_ ABSL_GUARDED_BY(mu_) = 0;
   DevicePtr next_address_ ABSL_GUARDED_BY(mu_) = kFirstAddress;
   // Empty while healthy; otherwise the sticky fault, without the call name.
@@ -1307,6 +1573,17 @@ class FakeModule final : public Module {
   std::map<std::string, Global> globals_;
 };
 
+class FakeHostRegistration final : public HostRegistration {
+ public:
+  FakeHostRegistration(std::shared_ptr<DeviceState> state, void* host)
+      : state_(std::move(state)), host_(host) {}
+  ~FakeHostRegistration() override { state_->UnregisterHost(host_); }
+
+ private:
+  const std::shared_ptr<DeviceState> state_;
+  void* const host_;
+};
+
 class FakeContext final : public Context {
  public:
   explicit FakeContext(uint64_t total_memory_bytes)
@@ -1344,6 +1621,21 @@ class FakeContext final : public Context {
   absl::Status CopyDeviceToDevice(DevicePtr dst, DevicePtr src, uint64_t size_bytes,
                                   Stream* stream) override {
     return state_->CopyDeviceToDevice(dst, src, size_bytes, stream);
+  }
+
+  absl::StatusOr<std::unique_ptr<HostRegistration>> RegisterHostMemory(
+      void* host, uint64_t size_bytes) override {
+    GPURPC_RETURN_IF_ERROR(state_->RegisterHost(host, size_bytes));
+    return std::make_unique<FakeHostRegistration>(state_, host);
+  }
+  absl::Status CopyHostToDeviceAsync(DevicePtr dst, const void* src, uint64_t size_bytes,
+                                     Stream* stream) override {
+    // The host side is only read (kUploadFromHost).
+    return state_->CopyHostAsync(true, dst, const_cast<void*>(src), size_bytes, stream);
+  }
+  absl::Status CopyDeviceToHostAsync(void* dst, DevicePtr src, uint64_t size_bytes,
+                                     Stream* stream) override {
+    return state_->CopyHostAsync(false, src, dst, size_bytes, stream);
   }
 
   absl::StatusOr<std::unique_ptr<Module>> LoadModule(absl::Span<const uint8_t> image) override {
@@ -1393,7 +1685,74 @@ class FakeContext final : public Context {
     return state_->ElapsedTime(start, end);
   }
 
+  absl::Status BeginCapture(Stream* stream) override { return state_->BeginCapture(stream); }
+  absl::StatusOr<std::unique_ptr<Graph>> EndCapture(Stream* stream) override {
+    GPURPC_ASSIGN_OR_RETURN(fake::GraphOps ops, state_->EndCapture(stream));
+    return std::make_unique<fake::FakeGraph>(state_.get(), std::move(ops));
+  }
+  absl::StatusOr<CaptureStatus> QueryCapture(Stream* stream) override {
+    return state_->QueryCapture(stream);
+  }
+  absl::StatusOr<std::unique_ptr<GraphExec>> InstantiateGraph(
+      std::shared_ptr<Graph> graph) override {
+    constexpr absl::string_view kCall = "cuGraphInstantiateWithFlags";
+    GPURPC_RETURN_IF_ERROR(state_->CheckHealthy(kCall));
+    const auto* fake = dynamic_cast<const fake::FakeGraph*>(graph.get());
+    if (fake == nullptr || fake->owner() != state_.get()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          kCall, ": ", kInvalidHandle, ": the graph was not captured by this fake context"));
+    }
+    return std::make_unique<fake::FakeGraphExec>(state_.get(), fake->ops());
+  }
+  absl::Status LaunchGraph(GraphExec* exec, Stream* stream) override {
+    GPURPC_ASSIGN_OR_RETURN(fake::FakeGraphExec * fake, OwnExec("cuGraphLaunch", exec));
+    return state_->LaunchGraph(fake, stream);
+  }
+  absl::Status UpdateGraphExec(GraphExec* exec, Graph* graph) override {
+    constexpr absl::string_view kCall = "cuGraphExecUpdate";
+    GPURPC_RETURN_IF_ERROR(state_->CheckHealthy(kCall));
+    GPURPC_ASSIGN_OR_RETURN(fake::FakeGraphExec * fake, OwnExec(kCall, exec));
+    const auto* source = dynamic_cast<const fake::FakeGraph*>(graph);
+    if (source == nullptr || source->owner() != state_.get()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          kCall, ": ", kInvalidHandle, ": the graph was not captured by this fake context"));
+    }
+    return fake->Update(*source);
+  }
+  absl::Status SetGraphExecKernelNode(GraphExec* exec, size_t node_index, Function* function,
+                                      const LaunchConfig& config,
+                                      absl::Span<const uint8_t> packed_args) override {
+    constexpr absl::string_view kCall = "cuGraphExecKernelNodeSetParams";
+    GPURPC_RETURN_IF_ERROR(state_->CheckHealthy(kCall));
+    GPURPC_ASSIGN_OR_RETURN(fake::FakeGraphExec * fake, OwnExec(kCall, exec));
+    const auto* kernel = dynamic_cast<const FakeFunction*>(function);
+    if (kernel == nullptr || kernel->owner() != state_.get()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          kCall, ": ", kInvalidHandle, ": the function was not loaded by this fake context"));
+    }
+    GPURPC_RETURN_IF_ERROR(CheckLaunchConfig(*kernel, config));
+    if (packed_args.size() != PackedSizeBytes(kernel->kernel())) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          kCall, ": ", kInvalidValue, ": kernel '", kernel->name(), "' takes ",
+          PackedSizeBytes(kernel->kernel()), " bytes of packed arguments, got ",
+          packed_args.size()));
+    }
+    const uint64_t threads =
+        SaturatingMul(SaturatingMul(uint64_t{config.grid.x} * config.grid.y, config.grid.z),
+                      uint64_t{config.block.x} * config.block.y * config.block.z);
+    return fake->SetKernelNode(node_index, &kernel->kernel(), threads, packed_args);
+  }
+
  private:
+  absl::StatusOr<fake::FakeGraphExec*> OwnExec(absl::string_view call, GraphExec* exec) const {
+    auto* fake = dynamic_cast<fake::FakeGraphExec*>(exec);
+    if (fake == nullptr || fake->owner() != state_.get()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          call, ": ", kInvalidHandle, ": the graph exec was not made by this fake context"));
+    }
+    return fake;
+  }
+
   const DeviceInfo info_;
   const std::shared_ptr<DeviceState> state_;
 };

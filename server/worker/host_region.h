@@ -1,0 +1,104 @@
+// Same-host regions, the worker's half (the protocol is in
+// proto/gpurpc/v1/host_region_service.proto): checking and mapping the memfd a client sent
+// over the daemon's region socket, and the worker's end of the private region channel to
+// the front end.
+//
+// A region's memfd comes from a tenant and is hostile until checked. MapClientMemfd accepts
+// only a regular shared-memory file (memfd or hugetlbfs) that is sealed against shrinking
+// (F_SEAL_SHRINK), so that the client cannot truncate it under the worker's mapping (which
+// would end the worker with SIGBUS when a copy touches the lost pages), at least as large as
+// the region, and mappable read-write (not F_SEAL_WRITE / F_SEAL_FUTURE_WRITE, not opened
+// read-only).
+#ifndef GPURPC_SERVER_WORKER_HOST_REGION_H_
+#define GPURPC_SERVER_WORKER_HOST_REGION_H_
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <map>
+#include <mutex>
+#include <thread>
+#include <utility>
+
+#include <sys/types.h>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "gpurpc/v1/host_region_service.pb.h"
+#include "grpcpp/server.h"
+
+namespace gpurpc::worker {
+
+// Regions one session may hold, attached or not.
+inline constexpr uint32_t kMaxHostRegionsPerSession = 256;
+// Bytes of an attach ticket.
+inline constexpr size_t kHostRegionTicketBytes = 16;
+// Direct channels (HostRegionService.OpenDirectChannel) one session may hold open, and
+// tickets for them it may hold unused.
+inline constexpr size_t kMaxDirectChannelsPerSession = 8;
+
+// A client's memfd mapped shared read-write; unmapped when destroyed.
+class MappedRegion {
+ public:
+  // Checks `fd` (see the file comment; INVALID_ARGUMENT naming what is wrong) and maps its
+  // first `size_bytes`. Does not take or close `fd`.
+  static absl::StatusOr<std::unique_ptr<MappedRegion>> Map(int fd, uint64_t size_bytes);
+  ~MappedRegion();
+  MappedRegion(const MappedRegion&) = delete;
+  MappedRegion& operator=(const MappedRegion&) = delete;
+
+  uint8_t* data() const { return data_; }
+  uint64_t size_bytes() const { return size_bytes_; }
+
+ private:
+  MappedRegion(uint8_t* data, uint64_t size_bytes) : data_(data), size_bytes_(size_bytes) {}
+  uint8_t* const data_;
+  const uint64_t size_bytes_;
+};
+
+// 16 random bytes from the kernel (getrandom).
+absl::StatusOr<std::string> NewAttachTicket();
+
+// The direct channels of a session's worker: client socket ends (passed on the region
+// socket) served by the worker's second gRPC server, which has only ExecutionService.
+class DirectChannels {
+ public:
+  // `server` must outlive this object.
+  explicit DirectChannels(grpc::Server* server) : server_(server) {}
+  // Serves `fd` (not taken: a duplicate is handed to gRPC) after checking that it is a
+  // connected AF_UNIX SOCK_STREAM socket (INVALID_ARGUMENT otherwise) and that fewer than
+  // kMaxDirectChannelsPerSession channels are open (RESOURCE_EXHAUSTED).
+  absl::Status Admit(int fd);
+
+ private:
+  grpc::Server* const server_;
+  std::mutex mu_;
+  // Channels handed to gRPC: fd -> (device, inode), forgotten once gRPC closed the fd.
+  std::map<int, std::pair<dev_t, ino_t>> live_;
+};
+
+// The worker's end of the region channel (--worker-region-fd, a SOCK_SEQPACKET socketpair
+// with the front end): a thread that receives one AttachHostRegionRequest datagram with one
+// descriptor at a time, calls `attach(request, fd)` (which must not keep `fd`; the channel
+// closes it afterwards) and answers one AttachHostRegionReply. Ends when the front end
+// closes its end; the destructor shuts the socket down and joins.
+class RegionChannel {
+ public:
+  using AttachFn = std::function<absl::Status(const v1::AttachHostRegionRequest& request,
+                                              int fd)>;
+  RegionChannel(int fd, AttachFn attach);
+  ~RegionChannel();
+  RegionChannel(const RegionChannel&) = delete;
+  RegionChannel& operator=(const RegionChannel&) = delete;
+
+ private:
+  void Loop();
+  const int fd_;
+  const AttachFn attach_;
+  std::thread thread_;
+};
+
+}  // namespace gpurpc::worker
+
+#endif  // GPURPC_SERVER_WORKER_HOST_REGION_H_

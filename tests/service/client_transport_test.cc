@@ -1,0 +1,242 @@
+// How the C++ client waits for the daemon (client/cpp/src/transport.h), against a real gpurpcd
+// on the fake backend (ctest label `service`):
+// - no gRPC callback-API thread ever starts in a client process (their presence makes every
+//   call hand its answer over between threads), whatever the client does;
+// - streamed transfers on raw messages (chunks copied once, into pooled buffers, straight into
+//   the caller's memory on the way back) carry every byte of odd sizes and offsets, and a bad
+//   range or a buffer too small is refused;
+// - several threads waiting on one session's command stream take turns driving it: all of them
+//   get their answers, and with a stopped daemon every one of them returns at its deadline.
+// No timing assertions: what must not hang has a generous bound.
+#include <dirent.h>
+#include <signal.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cstdint>
+#include <fstream>
+#include <functional>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
+#include "gmock/gmock.h"
+#include "gpurpc/client.h"
+#include "gtest/gtest.h"
+#include "tests/testing/daemon.h"
+#include "tests/testing/fake_kernels.h"
+#include "tests/testing/status_matchers.h"
+
+namespace gpurpc {
+namespace {
+
+using ::gpurpc::testing::StatusIs;
+using ::gpurpc::testing::TestDaemon;
+using ::testing::HasSubstr;
+
+constexpr absl::Duration kMustNotHang = absl::Seconds(30);
+constexpr uint64_t kMiB = 1 << 20;
+
+// The names of this process's threads.
+std::vector<std::string> ThreadNames() {
+  std::vector<std::string> names;
+  DIR* tasks = opendir("/proc/self/task");
+  if (tasks == nullptr) return names;
+  while (dirent* entry = readdir(tasks)) {
+    if (entry->d_name[0] == '.') continue;
+    std::ifstream comm(absl::StrCat("/proc/self/task/", entry->d_name, "/comm"));
+    std::string name;
+    std::getline(comm, name);
+    names.push_back(name);
+  }
+  closedir(tasks);
+  return names;
+}
+
+std::vector<uint8_t> Pattern(size_t size, uint8_t seed) {
+  std::vector<uint8_t> bytes(size);
+  for (size_t i = 0; i < size; ++i) bytes[i] = static_cast<uint8_t>(i * 31 + seed + (i >> 12));
+  return bytes;
+}
+
+absl::StatusOr<Client> Connect(const std::string& address,
+                               absl::Duration call_timeout = absl::Seconds(60)) {
+  ConnectOptions options;
+  options.address = address;
+  options.use_environment = false;
+  options.call_timeout = call_timeout;
+  return Client::Connect(options);
+}
+
+absl::StatusOr<Module> CompileFakeKernels(const Session& session) {
+  CompileOptions options;
+  options.source = ::gpurpc::testing::kFakeKernelsSource;
+  absl::StatusOr<CompileResult> result = session.Compile(options);
+  if (!result.ok()) return result.status();
+  if (!result->success()) return absl::InternalError(result->log());
+  return std::move(result->module);
+}
+
+// True once every thread of `pid` is stopped.
+bool AllThreadsStopped(pid_t pid) {
+  DIR* tasks = opendir(absl::StrCat("/proc/", pid, "/task").c_str());
+  if (tasks == nullptr) return false;
+  bool stopped = true;
+  int seen = 0;
+  while (dirent* entry = readdir(tasks)) {
+    if (entry->d_name[0] == '.') continue;
+    std::ifstream stat(absl::StrCat("/proc/", pid, "/task/", entry->d_name, "/stat"));
+    std::string line;
+    std::getline(stat, line);
+    const size_t paren = line.rfind(')');
+    if (paren == std::string::npos || paren + 2 >= line.size()) continue;
+    ++seen;
+    if (line[paren + 2] != 'T' && line[paren + 2] != 't') stopped = false;
+  }
+  closedir(tasks);
+  return stopped && seen > 0;
+}
+
+class ClientTransportTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    auto daemon = TestDaemon::Start();
+    ASSERT_OK(daemon.status());
+    daemon_ = *std::move(daemon);
+  }
+  std::unique_ptr<TestDaemon> daemon_;
+};
+
+TEST_F(ClientTransportTest, NoGrpcCallbackThreadStartsInTheClient) {
+  ASSERT_OK_AND_ASSIGN(Client client, Connect(daemon_->address()));
+  ASSERT_OK_AND_ASSIGN(Session session, client.OpenSession());
+  ASSERT_OK_AND_ASSIGN(Module module, CompileFakeKernels(session));
+  ASSERT_OK_AND_ASSIGN(Function add_one, module.GetFunction("add_one_f32"));
+  ASSERT_OK_AND_ASSIGN(Buffer buffer, session.Allocate(3 * kMiB));
+  const std::vector<uint8_t> data = Pattern(3 * kMiB, 1);
+  ASSERT_OK(buffer.Upload(data));  // streamed
+  LaunchConfig config;
+  config.block = Dim3{32, 1, 1};
+  for (int i = 0; i < 20; ++i) {
+    ASSERT_OK(add_one.LaunchAsync(config, buffer, uint64_t{0}));
+    ASSERT_OK(session.Synchronize());
+  }
+  ASSERT_OK(add_one.Launch(config, buffer, uint64_t{0}));  // unary
+  ASSERT_OK(session.KeepAlive().status());
+  ASSERT_OK_AND_ASSIGN(std::vector<uint8_t> back, buffer.Download());  // streamed
+  EXPECT_EQ(back, data);
+  ASSERT_OK(client.GetServerInfo().status());
+  // An idle moment: the background thread serves the watch meanwhile.
+  absl::SleepFor(absl::Milliseconds(200));
+  ASSERT_OK(session.Close());
+  for (const std::string& name : ThreadNames()) {
+    EXPECT_NE(name, "nexting_thread") << "a gRPC callback-API thread runs in the client";
+  }
+}
+
+TEST_F(ClientTransportTest, StreamedTransfersOfOddSizesCarryEveryByte) {
+  ASSERT_OK_AND_ASSIGN(Client client, Connect(daemon_->address()));
+  ASSERT_OK_AND_ASSIGN(Session session, client.OpenSession());
+  ASSERT_OK_AND_ASSIGN(Buffer buffer, session.Allocate(9 * kMiB));
+  for (uint64_t size : {kMiB + 1, 2 * kMiB + kMiB / 2 + 7, 4 * kMiB, 8 * kMiB + 3}) {
+    for (uint64_t offset : {uint64_t{0}, uint64_t{13}}) {
+      SCOPED_TRACE(absl::StrCat(size, " bytes at ", offset));
+      const std::vector<uint8_t> data = Pattern(size, static_cast<uint8_t>(size + offset));
+      ASSERT_OK(buffer.Upload(data, offset));
+      ASSERT_OK_AND_ASSIGN(std::vector<uint8_t> back, buffer.Download(offset, size));
+      ASSERT_EQ(back.size(), data.size());
+      EXPECT_TRUE(back == data) << "the bytes differ";
+      // Into the caller's memory, at an offset of a larger span.
+      std::vector<uint8_t> into(size + 5, 0xee);
+      ASSERT_OK(session.DownloadInto(buffer.at(offset), absl::MakeSpan(into).subspan(5, size)));
+      EXPECT_TRUE(std::equal(data.begin(), data.end(), into.begin() + 5)) << "the bytes differ";
+      EXPECT_EQ(into[0], 0xee);
+    }
+  }
+  // Past the buffer's end: refused by the daemon, naming the range.
+  const std::vector<uint8_t> too_much = Pattern(2 * kMiB, 3);
+  EXPECT_THAT(buffer.Upload(too_much, 8 * kMiB), StatusIs(absl::StatusCode::kInvalidArgument));
+  EXPECT_THAT(buffer.Download(8 * kMiB, 2 * kMiB).status(),
+              StatusIs(absl::StatusCode::kInvalidArgument));
+  // The session works on.
+  ASSERT_OK_AND_ASSIGN(std::vector<uint8_t> start, buffer.Download(0, 16));
+  EXPECT_EQ(start.size(), 16u);
+}
+
+TEST_F(ClientTransportTest, ThreadsWaitingOnOneCommandStreamTakeTurnsDrivingIt) {
+  ASSERT_OK_AND_ASSIGN(Client client, Connect(daemon_->address()));
+  ASSERT_OK_AND_ASSIGN(Session session, client.OpenSession());
+  ASSERT_OK_AND_ASSIGN(Module module, CompileFakeKernels(session));
+  ASSERT_OK_AND_ASSIGN(Function fill, module.GetFunction("fill_u32"));
+  constexpr int kThreads = 6;
+  constexpr int kRounds = 100;
+  std::vector<Buffer> buffers;
+  for (int t = 0; t < kThreads; ++t) {
+    ASSERT_OK_AND_ASSIGN(Buffer buffer, session.Allocate(256 * 4));
+    buffers.push_back(std::move(buffer));
+  }
+  std::atomic<int> failures{0};
+  std::vector<std::thread> threads;
+  for (int t = 0; t < kThreads; ++t) {
+    threads.emplace_back([&, t] {
+      LaunchConfig config;
+      config.block = Dim3{256, 1, 1};
+      for (int round = 0; round < kRounds; ++round) {
+        const unsigned value = static_cast<unsigned>(t * 1000 + round);
+        if (!fill.LaunchAsync(config, buffers[t], value, uint64_t{256}).ok() ||
+            !session.Synchronize().ok()) {
+          ++failures;
+          return;
+        }
+        absl::StatusOr<std::vector<uint8_t>> back = buffers[t].Download();
+        if (!back.ok() || back->size() != 256 * 4 ||
+            *reinterpret_cast<const unsigned*>(back->data() + 4 * 255) != value) {
+          ++failures;
+          return;
+        }
+      }
+    });
+  }
+  for (std::thread& thread : threads) thread.join();
+  EXPECT_EQ(failures.load(), 0);
+}
+
+TEST_F(ClientTransportTest, EveryWaiterOfAStoppedDaemonReturnsAtItsDeadline) {
+  ASSERT_OK_AND_ASSIGN(Client client, Connect(daemon_->address(), absl::Seconds(120)));
+  ASSERT_OK_AND_ASSIGN(Session session, client.OpenSession());
+  ASSERT_OK_AND_ASSIGN(Buffer buffer, session.Allocate(1024));
+  ASSERT_OK(session.MemsetAsync(buffer.at(), 0, 4, 256));
+  ASSERT_OK(session.Synchronize());
+  ASSERT_EQ(kill(daemon_->pid(), SIGSTOP), 0);
+  const absl::Time until = absl::Now() + absl::Seconds(10);
+  while (!AllThreadsStopped(daemon_->pid()) && absl::Now() < until) {
+    absl::SleepFor(absl::Milliseconds(20));
+  }
+  constexpr int kWaiters = 4;
+  std::vector<absl::Status> results(kWaiters);
+  std::vector<std::thread> waiters;
+  const absl::Time started = absl::Now();
+  for (int i = 0; i < kWaiters; ++i) {
+    waiters.emplace_back([&, i] {
+      absl::Status queued = session.MemsetAsync(buffer.at(), i, 4, 256);
+      results[i] = queued.ok() ? session.Synchronize(absl::Seconds(1)) : queued;
+    });
+  }
+  for (std::thread& waiter : waiters) waiter.join();
+  const absl::Duration took = absl::Now() - started;
+  kill(daemon_->pid(), SIGCONT);
+  EXPECT_LT(took, kMustNotHang);
+  for (const absl::Status& result : results) {
+    EXPECT_THAT(result, StatusIs(absl::StatusCode::kDeadlineExceeded, HasSubstr("1s")));
+  }
+  // Once the daemon runs again, the session works.
+  EXPECT_OK(session.Synchronize());
+  EXPECT_OK(session.GetMemInfo().status());
+}
+
+}  // namespace
+}  // namespace gpurpc
