@@ -265,6 +265,7 @@ def test_gpuarray_reductions_match_numpy(ctx: cuda.Context, n: int) -> None:
     assert gpuarray.max(ga).get() == a.max()
     assert gpuarray.min(ga).get() == a.min()
     assert ga.sum().get() == s.get()
+    assert float(s) == float(s.get())  # one synchronising call, as with CuPy
 
 
 def test_gpuarray_integer_reductions(ctx: cuda.Context) -> None:

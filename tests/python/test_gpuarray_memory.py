@@ -133,3 +133,13 @@ def test_async_get_and_set_on_a_stream(ctx: cuda.Context) -> None:
     out = a.get_async(stream)
     stream.synchronize()
     assert np.array_equal(out, host)
+
+
+def test_one_element_arrays_convert_to_python_scalars(ctx: cuda.Context) -> None:
+    assert float(gpuarray.to_gpu(np.array(2.5, np.float32))) == 2.5
+    assert int(gpuarray.to_gpu(np.array([7], np.int64))) == 7
+    assert complex(gpuarray.to_gpu(np.array([[1 + 2j]], np.complex64))) == 1 + 2j
+    with pytest.raises(TypeError, match=r"one element.*shape \(3,\)"):
+        float(gpuarray.to_gpu(np.zeros(3, np.float32)))
+    with pytest.raises(TypeError, match="one element"):
+        int(gpuarray.to_gpu(np.zeros(0, np.int32)))

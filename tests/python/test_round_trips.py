@@ -83,3 +83,34 @@ def test_a_synchronize_with_nothing_queued_still_waits_for_the_work(mod: SourceM
     out = np.empty(32, np.float32)
     cuda.memcpy_dtoh(out, buf)
     assert (out == 1).all()
+
+
+def test_launch_then_a_small_download_is_one_batch(mod: SourceModule) -> None:
+    # float(gpuarray.sum(a)), .get() of a small result: the launch went out at once, and the
+    # download that synchronises joins its batch (one message, one round trip).
+    add_one = mod.get_function("add_one_f32").prepare("PQ")
+    buf = cuda.to_device(np.zeros(32, np.float32))
+    out = np.empty(32, np.float32)
+    cuda.Context.synchronize()
+    debug.reset_rpc_counts()
+    for i in range(ROUNDS):
+        add_one.prepared_async_call((1, 1), (32, 1, 1), None, buf, 32)
+        add_one.prepared_async_call((1, 1), (32, 1, 1), None, buf, 32)
+        cuda.memcpy_dtoh(out, buf)
+        assert (out == 2 * (i + 1)).all()  # the download ran after both launches
+    batches = debug.rpc_counts()[debug.BATCH]
+    assert batches < ROUNDS * 3 // 2, f"{batches} batches for {ROUNDS} launches+download"
+
+
+def test_a_download_behind_failed_work_raises_its_error(ctx: cuda.Context) -> None:
+    buf = cuda.to_device(np.full(32, 3, np.float32))
+    out = np.zeros(32, np.float32)
+    cuda.Context.synchronize()
+    # Refused by the worker when the batch runs (outside every buffer); the download joined
+    # behind it or was sent after it.
+    cuda.memset_d32_async(int(buf) + (1 << 40), 7, 4)
+    with pytest.raises(cuda.LogicError):
+        cuda.memcpy_dtoh(out, buf)
+    # Raised once; the context works on and the data is intact.
+    cuda.memcpy_dtoh(out, buf)
+    assert (out == 3).all()

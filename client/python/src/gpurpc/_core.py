@@ -71,6 +71,11 @@ MAX_BATCH_BYTES = 64 << 20           # hard limit of one batch message (In/Out b
 MAX_BATCH_DOWNLOAD_BYTES = 64 << 20  # DownloadCommand bytes per batch (the daemon's limit)
 MAX_INFLIGHT_BATCHES = 64            # unacknowledged batches before the sender waits
 MAX_INFLIGHT_DOWNLOAD_BYTES = 256 << 20
+# A synchronising call's small pending work (a download, a memset, a small upload) joins the
+# last batch when gRPC's sending thread has not taken it yet (CommandStream.drain): at most
+# this much, so that only small work waits behind the join.
+JOIN_MAX_BYTES = 64 << 10
+JOIN_MAX_DOWNLOAD_BYTES = 1 << 20
 STREAMED_TRANSFER_BYTES = 8 << 20    # synchronous transfers above this use Upload/DownloadStream
 SESSION_METADATA_KEY = "gpurpc-session"
 INSTANCE_METADATA_KEY = "gpurpc-instance"
@@ -791,7 +796,8 @@ class CommandStream:
         """
         limit = self._state.timeout if timeout is None else timeout
         deadline = time.monotonic() + limit
-        self.flush(limit, label)
+        if not self._join_last():
+            self.flush(limit, label)
         with self._cv:
             while self._inflight:
                 remaining = deadline - time.monotonic()
@@ -803,6 +809,44 @@ class CommandStream:
             error, self._error = self._error, None
         if error is not None:
             raise error
+
+    def _join_last(self) -> bool:
+        """Appends the pending commands to the last batch sent when gRPC's sending thread has
+        not taken it yet and they are small (JOIN_MAX_*): a launch that went out at once on
+        an idle stream and the download of ``float(gpuarray.sum(a))`` that follows it travel
+        as one message with one reply. True when joined (nothing is pending then).
+
+        Joined commands share the batch's fate: the worker skips the rest of a batch after a
+        failed command, so a download behind a failed launch is not made, and the drain that
+        follows raises the launch's error, as it would have anyway."""
+        if (not self._cmds or not self._inflight or self._queue is None or self._broken
+                or self._bytes > JOIN_MAX_BYTES
+                or self._download_bytes > JOIN_MAX_DOWNLOAD_BYTES):
+            return False
+        batch = self._inflight[-1]
+        if (batch.first_seq + len(batch.labels) != self._first_seq
+                or batch.download_bytes + self._download_bytes > MAX_BATCH_DOWNLOAD_BYTES):
+            return False
+        payload = b"".join(self._cmds)
+
+        def join() -> None:
+            # Under the outbox's lock: the batch cannot be sent, so not answered, meanwhile.
+            batch.labels.extend(self._labels)
+            batch.sinks.update(self._sinks)
+            batch.done.extend(self._done)
+            with self._cv:
+                batch.download_bytes += self._download_bytes
+                self._inflight_download_bytes += self._download_bytes
+
+        if not self._queue.extend_last(batch, payload, join):
+            return False
+        self._cmds = []
+        self._labels = []
+        self._sinks = {}
+        self._done = []
+        self._bytes = 0
+        self._download_bytes = 0
+        return True
 
     def sync(self, stream_id: int = 0, whole_session: bool = False, label: str = "synchronize",
              timeout: Optional[float] = None) -> None:

@@ -116,6 +116,10 @@ class GPUArray:
         if strides not in (c_strides, f_strides) and self.size > 1:
             raise NotImplementedError("gpurpc GPUArrays must be contiguous")
         self.strides = strides
+        # Shape and strides never change after construction (views are new arrays): the
+        # flags are computed once, not on every kernel call that checks contiguity.
+        self._flags = _Flags(strides == c_strides or self.size <= 1,
+                             strides == f_strides or self.size <= 1)
         self.allocator = allocator
         if gpudata is None:
             if self.size:
@@ -156,14 +160,28 @@ class GPUArray:
 
     @property
     def flags(self) -> _Flags:
-        c = self.strides == _c_strides(self.shape, self.itemsize) or self.size <= 1
-        f = self.strides == _f_strides(self.shape, self.itemsize) or self.size <= 1
-        return _Flags(c, f)
+        return self._flags
 
     def __len__(self) -> int:
         if not self.shape:
             raise TypeError("len() of unsized object")
         return self.shape[0]
+
+    def _scalar(self, kind: str) -> Any:
+        # As numpy: only an array of one element converts, with one download.
+        if self.size != 1:
+            raise TypeError(f"only arrays of one element can be converted to Python scalars "
+                            f"({kind}() of a GPUArray of shape {self.shape})")
+        return self.get().reshape(())[()]
+
+    def __float__(self) -> float:
+        return float(self._scalar("float"))
+
+    def __int__(self) -> int:
+        return int(self._scalar("int"))
+
+    def __complex__(self) -> complex:
+        return complex(self._scalar("complex"))
 
     def __repr__(self) -> str:
         return repr(self.get())
