@@ -293,7 +293,10 @@ class Session {
     uint64_t size_bytes = 0;
   };
 
-  // Records sticky faults; returns `status` unchanged.
+  // Passes a backend status through the fault contract (top of this file): OK and
+  // non-sticky errors come back unchanged; the first sticky fault (ABORTED or DATA_LOSS) is
+  // recorded, runs on_fault_ and comes back unchanged; a sticky fault after the first comes
+  // back as fault() (FAILED_PRECONDITION naming the first).
   absl::Status Check(absl::Status status);
   template <typename T>
   absl::StatusOr<T> Check(absl::StatusOr<T> value) {
