@@ -239,10 +239,11 @@ class Session {
   absl::Status SetGraphExecKernelNodeArgs(const v1::SetGraphExecKernelNodeArgsRequest& request)
       ABSL_LOCKS_EXCLUDED(mu_);
 
-  // Runs one command-stream batch in order and fills `reply`. Returns non-OK only for a
-  // sticky fault (the stream must then end with that status); per-command errors go into
-  // `reply.error`. `last_sequence` is the highest sequence seen on this stream so far; it
-  // is advanced.
+  // Runs one command-stream batch in order and fills `reply`. Returns non-OK for a sticky
+  // fault (the stream must then end with that status) and INVALID_ARGUMENT for a batch
+  // whose sequence numbers do not increase (nothing of it runs); other per-command errors
+  // go into `reply.error`, and the rest of the batch is skipped. `last_sequence` is the
+  // highest sequence seen on this stream so far; it is advanced.
   absl::Status RunBatch(const v1::CommandBatch& batch, uint64_t* last_sequence,
                         v1::CommandReply* reply);
 

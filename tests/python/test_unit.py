@@ -45,10 +45,12 @@ def test_launch_command_bytes_parse_as_the_same_message() -> None:
     prefix = _core.launch_prefix(0xDEADBEEF, (4, 2), (128,), 256, 77)
     args = b"\x01" * 20
     body = prefix + _core.TAG_PACKED_ARGS + _core.varint(len(args)) + args
-    batch_bytes = (_core.frame_command(5, _core.TAG_LAUNCH, body)
-                   + _core.frame_command(6, _core.TAG_LAUNCH, prefix))
-    batch = ex.CommandBatch.FromString(batch_bytes)
-    assert [c.sequence for c in batch.commands] == [5, 6]
+    # The real path: CommandStream.add_launch frames them (queued, not sent: auto=False).
+    stream = _core.CommandStream(None, (), 1, {}, None)  # type: ignore[arg-type]
+    stream.add_launch(body, "first", auto=False)
+    stream.add_launch(prefix, "second", auto=False)
+    batch = ex.CommandBatch.FromString(b"".join(stream._cmds))
+    assert [c.sequence for c in batch.commands] == [1, 2]
     launch = batch.commands[0].launch
     assert launch.function_id == 0xDEADBEEF
     assert (launch.grid.x, launch.grid.y, launch.grid.z) == (4, 2, 1)

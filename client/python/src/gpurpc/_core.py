@@ -517,12 +517,6 @@ def varint(n: int) -> bytes:
     return _varint_slow(n)
 
 
-def frame_command(seq: int, kind_tag: bytes, body: bytes) -> bytes:
-    """CommandBatch field-1 entry for a Command with ``sequence`` and one ``kind`` field."""
-    cmd = b"\x08" + varint(seq) + kind_tag + varint(len(body)) + body
-    return b"\x0a" + varint(len(cmd)) + cmd
-
-
 TAG_LAUNCH = b"\x12"  # Command.launch = 2, length-delimited
 TAG_PACKED_ARGS = b"\x32"  # LaunchCommand.packed_args = 6
 

@@ -415,7 +415,6 @@ class Context:
         global _last_context
         self._core = core
         self._device = device
-        self._use_count = 0
         _last_context = weakref.ref(self)
 
     @property
@@ -473,7 +472,6 @@ class Context:
         global _last_context
         self._core.check_attached("Context.push")  # a faulted or lost one raises at its calls
         _stack().append(self)
-        self._use_count += 1
         _last_context = weakref.ref(self)
 
     @staticmethod
@@ -482,8 +480,7 @@ class Context:
         stack = _stack()
         if not stack:
             raise LogicError("context::pop failed: cannot pop non-current context")
-        ctx = stack.pop()
-        ctx._use_count -= 1
+        stack.pop()
 
     def detach(self) -> None:
         """Closes the session: its memory, modules, streams and events are freed. Never hangs:
@@ -495,8 +492,8 @@ class Context:
         _regions.detach(self._core)
 
     def attach(self, flags: int = 0) -> "Context":
-        """Increments the use count (PyCUDA compatibility) and returns self."""
-        self._use_count += 1
+        """Returns self (PyCUDA compatibility). A gpurpc context is one session and is not
+        reference-counted: ``detach`` closes it whatever ``attach`` was called."""
         return self
 
     @staticmethod
