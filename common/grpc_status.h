@@ -15,6 +15,17 @@ namespace gpurpc {
 grpc::Status ToGrpcStatus(const absl::Status& status);
 absl::Status FromGrpcStatus(const grpc::Status& status);
 
+// The one rule of the fault contract (server/worker/session.h): a status with code ABORTED
+// or DATA_LOSS is a sticky fault, after which the session's context is lost for good. The
+// worker, the front end's relay and the C++ client all decide it here.
+inline bool IsStickyFaultCode(absl::StatusCode code) {
+  return code == absl::StatusCode::kAborted || code == absl::StatusCode::kDataLoss;
+}
+inline bool IsStickyFault(const absl::Status& status) { return IsStickyFaultCode(status.code()); }
+inline bool IsStickyFault(const grpc::Status& status) {
+  return IsStickyFaultCode(static_cast<absl::StatusCode>(status.error_code()));
+}
+
 }  // namespace gpurpc
 
 #endif  // GPURPC_COMMON_GRPC_STATUS_H_

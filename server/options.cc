@@ -551,11 +551,25 @@ absl::StatusOr<DaemonOptions> ParseDaemonOptions(int argc, char** argv) {
   if (options.region_socket == "auto") {
     options.region_socket.clear();
     if (!options.unix_socket.empty()) {
-      const std::string& unix_socket = options.unix_socket;
-      options.region_socket =
-          absl::EndsWith(unix_socket, ".sock")
-              ? absl::StrCat(unix_socket.substr(0, unix_socket.size() - 5), "-regions.sock")
-              : absl::StrCat(unix_socket, ".regions");
+      // Clients get the region socket's path in answers and may run elsewhere: it is
+      // absolute even beside a relative unix socket path (the daemon's working folder).
+      std::string unix_socket = options.unix_socket;
+      if (unix_socket.front() != '/') {
+        char cwd[4096];
+        unix_socket = getcwd(cwd, sizeof(cwd)) != nullptr && cwd[0] == '/'
+                          ? absl::StrCat(cwd, "/", unix_socket)
+                          : std::string();
+      }
+      if (unix_socket.empty()) {
+        options.region_socket_note =
+            "no region socket: the working folder is unknown, so no absolute path beside the "
+            "relative unix socket path can be made; give --region-socket one";
+      } else {
+        options.region_socket =
+            absl::EndsWith(unix_socket, ".sock")
+                ? absl::StrCat(unix_socket.substr(0, unix_socket.size() - 5), "-regions.sock")
+                : absl::StrCat(unix_socket, ".regions");
+      }
       // A socket is bound under a temporary name 21 bytes longer (unix_listener.cc), and
       // sun_path holds 107: beside a long Unix socket path, go without regions rather than
       // fail to start.

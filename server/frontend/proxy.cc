@@ -420,14 +420,14 @@ class RelayReactor final : public grpc::ServerGenericBidiReactor {
 
   // Maps what the worker answered to what the client sees, and records faults.
   grpc::Status Translate(const grpc::Status& status) {
+    if (IsStickyFault(status)) {
+      // The worker reported a sticky CUDA fault: its context is lost for good.
+      session_->MarkFaulted(status.error_message());
+      return grpc::Status(status.error_code(),
+                          absl::StrFormat("%s; session %d is now FAULTED", status.error_message(),
+                                          session_->id()));
+    }
     switch (status.error_code()) {
-      case grpc::StatusCode::ABORTED:
-      case grpc::StatusCode::DATA_LOSS:
-        // The worker reported a sticky CUDA fault: its context is lost for good.
-        session_->MarkFaulted(status.error_message());
-        return grpc::Status(status.error_code(),
-                            absl::StrFormat("%s; session %d is now FAULTED", status.error_message(),
-                                            session_->id()));
       case grpc::StatusCode::UNAVAILABLE:
       case grpc::StatusCode::INTERNAL:
       case grpc::StatusCode::UNKNOWN:

@@ -7,15 +7,13 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "common/grpc_status.h"
 #include "common/status_macros.h"
 
 namespace gpurpc::worker {
 namespace {
 
-bool IsSticky(const absl::Status& status) {
-  return status.code() == absl::StatusCode::kAborted ||
-         status.code() == absl::StatusCode::kDataLoss;
-}
+bool IsSticky(const absl::Status& status) { return IsStickyFault(status); }
 
 std::string DescribePointer(const v1::DevicePointer& pointer) {
   switch (pointer.target_case()) {

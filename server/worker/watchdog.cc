@@ -7,16 +7,14 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "common/grpc_status.h"
 #include "server/worker/worker_main.h"
 #include "spdlog/spdlog.h"
 
 namespace gpurpc::worker {
 namespace {
 
-bool IsSticky(const absl::Status& status) {
-  return status.code() == absl::StatusCode::kAborted ||
-         status.code() == absl::StatusCode::kDataLoss;
-}
+bool IsSticky(const absl::Status& status) { return IsStickyFault(status); }
 
 }  // namespace
 

@@ -96,6 +96,16 @@ TEST(OptionsTest, TheRegionSocketSitsBesideTheUnixSocket) {
   ASSERT_THAT(options, IsOk());
   EXPECT_EQ(options->region_socket, "");
   EXPECT_THAT(options->region_socket_note, HasSubstr("too long"));
+  // Beside a relative unix socket path: still absolute (clients run elsewhere), and a worker
+  // accepts it back (the fuzzer found a relative one refused by the worker's parse).
+  options = Parse({"--unix-socket=run/gpurpcd.sock"});
+  ASSERT_THAT(options, IsOk());
+  char cwd[4096];
+  ASSERT_NE(getcwd(cwd, sizeof(cwd)), nullptr);
+  if (std::string(cwd).size() + 40 < 107) {
+    EXPECT_EQ(options->region_socket, std::string(cwd) + "/run/gpurpcd-regions.sock");
+  }
+  EXPECT_THAT(Parse(WorkerArgs(*options, 0, 3)), IsOk());
   EXPECT_THAT(Parse({"--region-socket=relative.sock"}).status(),
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("absolute")));
   EXPECT_THAT(Parse({"--max-host-region-bytes=lots"}).status(),

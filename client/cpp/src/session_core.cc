@@ -712,8 +712,7 @@ absl::Status SessionCore::Sync(uint64_t stream_id, bool whole_session, absl::Dur
     return waited;
   }
   // A fault ends the stream: once said here, the next command starts a new one.
-  if (commands_->stream_ended || commands_->first_error.code() == absl::StatusCode::kAborted ||
-      commands_->first_error.code() == absl::StatusCode::kDataLoss) {
+  if (commands_->stream_ended || IsStickyFault(commands_->first_error)) {
     commands_->stream_error_reported = true;
   }
   if (!commands_->first_error.ok()) {
