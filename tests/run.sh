@@ -2,8 +2,9 @@
 # tests/run.sh — sets this machine up, builds gpurpc with warnings as errors and runs every test
 # that needs no GPU: ctest (labels `unit` and `service`; `gpu` is left out), the Python stub
 # check and the Python tests against a daemon on the fake backend, then checks that the
-# relocatable install is self-contained. Exits non-zero when any step failed; every step runs
-# even after an earlier one failed, so one run shows everything.
+# relocatable install is self-contained and that its C++ client builds and runs out of tree.
+# Exits non-zero when any step failed; every step runs even after an earlier one failed, so
+# one run shows everything.
 #
 #   bash tests/run.sh
 #
@@ -126,9 +127,18 @@ rm -rf -- "$install_dir"
 if cmake --install "$build_dir" --prefix "$install_dir" >"$build_dir/install-check.log" 2>&1 &&
   bash deploy/dev/check-install.sh "$install_dir"; then
   record install ok
+  # The C++ client from that install, as a user builds against it (CMake package and
+  # pkg-config), running the README's C++ example against the install's own daemon.
+  step "installed C++ client (tests/install/check-client-install.sh)"
+  if bash tests/install/check-client-install.sh "$install_dir"; then
+    record client-install ok
+  else
+    record client-install FAILED
+  fi
 else
   tail -n 20 "$build_dir/install-check.log"
   record install FAILED
+  record client-install "FAILED (no install)"
 fi
 
 # libFuzzer targets: saved reproducers, then each target from a copy of its seed corpus.
