@@ -98,6 +98,14 @@ else
   record pytest "FAILED (tests/python is missing)"
 fi
 
+# The API from a language we wrote no client for: Go, from the generated stubs alone.
+step "Go client (tests/go/check-go-client.sh)"
+if bash tests/go/check-go-client.sh "$repo_root/$build_dir/server/gpurpcd" "$build_dir/go"; then
+  record go-client ok
+else
+  record go-client FAILED
+fi
+
 # ASan + UBSan: every sanitizer report is fatal (halt_on_error), and the test that caused it
 # fails with the report in its output.
 if [[ "${GPURPC_SKIP_SANITIZE:-0}" != 1 ]]; then

@@ -24,6 +24,8 @@ apt_packages=(
   # Debian 12, through libclang-rt-dev, which follows the distribution's default clang)
   clang libclang-rt-dev
   python3 python3-pip
+  # client/go: the Go example client, built offline from Debian's Go packages
+  golang-go golang-google-grpc-dev golang-google-protobuf-dev protoc-gen-go-grpc
 )
 python_modules=(grpc google.protobuf numpy pytest)
 python_packages=(grpcio protobuf numpy pytest)
