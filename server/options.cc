@@ -264,6 +264,20 @@ const std::vector<Flag>& Flags() {
          o.session_grace = d;
          return absl::OkStatus();
        }},
+      {"drain-timeout", "DURATION",
+       "on SIGTERM or SIGINT: health turns NOT_SERVING, new sessions are refused, and open "
+       "sessions may go on this long before their workers are stopped; a second signal "
+       "stops at once (default 20s: with the 5 s that stopping takes, under Kubernetes' 30 s "
+       "grace)",
+       [](DaemonOptions& o, const std::string& v) {
+         absl::Duration d;
+         if (!absl::ParseDuration(v, &d) || d < absl::ZeroDuration()) {
+           return absl::InvalidArgumentError(absl::StrFormat(
+               "--drain-timeout: '%s' is not a duration such as 20s", v));
+         }
+         o.drain_timeout = d;
+         return absl::OkStatus();
+       }},
       {"kernel-timeout", "DURATION",
        "the kernel watchdog: a kernel running longer than this ends its session's worker "
        "(the session answers DEADLINE_EXCEEDED naming the kernel); 0 turns it off; a "

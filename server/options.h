@@ -49,6 +49,9 @@ struct DaemonOptions {
   // How long a session outlives the last WatchSession stream of its client (session_service
   // .proto) with no call in flight.
   absl::Duration session_grace = absl::Seconds(10);
+  // After SIGTERM (or SIGINT): how long open sessions may go on before the workers are
+  // stopped; new sessions are refused meanwhile. Below Kubernetes' default 30 s grace.
+  absl::Duration drain_timeout = absl::Seconds(20);
   int warm_workers = 1;
   int max_sessions = 64;
   std::string log_level = "info";

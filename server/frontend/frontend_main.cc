@@ -15,6 +15,8 @@
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/strings/str_join.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
 #include "common/limits.h"
 #include "grpcpp/ext/proto_server_reflection_plugin.h"
 #include "grpcpp/grpcpp.h"
@@ -284,7 +286,37 @@ int FrontendMain(const DaemonOptions& options) {
     spdlog::info("{}: draining", strsignal(signal_number));
     break;
   }
+  // Draining: health says NOT_SERVING at once (load balancers and Kubernetes stop sending
+  // new clients), new sessions are refused, and the open ones may go on (their clients keep
+  // every listener) until they close or --drain-timeout ends them. A second SIGTERM or
+  // SIGINT stops at once; SIGHUP still reloads the tokens.
   if (health_server != nullptr) health_server->GetHealthCheckService()->SetServingStatus(false);
+  sessions.StartDraining();
+  const absl::Time drain_deadline = absl::Now() + options.drain_timeout;
+  if (sessions.session_count() > 0) {
+    spdlog::info("draining: {} session(s) open; waiting up to {} for them to close "
+                 "(--drain-timeout)",
+                 sessions.session_count(), absl::FormatDuration(options.drain_timeout));
+  }
+  while (sessions.session_count() > 0) {
+    const absl::Duration left = drain_deadline - absl::Now();
+    if (left <= absl::ZeroDuration()) {
+      spdlog::warn("drain timeout ({}) reached: stopping the workers of {} open session(s)",
+                   absl::FormatDuration(options.drain_timeout), sessions.session_count());
+      break;
+    }
+    const timespec wait = absl::ToTimespec(std::min(left, absl::Milliseconds(100)));
+    const int signal_number = sigtimedwait(&signals, nullptr, &wait);
+    if (signal_number == SIGHUP) {
+      if (absl::Status status = auth.ReloadTokens(); !status.ok()) {
+        spdlog::error("SIGHUP: keeping the tokens in force: {}", std::string(status.message()));
+      }
+    } else if (signal_number > 0) {
+      spdlog::warn("{} while draining: stopping the workers of {} open session(s) now",
+                   strsignal(signal_number), sessions.session_count());
+      break;
+    }
+  }
   unix_listener.reset();  // accept no more
   region_listener.reset();
   server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(5));

@@ -333,6 +333,11 @@ absl::StatusOr<std::shared_ptr<SessionRecord>> SessionManager::Open(int device_o
                                                                     const std::string& tenant,
                                                                     const std::string& peer) {
   const v1::TenantQuota quota = options_.QuotaFor(tenant);
+  if (draining()) {
+    return absl::UnavailableError(
+        "gpurpcd is shutting down (draining: its open sessions may finish, no new one "
+        "starts); open the session on another daemon, or retry once it has restarted");
+  }
   {
     // Reserve the slot before the worker is taken, so that the caps hold under any number
     // of concurrent opens.

@@ -196,7 +196,8 @@ class SessionManager {
 
   // Opens a session for `tenant`. RESOURCE_EXHAUSTED naming the limit when the daemon's
   // --max-sessions or the tenant's max_sessions is reached (checked and reserved before a
-  // worker is taken); NOT_FOUND for an unknown device; UNAVAILABLE when no worker starts.
+  // worker is taken); NOT_FOUND for an unknown device; UNAVAILABLE when no worker starts, and
+  // once the daemon is draining (StartDraining).
   absl::StatusOr<std::shared_ptr<SessionRecord>> Open(int device_ordinal,
                                                       const std::string& client_label,
                                                       const std::string& tenant,
@@ -223,6 +224,10 @@ class SessionManager {
   std::vector<std::shared_ptr<SessionRecord>> AllSessions() const;
 
   size_t session_count() const;
+  // Shutting down (SIGTERM): from now on Open answers UNAVAILABLE saying so, while the open
+  // sessions go on until they close or the drain timeout ends them (frontend_main.cc).
+  void StartDraining() { draining_.store(true, std::memory_order_release); }
+  bool draining() const { return draining_.load(std::memory_order_acquire); }
   const DaemonOptions& options() const { return options_; }
   TenantUsage Usage(const std::string& tenant) const;
   // Device memory `session` accounts for now.
@@ -295,6 +300,7 @@ class SessionManager {
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   bool maintain_wanted_ ABSL_GUARDED_BY(mu_) = false;  // wakes Maintain early
   std::unordered_map<uint64_t, std::shared_ptr<SessionRecord>> sessions_ ABSL_GUARDED_BY(mu_);
+  std::atomic<bool> draining_{false};
   // Session slots per tenant: open sessions plus opens in progress; the sum over tenants is
   // the daemon's count against --max-sessions.
   std::map<std::string, uint32_t> tenant_slots_ ABSL_GUARDED_BY(mu_);
