@@ -16,6 +16,7 @@ cleanup() {
 trap cleanup EXIT
 mkdir -m 700 "$work/run"
 "$gpurpcd" --backend=fake --unix-socket="$work/run/gpurpcd.sock" --cache-dir="$work/cache" \
+  --drain-timeout=0s \
   > "$work/daemon.log" 2>&1 &
 daemon_pid=$!
 for _ in $(seq 100); do [[ -S "$work/run/gpurpcd.sock" ]] && break; sleep 0.1; done

@@ -40,7 +40,7 @@ if want python; then
 echo "== daemon on the GPU: unix socket + tokens on loopback + health"
 T=$(mktemp -d); chmod 755 "$T"
 $R/bin/gpurpcd --new-token=alice > "$T/alice"; sed -n 2p "$T/alice" > "$T/tokens"; chmod 600 "$T/tokens"
-$R/bin/gpurpcd --backend=cuda --unix-socket="$T/run/gpurpcd.sock" --listen=127.0.0.1:50551 \
+$R/bin/gpurpcd --backend=cuda --unix-socket="$T/run/gpurpcd.sock" --listen=127.0.0.1:50551 --drain-timeout=0s \
   --tokens-file="$T/tokens" --health-listen=127.0.0.1:50552 --cache-dir="$T/cache" \
   --admin-tenants=root --tenant-max-sessions=64 > "$T/daemon.log" 2>&1 &
 D=$!
@@ -85,7 +85,7 @@ timeout 150 $R/bin/gpurpc_bench_memory > "$OUT/bench-memory.log" 2>&1; echo "rc=
 grep -vE "^\[" "$OUT/bench-memory.log" | tail -16
 echo "== Python benchmark on a same-host daemon (regions on), with the C++ client beside it"
 B=$(mktemp -d); chmod 755 "$B"
-$R/bin/gpurpcd --backend=cuda --unix-socket="$B/gpurpcd.sock" --cache-dir="$B/cache" > "$B/daemon.log" 2>&1 &
+$R/bin/gpurpcd --backend=cuda --unix-socket="$B/gpurpcd.sock" --cache-dir="$B/cache" --drain-timeout=0s > "$B/daemon.log" 2>&1 &
 D=$!
 for i in $(seq 100); do [ -S "$B/gpurpcd.sock" ] && break; sleep 0.2; done
 PYTHONPATH=$PWD/client/python/src timeout 400 python3 client/python/benchmarks/bench_python.py \

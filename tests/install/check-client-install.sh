@@ -29,7 +29,7 @@ g++ -std=c++17 -O1 -I"$work/build" "$here/consumer/main.cc" -o "$work/consumer-p
   $(PKG_CONFIG_PATH="$dir/lib/pkgconfig" pkg-config --cflags --libs gpurpc)
 
 mkdir -m 700 "$work/run"
-"$dir/bin/gpurpcd" --backend=fake --unix-socket="$work/run/gpurpcd.sock" \
+"$dir/bin/gpurpcd" --backend=fake --unix-socket="$work/run/gpurpcd.sock" --drain-timeout=0s \
   --cache-dir="$work/cache" > "$work/daemon.log" 2>&1 &
 daemon_pid=$!
 for _ in $(seq 100); do [[ -S "$work/run/gpurpcd.sock" ]] && break; sleep 0.1; done

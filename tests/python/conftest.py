@@ -112,6 +112,7 @@ def daemon(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     with open(log_path, "wb") as log:
         proc = subprocess.Popen(
             [str(binary), "--backend=fake", "--listen=", "--session-idle-timeout=5s",
+             "--drain-timeout=0s",
              f"--cache-dir={tmp / 'cache'}", f"--unix-socket={socket_path}"],
             stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
     try:

@@ -93,6 +93,7 @@ class Daemon:
         self.tcp = tcp  # "127.0.0.1:PORT" or None
         self.log_path = tmp / "gpurpcd.log"
         args = [str(_binary()), "--backend=fake", "--session-idle-timeout=10s",
+                "--drain-timeout=0s",
                 f"--cache-dir={tmp / 'cache'}", *flags]
         with open(self.log_path, "wb") as log:
             self.proc = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT,

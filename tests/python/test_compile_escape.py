@@ -107,6 +107,7 @@ def _start(secret: Secret, name: str, flags: List[str]) -> Daemon:
     with open(log, "wb") as out:
         proc = subprocess.Popen(
             [str(_binary()), f"--backend={BACKEND}", f"--unix-socket={socket_path}",
+             "--drain-timeout=0s",
              f"--cache-dir={folder / 'cache'}", *flags],
             stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,
             cwd=secret.dir, pass_fds=(SECRET_FD,))

@@ -48,6 +48,7 @@ tenant_quotas {{
     env = {k: v for k, v in os.environ.items() if not k.startswith("GPURPC_")}
     with open(log_path, "wb") as log:
         proc = subprocess.Popen([str(binary), "--backend=fake", f"--config={config}",
+                                 "--drain-timeout=0s",
                                  f"--unix-socket={socket}", "--listen=",
                                  f"--cache-dir={tmp / 'cache'}", "--session-idle-timeout=10s"],
                                 stdout=log, stderr=subprocess.STDOUT, env=env)

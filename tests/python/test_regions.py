@@ -465,6 +465,7 @@ def _start_daemon(tmp: Path, extra: List[str], config: str = "") -> Tuple[subpro
             pytest.skip(f"gpurpcd binary {binary} not found: these tests start their own daemon")
         pytest.fail(f"gpurpcd binary {binary} not found: build it or set GPURPCD_BIN")
     args = [str(binary), "--backend=fake", f"--unix-socket={tmp / 'gpurpcd.sock'}", "--listen=",
+            "--drain-timeout=0s",
             f"--cache-dir={tmp / 'cache'}", "--session-idle-timeout=10s"] + extra
     if config:
         (tmp / "gpurpcd.conf").write_text(config)

@@ -96,6 +96,7 @@ class Daemon:
         with open(self.log_path, "ab") as log:
             self.proc = subprocess.Popen(
                 [str(_binary()), "--backend=fake", "--listen=", f"--unix-socket={self.socket}",
+                 "--drain-timeout=0s",
                  f"--cache-dir={folder / 'cache'}", f"--session-idle-timeout={idle_timeout}",
                  *flags],
                 stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env)

@@ -60,6 +60,7 @@ def address(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     with open(log_path, "wb") as log:
         proc = subprocess.Popen(
             [str(binary), "--backend=fake", f"--unix-socket={socket}", "--listen=",
+             "--drain-timeout=0s",
              f"--cache-dir={tmp / 'cache'}", "--session-idle-timeout=60s",
              "--session-grace=1s", "--kernel-timeout=1s", "--log-level=debug"],
             stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env)

@@ -68,7 +68,10 @@ absl::StatusOr<std::unique_ptr<TestDaemon>> TestDaemon::Start(Options options) {
   args.insert(args.end(), {absl::StrCat("--backend=", options.backend),
                            absl::StrCat("--session-idle-timeout=", options.idle_timeout),
                            absl::StrCat("--warm-workers=", options.warm_workers),
-                           absl::StrCat("--cache-dir=", daemon->cache_dir_), "--log-level=debug"});
+                           absl::StrCat("--cache-dir=", daemon->cache_dir_), "--log-level=debug",
+                           // Stopped with SIGTERM at the end of every test: no drain (a
+                           // test's --drain-timeout in extra_flags comes later and wins).
+                           "--drain-timeout=0s"});
   args.insert(args.end(), options.extra_flags.begin(), options.extra_flags.end());
   std::vector<char*> argv;
   for (std::string& arg : args) argv.push_back(arg.data());
