@@ -549,10 +549,6 @@ def device_pointer(address: int) -> common_pb2.DevicePointer:
 
 # ---------------------------------------------------------------------------------------------
 
-class _NotJoinable(Exception):
-    """A sync marker cannot join the last batch (see CommandStream.sync)."""
-
-
 class _Batch:
     __slots__ = ("first_seq", "labels", "sinks", "download_bytes", "done")
 
@@ -574,7 +570,7 @@ class _Batch:
 class _Outbox:
     """The batches waiting for gRPC's request-iterator thread (the command stream's sending
     side; it iterates this object). The last one may still grow while that thread has not
-    taken it (:meth:`CommandStream.sync` adds its sync marker to it): then a launch that was
+    taken it (:meth:`CommandStream.drain` adds small pending work to it): then a launch that was
     sent because the stream was idle and the synchronize that follows it travel as one batch,
     one message and one reply, as in the C++ client.
     """
@@ -847,36 +843,11 @@ class CommandStream:
         """Queues a SyncCommand and drains: returns once the work is done on the server, or
         raises :class:`CallTimeoutError` after ``timeout`` s (default: the call timeout).
 
-        When nothing else is pending and the last batch sent has not left yet (the usual
-        launch-then-synchronize: the launch went out at once on an idle stream, and gRPC's
-        sending thread has not run since), the marker joins that batch: one message and one
-        round trip. Only a sync marker joins: the worker skips the rest of a batch after a
-        failed command, which for a marker only means that the error it raises comes without
-        waiting for the GPU."""
+        The marker (with any small work queued before it) joins the last batch sent when
+        gRPC's sending thread has not taken it yet (:meth:`drain`, :meth:`_join_last`): the
+        usual launch-then-synchronize, whose launch went out at once on an idle stream, is
+        one message and one round trip."""
         sync = execution_service_pb2.SyncCommand(stream_id=stream_id, whole_session=whole_session)
-        if not self._cmds and self._inflight and self._queue is not None and not self._broken:
-            batch = self._inflight[-1]
-            seq = self._seq + 1
-            framed = execution_service_pb2.CommandBatch(
-                commands=[execution_service_pb2.Command(sequence=seq, sync=sync)],
-            ).SerializeToString()
-
-            def join() -> None:
-                # Contiguous with the batch's commands (its labels are indexed by sequence).
-                if batch.first_seq + len(batch.labels) != seq:
-                    raise _NotJoinable()
-                self._seq = seq
-                batch.labels.append(label)
-                batch.done.extend(self._done)
-                self._done = []
-
-            try:
-                joined = self._queue.extend_last(batch, framed, join)
-            except _NotJoinable:
-                joined = False
-            if joined:
-                self.drain(timeout, label)
-                return
         self.add(label, auto=False, sync=sync)
         self.drain(timeout, label)
 

@@ -27,6 +27,9 @@ from google.protobuf import json_format
 
 from . import _errors
 from . import driver as _driver
+from .v1 import session_service_pb2
+
+_FAULTED = session_service_pb2.SESSION_STATE_FAULTED
 
 __all__ = ["main"]
 
@@ -62,7 +65,7 @@ def _sessions_table(sessions: Sequence[Any], out: Any) -> None:
     rows: List[Sequence[str]] = [("SESSION", "TENANT", "DEVICE", "STATE", "MEMORY", "AGE", "IDLE",
                                   "WORKER", "PEER", "LABEL")]
     for s in sessions:
-        state = "FAULTED" if s.state == 2 else "ACTIVE"
+        state = "FAULTED" if s.state == _FAULTED else "ACTIVE"
         rows.append((str(s.session_id), s.tenant, str(s.device_ordinal), state,
                      _mib(s.device_memory_bytes), _age(s.age_ms), _age(s.idle_ms),
                      str(s.worker_pid), s.peer, s.client_label))
@@ -112,7 +115,7 @@ def _status(args: argparse.Namespace, out: Any) -> int:
             entry = per_tenant[s.tenant]
             entry[0] += 1
             entry[1] += s.device_memory_bytes
-            entry[2] += 1 if s.state == 2 else 0
+            entry[2] += 1 if s.state == _FAULTED else 0
         out.write("sessions by tenant:\n")
         if not per_tenant:
             out.write("  none open\n")
