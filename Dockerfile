@@ -27,7 +27,7 @@ RUN apt-get update \
  && apt-get install -y --no-install-recommends \
       g++ make cmake pkg-config \
       libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler libseccomp-dev \
-      libssl-dev \
+      libssl-dev libmicrohttpd-dev \
       libabsl-dev libspdlog-dev \
  && rm -rf /var/lib/apt/lists/*
 

@@ -20,6 +20,8 @@ apt_packages=(
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
   libabsl-dev libspdlog-dev libgtest-dev libgmock-dev
   libseccomp-dev libssl-dev
+  # Prometheus metrics endpoint (prometheus-cpp is not packaged in Debian 12)
+  libmicrohttpd-dev
   # tests/fuzz: clang and its libFuzzer runtime (libclang_rt.fuzzer: libclang-rt-14-dev on
   # Debian 12, through libclang-rt-dev, which follows the distribution's default clang)
   clang libclang-rt-dev
