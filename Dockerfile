@@ -10,7 +10,8 @@
 #
 # Flags after the image name are appended to the ENTRYPOINT's (the last one of a flag wins).
 # The GPU needs the NVIDIA Container Toolkit on the host (`--gpus`, or the nvidia runtime in
-# Kubernetes); the driver's libcuda comes from there, NVRTC from the runtime image.
+# Kubernetes: deploy/kubernetes); the driver's libcuda comes from there, NVRTC from the
+# runtime image.
 #
 # Build stage: the same packages as deploy/dev/setup.sh (Ubuntu 24.04 names) and the same
 # configuration as deploy/dev/run-daemon.sh and tests/run.sh (Release), without the tests, then
@@ -22,6 +23,8 @@ FROM nvidia/cuda:13.0.0-devel-ubuntu24.04 AS build
 
 ARG DEBIAN_FRONTEND=noninteractive
 SHELL ["/bin/bash", "-o", "pipefail", "-c"]
+# DL3008 (pin apt versions): Ubuntu 24.04's archive keeps only the current version of each
+# package, so a pin would break the build at its next update; the base image tag pins the rest.
 # hadolint ignore=DL3008
 RUN apt-get update \
  && apt-get install -y --no-install-recommends \
@@ -33,6 +36,7 @@ RUN apt-get update \
 
 COPY . /src
 ARG GPURPC_CMAKE_ARGS=""
+# SC2086: GPURPC_CMAKE_ARGS is split into several arguments on purpose.
 # hadolint ignore=SC2086
 RUN cmake -S /src -B /build -DCMAKE_BUILD_TYPE=Release -DGPURPC_BUILD_TESTS=OFF \
       ${GPURPC_CMAKE_ARGS} \
@@ -52,7 +56,8 @@ LABEL org.opencontainers.image.title="gpurpc" \
 
 ARG DEBIAN_FRONTEND=noninteractive
 SHELL ["/bin/bash", "-o", "pipefail", "-c"]
-# tini: PID 1 that forwards SIGTERM (the daemon drains on it) and reaps orphans.
+# tini: PID 1 that forwards SIGTERM (the daemon drains on it) and reaps orphans. DL3008: as
+# in the build stage.
 # hadolint ignore=DL3008
 RUN apt-get update \
  && apt-get install -y --no-install-recommends tini \

@@ -106,6 +106,16 @@ else
   record go-client FAILED
 fi
 
+# deploy/kubernetes and the Dockerfile, offline: yamllint, kubernetes-validate, the daemon's
+# view of its manifests, the rendered configuration parsed by this build's daemon, the
+# example pod simulated on the fake backend, hadolint.
+step "kubernetes (tests/deploy/check-kubernetes.sh)"
+if bash tests/deploy/check-kubernetes.sh "$repo_root/$build_dir/server/gpurpcd"; then
+  record kubernetes ok
+else
+  record kubernetes FAILED
+fi
+
 # ASan + UBSan: every sanitizer report is fatal (halt_on_error), and the test that caused it
 # fails with the report in its output.
 if [[ "${GPURPC_SKIP_SANITIZE:-0}" != 1 ]]; then

