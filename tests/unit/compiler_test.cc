@@ -13,7 +13,11 @@
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "absl/strings/ascii.h"
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
 #include "server/worker/compiler/sha256.h"
+#include "server/worker/compiler/std_headers.h"
 #include "tests/testing/status_matchers.h"
 
 namespace gpurpc::compiler {
@@ -365,6 +369,102 @@ extern "C" __global__ void uniform(float* out, unsigned long long seed) {
 }
 )")));
   EXPECT_TRUE(random.success) << random.log;
+}
+
+// Every shim compiles on its own, without a warning, in the C++ dialects it supports, to both
+// output kinds.
+class StdHeaderShimTest : public CompilerTest,
+                          public ::testing::WithParamInterface<std::string> {};
+
+TEST_P(StdHeaderShimTest, CompilesAlone) {
+  // The C headers stand alone; the C++ ones are libcu++'s, which needs C++17.
+  const std::string& name = GetParam();
+  const bool c_header = absl::EndsWith(name, ".h") ||
+                        (name.size() > 1 && name[0] == 'c' && name != "complex" &&
+                         name != "chrono");
+  // (dialect, target) pairs: each dialect and each output kind at least once.
+  std::vector<std::pair<const char*, const char*>> cases = {{"-std=c++17", "sm_90"},
+                                                            {"-std=c++20", "compute_75"}};
+  if (c_header) cases.emplace_back("-std=c++11", "sm_90");
+  for (const auto& [std, target] : cases) {
+    CompileRequest request = Request(absl::StrCat("#include <", name, ">\n", kKernel), target);
+    request.options = {std};
+    ASSERT_OK_AND_ASSIGN(CompileResult result, compiler_->Compile(request));
+    EXPECT_TRUE(result.success) << name << " " << std << " " << target << ":\n" << result.log;
+    EXPECT_THAT(result.log, Not(HasSubstr("warning"))) << name << " " << std;
+  }
+}
+
+std::vector<std::string> ShimNames() {
+  std::vector<std::string> names;
+  for (const Header& shim : StdHeaderShims()) {
+    if (!absl::StartsWith(shim.name, "__")) names.push_back(shim.name);
+  }
+  return names;
+}
+
+INSTANTIATE_TEST_SUITE_P(All, StdHeaderShimTest, ::testing::ValuesIn(ShimNames()),
+                         [](const ::testing::TestParamInfo<std::string>& info) {
+                           std::string name = info.param;
+                           for (char& c : name) {
+                             if (!absl::ascii_isalnum(static_cast<unsigned char>(c))) c = '_';
+                           }
+                           return name;
+                         });
+
+TEST_F(CompilerTest, StdHeaderShimsGiveWhatKernelsUse) {
+  // What PyCUDA-era kernels write: C headers with their macros and typedefs, std:: names.
+  ASSERT_OK_AND_ASSIGN(CompileResult result, compiler_->Compile(Request(R"(
+#include <stdio.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+#include <math.h>
+#include <limits.h>
+#include <float.h>
+#include <assert.h>
+#include <cstdint>
+#include <cmath>
+#include <limits>
+#include <type_traits>
+#include <utility>
+#include <algorithm>
+#include <complex>
+static_assert(sizeof(uint64_t) == 8 && sizeof(std::int16_t) == 2, "stdint");
+static_assert(INT_MAX == 2147483647 && UINT32_MAX == 4294967295u, "limits");
+static_assert(std::is_same<std::uint32_t, uint32_t>::value, "type_traits");
+extern "C" __global__ void k(float* f, uint32_t* u, int64_t* i, size_t n) {
+  assert(n > 0);
+  printf("%d %f %s\n", INT_MAX, FLT_MAX, "printf");
+  f[0] = std::sqrt(f[0]) + sqrtf(f[1]) + std::sin(1.0f) + float(M_PI) + INFINITY + FLT_EPSILON +
+         std::numeric_limits<float>::max() + std::abs(std::complex<float>(3.0f, 4.0f));
+  u[0] = UINT32_MAX + abs(-3) + std::abs(-3) + static_cast<uint32_t>(strlen("abc"));
+  std::pair<int, float> p = std::make_pair(1, 2.0f);
+  i[0] = p.first + std::min(3, 4) + std::max<int64_t>(5, 6) + (std::isnan(f[0]) ? 1 : 0);
+  void* m = malloc(16);
+  memset(m, 0, 16);
+  free(m);
+}
+)")));
+  EXPECT_TRUE(result.success) << result.log;
+}
+
+TEST_F(CompilerTest, RequestHeaderWinsOverTheShimOfTheSameName) {
+  CompileRequest request = Request(R"(
+#include <stdint.h>
+static_assert(kMine == 7, "the request's stdint.h was not used");
+extern "C" __global__ void k(int* out) { out[0] = kMine; }
+)");
+  request.headers = {{"stdint.h", "constexpr int kMine = 7;\n"}};
+  ASSERT_OK_AND_ASSIGN(CompileResult result, compiler_->Compile(request));
+  EXPECT_TRUE(result.success) << result.log;
+}
+
+TEST_F(CompilerTest, UnshimmedStandardHeaderStillSaysItCannotBeOpened) {
+  ASSERT_OK_AND_ASSIGN(CompileResult result, compiler_->Compile(Request(
+      "#include <iostream>\n" + std::string(kKernel))));
+  EXPECT_FALSE(result.success);
+  EXPECT_THAT(result.log, HasSubstr("iostream"));
 }
 
 std::string HexOf(Sha256::Engine engine, absl::string_view data) {

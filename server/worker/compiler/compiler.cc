@@ -18,6 +18,7 @@
 #include "server/worker/compiler/compile_cache.h"
 #include "server/worker/compiler/nvrtc_library.h"
 #include "server/worker/compiler/sha256.h"
+#include "server/worker/compiler/std_headers.h"
 #include "spdlog/spdlog.h"
 
 namespace gpurpc::compiler {
@@ -511,6 +512,8 @@ absl::StatusOr<CompileResult> Compiler::Compile(const CompileRequest& request) {
     HashField(&hasher, header.name);
     HashField(&hasher, header.content);
   }
+  // The standard header shims offered alongside (std_headers.h).
+  HashField(&hasher, StdHeaderShimsDigest());
   HashCount(&hasher, request.name_expressions.size());
   for (const std::string& expression : request.name_expressions) {
     HashField(&hasher, expression);
@@ -539,6 +542,12 @@ absl::StatusOr<CompileResult> Compiler::Compile(const CompileRequest& request) {
   invocation.options = prepared.effective_options;
   for (const Header& header : request.headers) {
     invocation.headers.emplace_back(header.name, header.content);
+  }
+  // The standard header shims, unless the request brings a header of the same name.
+  for (const Header& shim : StdHeaderShims()) {
+    if (seen_header_names.count(shim.name) == 0) {
+      invocation.headers.emplace_back(shim.name, shim.content);
+    }
   }
   invocation.name_expressions = request.name_expressions;
   invocation.cubin = cubin;
