@@ -373,8 +373,10 @@ class ExecutionServiceImpl final : public v1::ExecutionService::Service {
     return ToGrpcStatus(session_->DestroyStream(request->stream_id()));
   }
   grpc::Status SynchronizeStream(grpc::ServerContext*, const v1::SynchronizeStreamRequest* request,
-                                 v1::SynchronizeStreamResponse*) override {
-    return ToGrpcStatus(session_->SynchronizeStream(request->stream_id()));
+                                 v1::SynchronizeStreamResponse* response) override {
+    const absl::Status status = session_->SynchronizeStream(request->stream_id());
+    response->set_device_output(session_->TakeDeviceOutput());
+    return ToGrpcStatus(status);
   }
   grpc::Status QueryStream(grpc::ServerContext*, const v1::QueryStreamRequest* request,
                            v1::QueryStreamResponse* response) override {
@@ -382,8 +384,10 @@ class ExecutionServiceImpl final : public v1::ExecutionService::Service {
                   [&](bool done) { response->set_done(done); });
   }
   grpc::Status SynchronizeSession(grpc::ServerContext*, const v1::SynchronizeSessionRequest*,
-                                  v1::SynchronizeSessionResponse*) override {
-    return ToGrpcStatus(session_->Synchronize());
+                                  v1::SynchronizeSessionResponse* response) override {
+    const absl::Status status = session_->Synchronize();
+    response->set_device_output(session_->TakeDeviceOutput());
+    return ToGrpcStatus(status);
   }
   grpc::Status CreateEvent(grpc::ServerContext*, const v1::CreateEventRequest* request,
                            v1::CreateEventResponse* response) override {
@@ -404,8 +408,10 @@ class ExecutionServiceImpl final : public v1::ExecutionService::Service {
                   [&](bool done) { response->set_done(done); });
   }
   grpc::Status SynchronizeEvent(grpc::ServerContext*, const v1::SynchronizeEventRequest* request,
-                                v1::SynchronizeEventResponse*) override {
-    return ToGrpcStatus(session_->SynchronizeEvent(request->event_id()));
+                                v1::SynchronizeEventResponse* response) override {
+    const absl::Status status = session_->SynchronizeEvent(request->event_id());
+    response->set_device_output(session_->TakeDeviceOutput());
+    return ToGrpcStatus(status);
   }
   grpc::Status EventElapsedTime(grpc::ServerContext*, const v1::EventElapsedTimeRequest* request,
                                 v1::EventElapsedTimeResponse* response) override {
@@ -486,6 +492,13 @@ class ExecutionServiceImpl final : public v1::ExecutionService::Service {
       absl::Status status = session_->RunBatch(batch, &last_sequence, &reply);
       if (!status.ok() && status.code() == absl::StatusCode::kInvalidArgument) {
         return ToGrpcStatus(status);  // a protocol error (sequence numbers)
+      }
+      // A batch that synchronised carries the device printf output captured by then.
+      for (const v1::Command& command : batch.commands()) {
+        if (command.has_sync()) {
+          reply.set_device_output(session_->TakeDeviceOutput());
+          break;
+        }
       }
       stream->Write(SerializeRaw(reply));
       if (!status.ok()) return ToGrpcStatus(status);  // a sticky fault ends the stream

@@ -1,5 +1,7 @@
 #include "server/worker/session.h"
 
+#include "server/worker/device_output.h"
+
 #include <algorithm>
 #include <cstring>
 #include <utility>
@@ -1102,6 +1104,10 @@ absl::Status Session::RunBatch(const v1::CommandBatch& batch, uint64_t* last_seq
   }
   reply->set_processed_through_sequence(*last_sequence);
   return absl::OkStatus();
+}
+
+std::string Session::TakeDeviceOutput() {
+  return device_output_ != nullptr ? device_output_->Take() : std::string();
 }
 
 }  // namespace gpurpc::worker

@@ -55,6 +55,8 @@
 
 namespace gpurpc::worker {
 
+class DeviceOutput;
+
 // Largest payload of a unary upload/download or an inline command-stream upload.
 inline constexpr uint64_t kMaxInlineBytes = 1ull << 20;
 // Largest total of DownloadCommand bytes in one command batch.
@@ -177,6 +179,12 @@ class Session {
   // session_regions.cc). The path clients attach regions through, "" when the daemon serves
   // none (RegisterHostRegion is then FAILED_PRECONDITION). Set before serving.
   void set_region_socket(std::string path) { region_socket_ = std::move(path); }
+  // Where kernels' printf output is captured (device_output.h); none when unset. Set before
+  // serving; not owned, outlives the session.
+  void set_device_output(DeviceOutput* output) { device_output_ = output; }
+  // The device printf output captured since the last take ("" without a capture). The
+  // synchronising answers call it after the synchronisation.
+  std::string TakeDeviceOutput();
   // Runs once, on the thread that observed it, when the first sticky fault is recorded (with
   // that fault). Set before serving.
   void set_on_fault(std::function<void(const absl::Status&)> on_fault) {
@@ -397,6 +405,7 @@ class Session {
   std::atomic<size_t> captures_active_{0};
   std::atomic<size_t> blocking_captures_active_{0};
   std::string region_socket_;
+  DeviceOutput* device_output_ = nullptr;
   std::function<void(const absl::Status&)> on_fault_;
   std::atomic<bool> faulted_{false};
   // Set once by Bind; the launch path reads the pointer without mu_.

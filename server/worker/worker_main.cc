@@ -26,6 +26,7 @@
 #include "server/worker/backend/backend.h"
 #include "server/worker/compiler/compile_cache.h"
 #include "server/worker/compiler/compiler.h"
+#include "server/worker/device_output.h"
 #include "server/status_interceptor.h"
 #include "server/worker/service.h"
 #include "server/worker/host_region.h"
@@ -158,6 +159,19 @@ int WorkerMain(const DaemonOptions& options) {
     return kExitLimitsFailed;
   }
 
+  // A session's worker captures its stdout before CUDA starts: that is where the driver
+  // writes the kernels' printf output, which goes to the session's client (device_output.h).
+  std::unique_ptr<DeviceOutput> device_output;
+  if (options.device >= 0) {
+    auto started = DeviceOutput::Start();
+    if (started.ok()) {
+      device_output = *std::move(started);
+    } else {
+      spdlog::warn("device printf output will go to the daemon's log: {}",
+                   started.status().ToString());
+    }
+  }
+
   std::unique_ptr<backend::Backend> backend;
   if (options.backend == "fake") {
     backend = backend::MakeFakeBackend(options.fake_memory_bytes);
@@ -208,6 +222,7 @@ int WorkerMain(const DaemonOptions& options) {
     session = std::make_unique<Session>(std::move(*context), compiler_ptr, compiler_status,
                                         ExitOnKernelTimeout(options.worker_status_fd));
     session->set_region_socket(options.region_socket);
+    session->set_device_output(device_output.get());
     session->set_on_fault([status_fd = options.worker_status_fd](const absl::Status& fault) {
       // The reply to the observing call goes out first; then the worker ends (see
       // kExitSessionFaulted). Destructors are not run: the context is lost anyway.

@@ -44,6 +44,7 @@ _unix_socket: Optional[str] = None
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line(
         "markers", "gpu: needs a daemon with a real GPU (skipped on the fake backend)")
+    config.addinivalue_line("markers", "cuda: PyCUDA's mark_cuda_test tag (gpurpc.tools)")
     # Print skip reasons in the summary, so "needs a real GPU" is visible in CI logs.
     chars = getattr(config.option, "reportchars", "") or ""
     if "s" not in chars and "a" not in chars and "A" not in chars:

@@ -393,6 +393,12 @@ TEST_P(StdHeaderShimTest, CompilesAlone) {
     EXPECT_TRUE(result.success) << name << " " << std << " " << target << ":\n" << result.log;
     EXPECT_THAT(result.log, Not(HasSubstr("warning"))) << name << " " << std;
   }
+  // PyCUDA's SourceModule wraps the whole source in extern "C" { ... } by default.
+  ASSERT_OK_AND_ASSIGN(
+      CompileResult wrapped,
+      compiler_->Compile(Request(absl::StrCat("extern \"C\" {\n#include <", name,
+                                              ">\n__global__ void k(int* p) { *p = 1; }\n}\n"))));
+  EXPECT_TRUE(wrapped.success) << name << " inside extern \"C\":\n" << wrapped.log;
 }
 
 std::vector<std::string> ShimNames() {

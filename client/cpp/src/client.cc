@@ -377,6 +377,10 @@ void Session::set_call_timeout(absl::Duration timeout) {
   if (core_ != nullptr) core_->set_call_timeout(timeout);
 }
 
+void Session::SetDeviceOutputHandler(std::function<void(absl::string_view)> handler) {
+  if (core_ != nullptr) core_->SetDeviceOutputHandler(std::move(handler));
+}
+
 absl::StatusOr<Buffer> Session::Allocate(uint64_t size_bytes) const {
   if (core_ == nullptr) return NoSession();
   v1::AllocateRequest request;
@@ -731,6 +735,7 @@ absl::Status Event::Synchronize(absl::Duration timeout) const {
                                   : std::max(deadline - absl::Now(), absl::ZeroDuration());
   absl::Status status = SessionCall(*core_, GPURPC_RPC(core_->execution(), SynchronizeEvent),
                                     "Event::Synchronize", request, &response, left);
+  core_->DeliverDeviceOutput(response.device_output());
   // The message names the whole timeout, not what was left of it.
   if (absl::IsDeadlineExceeded(status) && absl::Now() >= deadline) {
     return internal::TimeoutError("Event::Synchronize", timeout);

@@ -1,6 +1,7 @@
 #include "client/cpp/src/session_core.h"
 
 #include <algorithm>
+#include <cstdio>
 #include <limits>
 #include <utility>
 
@@ -231,6 +232,23 @@ struct CommandStreamState {
   // one does.
   std::shared_ptr<CommandCall> drivable;
   bool driving = false;
+  // Session::SetDeviceOutputHandler's handler; null: drop the output.
+  std::shared_ptr<const std::function<void(absl::string_view)>> device_output =
+      std::make_shared<const std::function<void(absl::string_view)>>([](absl::string_view text) {
+        std::fwrite(text.data(), 1, text.size(), stdout);
+        std::fflush(stdout);
+      });
+
+  // Gives `text` (non-empty) to the handler, outside mu.
+  void DeliverDeviceOutput(absl::string_view text) {
+    if (text.empty()) return;
+    std::shared_ptr<const std::function<void(absl::string_view)>> handler;
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      handler = device_output;
+    }
+    if (handler != nullptr && *handler) (*handler)(text);
+  }
 };
 
 // One ExecutionService.CommandStream call on a completion queue of its own (transport.h),
@@ -347,6 +365,9 @@ class CommandCall final : public Drainable {
       if (!retired_) stream_->Finish(&status_, kFinishTag);
       return;
     }
+    // Before the batch counts as answered: the synchronisation that brought the output
+    // returns only after its handler ran.
+    state_->DeliverDeviceOutput(reply_.device_output());
     {
       std::lock_guard<std::mutex> lock(state_->mu);
       // A replaced call reads on (it was cancelled) only until its end.
@@ -410,6 +431,18 @@ SessionCore::~SessionCore() { Close().IgnoreError(); }
 absl::Duration SessionCore::call_timeout() const {
   const int64_t ns = call_timeout_ns_.load(std::memory_order_relaxed);
   return ns == kNoTimeout ? absl::InfiniteDuration() : absl::Nanoseconds(ns);
+}
+
+void SessionCore::SetDeviceOutputHandler(std::function<void(absl::string_view)> handler) {
+  auto shared = handler ? std::make_shared<const std::function<void(absl::string_view)>>(
+                              std::move(handler))
+                        : nullptr;
+  std::lock_guard<std::mutex> lock(commands_->mu);
+  commands_->device_output = std::move(shared);
+}
+
+void SessionCore::DeliverDeviceOutput(absl::string_view output) const {
+  commands_->DeliverDeviceOutput(output);
 }
 
 void SessionCore::set_call_timeout(absl::Duration timeout) {

@@ -88,6 +88,11 @@ class SessionCore {
   absl::Duration call_timeout() const;
   void set_call_timeout(absl::Duration timeout);
 
+  // Session::SetDeviceOutputHandler; DeliverDeviceOutput hands a synchronising answer's
+  // device_output to the handler (nothing for an empty one).
+  void SetDeviceOutputHandler(std::function<void(absl::string_view)> handler);
+  void DeliverDeviceOutput(absl::string_view output) const;
+
   // What the watch knows: OK while the session is usable; else the status every call on it
   // answers now (the fault's code and cause for a FAULTED session, the daemon's NOT_FOUND
   // for a lost one, FAILED_PRECONDITION once closed). Calls check it first and return it

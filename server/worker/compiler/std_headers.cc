@@ -15,19 +15,25 @@ const std::vector<Header>& Shims() {
   static const auto* const kShims = new std::vector<Header>{
       {"__gpurpc_std.h", R"gpurpc(// gpurpc: the C++ standard library names of libcu++ (cuda::std), visible as std:: too.
 #pragma once
+extern "C++" {  // also inside SourceModule's default extern "C" { ... }
 namespace cuda { namespace std {} }
 namespace std { using namespace ::cuda::std; }
+}  // extern "C++"
 )gpurpc"},
       {"algorithm", R"gpurpc(// gpurpc: <algorithm> for NVRTC: libcu++'s algorithms (its aggregate <cuda/std/__algorithm_>:
 // libcu++ has no public <cuda/std/algorithm> yet), their names as std:: too.
 #pragma once
+extern "C++" {  // also inside SourceModule's default extern "C" { ... }
 #include <cuda/std/__algorithm_>
 #include <__gpurpc_std.h>
+}  // extern "C++"
 )gpurpc"},
       {"array", R"gpurpc(// gpurpc: <array> for NVRTC: libcu++'s <cuda/std/array>, its names as std:: too.
 #pragma once
+extern "C++" {  // also inside SourceModule's default extern "C" { ... }
 #include <cuda/std/array>
 #include <__gpurpc_std.h>
+}  // extern "C++"
 )gpurpc"},
       {"assert.h", R"gpurpc(// gpurpc: <assert.h> for NVRTC: device assert() is built into NVRTC (a failed assert stops
 // the kernel with an error that ends the session's context, as on a local GPU).
@@ -35,32 +41,43 @@ namespace std { using namespace ::cuda::std; }
 )gpurpc"},
       {"atomic", R"gpurpc(// gpurpc: <atomic> for NVRTC: libcu++'s <cuda/std/atomic>, its names as std:: too.
 #pragma once
+extern "C++" {  // also inside SourceModule's default extern "C" { ... }
 #include <cuda/std/atomic>
 #include <__gpurpc_std.h>
+}  // extern "C++"
 )gpurpc"},
       {"bit", R"gpurpc(// gpurpc: <bit> for NVRTC: libcu++'s <cuda/std/bit>, its names as std:: too.
 #pragma once
+extern "C++" {  // also inside SourceModule's default extern "C" { ... }
 #include <cuda/std/bit>
 #include <__gpurpc_std.h>
+}  // extern "C++"
 )gpurpc"},
       {"cassert", R"gpurpc(// gpurpc: <cassert> for NVRTC (see <assert.h>).
 #include <assert.h>
 )gpurpc"},
       {"cfloat", R"gpurpc(// gpurpc: <cfloat> for NVRTC (see <float.h>).
 #pragma once
+extern "C++" {  // also inside SourceModule's default extern "C" { ... }
 #include <float.h>
+}  // extern "C++"
 )gpurpc"},
       {"chrono", R"gpurpc(// gpurpc: <chrono> for NVRTC: libcu++'s <cuda/std/chrono>, its names as std:: too.
 #pragma once
+extern "C++" {  // also inside SourceModule's default extern "C" { ... }
 #include <cuda/std/chrono>
 #include <__gpurpc_std.h>
+}  // extern "C++"
 )gpurpc"},
       {"climits", R"gpurpc(// gpurpc: <climits> for NVRTC (see <limits.h>).
 #pragma once
+extern "C++" {  // also inside SourceModule's default extern "C" { ... }
 #include <limits.h>
+}  // extern "C++"
 )gpurpc"},
       {"cmath", R"gpurpc(// gpurpc: <cmath> for NVRTC: std:: names for the CUDA math functions (see <math.h>).
 #pragma once
+extern "C++" {  // also inside SourceModule's default extern "C" { ... }
 #include <math.h>
 namespace std {
 using ::abs;
@@ -124,9 +141,11 @@ using ::isinf;
 using ::isnan;
 using ::signbit;
 }
+}  // extern "C++"
 )gpurpc"},
       {"complex", R"gpurpc(// gpurpc: <complex> for NVRTC: libcu++'s <cuda/std/complex>, its names as std:: too.
 #pragma once
+extern "C++" {  // also inside SourceModule's default extern "C" { ... }
 #include <cuda/std/complex>
 #include <__gpurpc_std.h>
 // std::abs(z) and friends, qualified: std's own abs (from <cmath>/<cstdlib>) would hide the
@@ -138,18 +157,22 @@ template <class T> __device__ ::cuda::std::complex<T> exp(const ::cuda::std::com
 template <class T> __device__ ::cuda::std::complex<T> log(const ::cuda::std::complex<T>& z) { return ::cuda::std::log(z); }
 template <class T> __device__ ::cuda::std::complex<T> sqrt(const ::cuda::std::complex<T>& z) { return ::cuda::std::sqrt(z); }
 }
+}  // extern "C++"
 )gpurpc"},
       {"cstddef", R"gpurpc(// gpurpc: <cstddef> for NVRTC (see <stddef.h>).
 #pragma once
+extern "C++" {  // also inside SourceModule's default extern "C" { ... }
 #include <stddef.h>
 namespace std {
 using ::size_t;
 using ::ptrdiff_t;
 typedef decltype(nullptr) nullptr_t;
 }
+}  // extern "C++"
 )gpurpc"},
       {"cstdint", R"gpurpc(// gpurpc: <cstdint> for NVRTC (see <stdint.h>).
 #pragma once
+extern "C++" {  // also inside SourceModule's default extern "C" { ... }
 #include <stdint.h>
 namespace std {
 using ::int8_t; using ::int16_t; using ::int32_t; using ::int64_t;
@@ -160,22 +183,28 @@ using ::int_fast8_t; using ::int_fast16_t; using ::int_fast32_t; using ::int_fas
 using ::uint_fast8_t; using ::uint_fast16_t; using ::uint_fast32_t; using ::uint_fast64_t;
 using ::intptr_t; using ::uintptr_t; using ::intmax_t; using ::uintmax_t;
 }
+}  // extern "C++"
 )gpurpc"},
       {"cstdio", R"gpurpc(// gpurpc: <cstdio> for NVRTC: printf (see <stdio.h>).
 #pragma once
+extern "C++" {  // also inside SourceModule's default extern "C" { ... }
 #include <stdio.h>
 namespace std { using ::printf; }
+}  // extern "C++"
 )gpurpc"},
       {"cstdlib", R"gpurpc(// gpurpc: <cstdlib> for NVRTC (see <stdlib.h>).
 #pragma once
+extern "C++" {  // also inside SourceModule's default extern "C" { ... }
 #include <stdlib.h>
 namespace std {
 using ::malloc; using ::free; using ::abs; using ::labs; using ::llabs;
 using ::div_t; using ::ldiv_t; using ::lldiv_t; using ::div; using ::ldiv; using ::lldiv;
 }
+}  // extern "C++"
 )gpurpc"},
       {"cstring", R"gpurpc(// gpurpc: <cstring> for NVRTC (see <string.h>).
 #pragma once
+extern "C++" {  // also inside SourceModule's default extern "C" { ... }
 #include <string.h>
 namespace std {
 using ::memcpy;
@@ -190,9 +219,11 @@ using ::strcpy;
 using ::strncpy;
 using ::strchr;
 }
+}  // extern "C++"
 )gpurpc"},
       {"float.h", R"gpurpc(// gpurpc: <float.h> for NVRTC: the IEEE 754 binary32/binary64 limits of device code.
 #pragma once
+extern "C++" {  // also inside SourceModule's default extern "C" { ... }
 #define FLT_RADIX 2
 #define FLT_MANT_DIG 24
 #define DBL_MANT_DIG 53
@@ -218,30 +249,40 @@ using ::strchr;
 #define FLT_TRUE_MIN 1.40129846432481707092e-45F
 #define DBL_TRUE_MIN 4.94065645841246544177e-324
 #define FLT_EVAL_METHOD 0
+}  // extern "C++"
 )gpurpc"},
       {"functional", R"gpurpc(// gpurpc: <functional> for NVRTC: libcu++'s <cuda/std/functional>, its names as std:: too.
 #pragma once
+extern "C++" {  // also inside SourceModule's default extern "C" { ... }
 #include <cuda/std/functional>
 #include <__gpurpc_std.h>
+}  // extern "C++"
 )gpurpc"},
       {"initializer_list", R"gpurpc(// gpurpc: <initializer_list> for NVRTC: libcu++'s <cuda/std/initializer_list>, its names as std:: too.
 #pragma once
+extern "C++" {  // also inside SourceModule's default extern "C" { ... }
 #include <cuda/std/initializer_list>
 #include <__gpurpc_std.h>
+}  // extern "C++"
 )gpurpc"},
       {"iterator", R"gpurpc(// gpurpc: <iterator> for NVRTC: libcu++'s <cuda/std/iterator>, its names as std:: too.
 #pragma once
+extern "C++" {  // also inside SourceModule's default extern "C" { ... }
 #include <cuda/std/iterator>
 #include <__gpurpc_std.h>
+}  // extern "C++"
 )gpurpc"},
       {"limits", R"gpurpc(// gpurpc: <limits> for NVRTC: libcu++'s <cuda/std/limits>, its names as std:: too.
 #pragma once
+extern "C++" {  // also inside SourceModule's default extern "C" { ... }
 #include <cuda/std/limits>
 #include <__gpurpc_std.h>
+}  // extern "C++"
 )gpurpc"},
       {"limits.h", R"gpurpc(// gpurpc: <limits.h> for NVRTC: libcu++'s <cuda/std/climits>; the same macros (LP64, signed
 // char) here below C++17, which libcu++ needs.
 #pragma once
+extern "C++" {  // also inside SourceModule's default extern "C" { ... }
 #if __cplusplus >= 201703L
 #include <cuda/std/climits>
 #else
@@ -265,11 +306,13 @@ using ::strchr;
 #define LLONG_MAX 9223372036854775807LL
 #define ULLONG_MAX 18446744073709551615ULL
 #endif  // __cplusplus >= 201703L
+}  // extern "C++"
 )gpurpc"},
       {"math.h", R"gpurpc(// gpurpc: <math.h> for NVRTC. The CUDA math functions (sinf, sqrt, fabs ...) are built into
 // NVRTC; this adds the macros of C's <math.h> and the common M_ constants. (Not libcu++'s
 // <cuda/std/cmath>: its float overloads would be ambiguous with NVRTC's own.)
 #pragma once
+extern "C++" {  // also inside SourceModule's default extern "C" { ... }
 #if __cplusplus >= 201703L
 #include <cuda/std/limits>
 // Spelled as libcu++'s <cuda/std/cmath> spells them under NVRTC, so that both may be included.
@@ -298,39 +341,53 @@ using ::strchr;
 #define M_SQRT2 1.41421356237309504880
 #define M_SQRT1_2 0.70710678118654752440
 #endif
+}  // extern "C++"
 )gpurpc"},
       {"memory", R"gpurpc(// gpurpc: <memory> for NVRTC: libcu++'s <cuda/std/memory>, its names as std:: too.
 #pragma once
+extern "C++" {  // also inside SourceModule's default extern "C" { ... }
 #include <cuda/std/memory>
 #include <__gpurpc_std.h>
+}  // extern "C++"
 )gpurpc"},
       {"numbers", R"gpurpc(// gpurpc: <numbers> for NVRTC: libcu++'s <cuda/std/numbers>, its names as std:: too.
 #pragma once
+extern "C++" {  // also inside SourceModule's default extern "C" { ... }
 #include <cuda/std/numbers>
 #include <__gpurpc_std.h>
+}  // extern "C++"
 )gpurpc"},
       {"numeric", R"gpurpc(// gpurpc: <numeric> for NVRTC: libcu++'s <cuda/std/numeric>, its names as std:: too.
 #pragma once
+extern "C++" {  // also inside SourceModule's default extern "C" { ... }
 #include <cuda/std/numeric>
 #include <__gpurpc_std.h>
+}  // extern "C++"
 )gpurpc"},
       {"optional", R"gpurpc(// gpurpc: <optional> for NVRTC: libcu++'s <cuda/std/optional>, its names as std:: too.
 #pragma once
+extern "C++" {  // also inside SourceModule's default extern "C" { ... }
 #include <cuda/std/optional>
 #include <__gpurpc_std.h>
+}  // extern "C++"
 )gpurpc"},
       {"ratio", R"gpurpc(// gpurpc: <ratio> for NVRTC: libcu++'s <cuda/std/ratio>, its names as std:: too.
 #pragma once
+extern "C++" {  // also inside SourceModule's default extern "C" { ... }
 #include <cuda/std/ratio>
 #include <__gpurpc_std.h>
+}  // extern "C++"
 )gpurpc"},
       {"span", R"gpurpc(// gpurpc: <span> for NVRTC: libcu++'s <cuda/std/span>, its names as std:: too.
 #pragma once
+extern "C++" {  // also inside SourceModule's default extern "C" { ... }
 #include <cuda/std/span>
 #include <__gpurpc_std.h>
+}  // extern "C++"
 )gpurpc"},
       {"stddef.h", R"gpurpc(// gpurpc: <stddef.h> for NVRTC (size_t is built in).
 #pragma once
+extern "C++" {  // also inside SourceModule's default extern "C" { ... }
 typedef decltype(static_cast<int*>(0) - static_cast<int*>(0)) ptrdiff_t;
 #ifndef NULL
 #define NULL 0
@@ -338,10 +395,12 @@ typedef decltype(static_cast<int*>(0) - static_cast<int*>(0)) ptrdiff_t;
 #ifndef offsetof
 #define offsetof(type, member) __builtin_offsetof(type, member)
 #endif
+}  // extern "C++"
 )gpurpc"},
       {"stdint.h", R"gpurpc(// gpurpc: <stdint.h> for NVRTC: libcu++'s <cuda/std/cstdint>, which under NVRTC declares these
 // names in the global namespace; the same declarations here below C++17 (libcu++ needs it).
 #pragma once
+extern "C++" {  // also inside SourceModule's default extern "C" { ... }
 #if __cplusplus >= 201703L
 #include <cuda/std/cstdint>
 #else
@@ -406,19 +465,23 @@ typedef uint64_t uintmax_t;
 #define INTMAX_C(c) c##LL
 #define UINTMAX_C(c) c##ULL
 #endif  // __cplusplus >= 201703L
+}  // extern "C++"
 )gpurpc"},
       {"stdio.h", R"gpurpc(// gpurpc: <stdio.h> for NVRTC. Device code has printf (built into NVRTC), nothing else of
 // stdio: no files, no streams. Its output reaches the session's client at the next
 // synchronisation.
 #pragma once
+extern "C++" {  // also inside SourceModule's default extern "C" { ... }
 #include <stddef.h>
 #ifndef EOF
 #define EOF (-1)
 #endif
+}  // extern "C++"
 )gpurpc"},
       {"stdlib.h", R"gpurpc(// gpurpc: <stdlib.h> for NVRTC. Device code has malloc, free and abs (built into NVRTC);
 // this adds labs/llabs' companions div, ldiv and lldiv and the EXIT_ macros.
 #pragma once
+extern "C++" {  // also inside SourceModule's default extern "C" { ... }
 #include <stddef.h>
 typedef struct { int quot, rem; } div_t;
 typedef struct { long quot, rem; } ldiv_t;
@@ -432,10 +495,12 @@ __device__ inline lldiv_t lldiv(long long n, long long d) {
 #define EXIT_SUCCESS 0
 #define EXIT_FAILURE 1
 #endif
+}  // extern "C++"
 )gpurpc"},
       {"string.h", R"gpurpc(// gpurpc: <string.h> for NVRTC. Device code has memcpy and memset (built into NVRTC); here
 // are memcmp, memchr, memmove and the common str* functions.
 #pragma once
+extern "C++" {  // also inside SourceModule's default extern "C" { ... }
 #include <stddef.h>
 __device__ inline int memcmp(const void* a, const void* b, size_t n) {
   const unsigned char* x = static_cast<const unsigned char*>(a);
@@ -501,26 +566,35 @@ __device__ inline const char* strchr(const char* s, int c) {
 __device__ inline char* strchr(char* s, int c) {
   return const_cast<char*>(strchr(static_cast<const char*>(s), c));
 }
+}  // extern "C++"
 )gpurpc"},
       {"tuple", R"gpurpc(// gpurpc: <tuple> for NVRTC: libcu++'s <cuda/std/tuple>, its names as std:: too.
 #pragma once
+extern "C++" {  // also inside SourceModule's default extern "C" { ... }
 #include <cuda/std/tuple>
 #include <__gpurpc_std.h>
+}  // extern "C++"
 )gpurpc"},
       {"type_traits", R"gpurpc(// gpurpc: <type_traits> for NVRTC: libcu++'s <cuda/std/type_traits>, its names as std:: too.
 #pragma once
+extern "C++" {  // also inside SourceModule's default extern "C" { ... }
 #include <cuda/std/type_traits>
 #include <__gpurpc_std.h>
+}  // extern "C++"
 )gpurpc"},
       {"utility", R"gpurpc(// gpurpc: <utility> for NVRTC: libcu++'s <cuda/std/utility>, its names as std:: too.
 #pragma once
+extern "C++" {  // also inside SourceModule's default extern "C" { ... }
 #include <cuda/std/utility>
 #include <__gpurpc_std.h>
+}  // extern "C++"
 )gpurpc"},
       {"variant", R"gpurpc(// gpurpc: <variant> for NVRTC: libcu++'s <cuda/std/variant>, its names as std:: too.
 #pragma once
+extern "C++" {  // also inside SourceModule's default extern "C" { ... }
 #include <cuda/std/variant>
 #include <__gpurpc_std.h>
+}  // extern "C++"
 )gpurpc"},
   };
   return *kShims;

@@ -18,7 +18,9 @@
 // `using namespace std;` with an unqualified sqrt(float) is ambiguous; std::sqrt or sqrtf
 // are not.
 //
-// A header of the same name sent with the request wins over the shim. The shims are part of
+// Each shim's declarations are extern "C++", so they work inside the extern "C" { ... } that
+// PyCUDA's SourceModule wraps a source in by default. A header of the same name sent with the
+// request wins over the shim. The shims are part of
 // the compile cache key (StdHeaderShimsDigest), so changing them never serves a stale image.
 // Thread-safe (immutable after first use).
 #ifndef GPURPC_SERVER_WORKER_COMPILER_STD_HEADERS_H_

@@ -78,6 +78,7 @@
 
 #include <cstdint>
 #include <cstring>
+#include <functional>
 #include <memory>
 #include <string>
 #include <type_traits>
@@ -86,6 +87,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "absl/time/time.h"
 #include "absl/types/span.h"
 #include "gpurpc/v1/admin_service.pb.h"
@@ -628,6 +630,14 @@ class Session {
   // calls made afterwards, from any thread. absl::InfiniteDuration(): none.
   absl::Duration call_timeout() const;
   void set_call_timeout(absl::Duration timeout);
+
+  // Where the device printf output of this session's kernels goes. The daemon returns it
+  // with the answer of each synchronisation (Session/Stream/Event::Synchronize, and the
+  // waits of Download and the other synchronous calls that end in one); `handler` gets each
+  // non-empty chunk, on the client's background thread or the calling thread, before that
+  // call returns. Default: written to stdout and flushed. nullptr: dropped. Only this
+  // session's kernels' output ever arrives here. From any thread.
+  void SetDeviceOutputHandler(std::function<void(absl::string_view)> handler);
 
   // What the session's watch knows, without a round trip: ACTIVE, FAULTED, or UNSPECIFIED
   // once the session is closed or gone (closed or reclaimed by the daemon, or the daemon

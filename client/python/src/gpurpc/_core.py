@@ -31,6 +31,7 @@ import math
 import os
 import re
 import stat
+import sys
 import threading
 import time
 import weakref
@@ -892,6 +893,12 @@ class CommandStream:
                     batch = self._inflight[0] if self._inflight else None
                 if batch is None:
                     continue
+                if reply.device_output:
+                    try:
+                        print_device_output(reply.device_output)
+                    except Exception as e:  # noqa: BLE001 - reported at the next drain
+                        with self._cv:
+                            self._record(LogicError(f"printing device output: {e}"))
                 for result in reply.downloads:
                     sink = batch.sinks.get(result.sequence)
                     if sink is not None:
@@ -967,6 +974,15 @@ class CommandStream:
             q.close()
         if call is not None:
             call.cancel()
+
+
+def print_device_output(data: bytes) -> None:
+    """Writes what the session's kernels printf'ed (a synchronising answer's
+    ``device_output``) to ``sys.stdout``, as a local GPU's driver writes it to the process's
+    stdout; before the synchronising call returns."""
+    if data:
+        sys.stdout.write(data.decode("utf-8", errors="replace"))
+        sys.stdout.flush()
 
 
 def note_fault(fault: Dict[str, str], code: grpc.StatusCode, message: str) -> None:

@@ -643,17 +643,139 @@ def _address(obj: Any, what: str = "device pointer") -> int:
         return int(obj.__index__())
     except (AttributeError, TypeError):
         pass
-    raise TypeError(f"expected a {what} (DeviceAllocation, int address or GPUArray), "
-                    f"got {type(obj).__name__}")
+    cai = getattr(obj, "__cuda_array_interface__", None)
+    if cai is not None:
+        return _cai_address(cai, type(obj).__name__)
+    raise TypeError(f"expected a {what} (DeviceAllocation, int address, GPUArray or an object "
+                    f"with __cuda_array_interface__), got {type(obj).__name__}")
 
 
 def _core_for(obj: Any, what: str) -> SessionCore:
     """The session an operation on obj runs in: obj's own, else the current context's."""
-    for candidate in (obj, getattr(obj, "gpudata", None)):
-        candidate = getattr(candidate, "_alloc", candidate)  # a memory-pool block
-        if isinstance(candidate, DeviceAllocation):
-            return candidate._core
-    return _current_core(what)
+    return _owner_core(obj) or _current_core(what)
+
+
+# -- which session a pointer belongs to --------------------------------------------------------
+#
+# A device address means something only in the worker process of the session that allocated
+# it (two sessions' workers may even hand out the same addresses). An object knows its session
+# when it is, or wraps, a DeviceAllocation (pool blocks and GPUArrays and their views do); for
+# anything else that exposes __cuda_array_interface__ the address is looked up among the live
+# allocations of the kernel's session.
+
+_sessions_with_allocations: "weakref.WeakSet[SessionCore]" = weakref.WeakSet()
+
+
+def _register_allocation(core: SessionCore, alloc: DeviceAllocation) -> None:
+    registry = core.caches.get("allocations")
+    if registry is None:
+        registry = core.caches["allocations"] = weakref.WeakValueDictionary()
+        _sessions_with_allocations.add(core)
+    registry[alloc._ptr] = alloc
+
+
+def _find_allocation(core: SessionCore, address: int) -> Optional[DeviceAllocation]:
+    """The live allocation of core's session that contains address, if any."""
+    registry = core.caches.get("allocations")
+    if not registry:
+        return None
+    for alloc in list(registry.values()):
+        if alloc._ptr <= address < alloc._ptr + alloc._size and alloc._finalizer.alive:
+            return alloc
+    return None
+
+
+def _owner_core(obj: Any) -> Optional[SessionCore]:
+    """The session whose memory obj is, when obj says so: a DeviceAllocation, a memory-pool
+    block, or an object whose ``gpudata`` (or whose ``base``, for views) leads to one."""
+    for _ in range(64):  # views of views: a bounded walk
+        if obj is None or isinstance(obj, (int, np.integer)):
+            return None
+        if isinstance(obj, DeviceAllocation):
+            return obj._core
+        alloc = getattr(obj, "_alloc", None)
+        if isinstance(alloc, DeviceAllocation):
+            return alloc._core
+        gpudata = getattr(obj, "gpudata", None)
+        if gpudata is not None and not isinstance(gpudata, (int, np.integer)):
+            obj = gpudata
+        elif hasattr(obj, "gpudata"):
+            obj = getattr(obj, "base", None)
+        else:
+            return None
+    return None
+
+
+def _cai_address(cai: Any, owner: str) -> int:
+    data = cai.get("data") if isinstance(cai, dict) else None
+    if not (isinstance(data, (tuple, list)) and len(data) == 2):
+        raise TypeError(f"the __cuda_array_interface__ of {owner} has no 'data' entry "
+                        "(address, read_only)")
+    return int(data[0] or 0)
+
+
+def _cai_extent(cai: dict, owner: str) -> Tuple[int, int]:
+    """Byte offsets [lo, hi) around the CAI data pointer that the described array touches."""
+    try:
+        shape = tuple(int(n) for n in cai["shape"])
+        itemsize = np.dtype(cai["typestr"]).itemsize
+        strides = cai.get("strides")
+    except (KeyError, TypeError, ValueError) as e:
+        raise TypeError(f"the __cuda_array_interface__ of {owner} is malformed: {e}") from None
+    if strides is None:
+        strides, acc = [], itemsize
+        for n in reversed(shape):
+            strides.insert(0, acc)
+            acc *= max(n, 1)
+    lo = hi = 0
+    for n, stride in zip(shape, strides):
+        if n == 0:
+            return 0, 0
+        if stride < 0:
+            lo += (n - 1) * int(stride)
+        else:
+            hi += (n - 1) * int(stride)
+    return lo, hi + itemsize
+
+
+def _session_pointer(core: SessionCore, index: int, arg: Any, kernel: str) -> int:
+    """The address of a pointer argument that is not a plain int: checks that its memory
+    belongs to core's session (objects with gpudata, pool blocks, CAI exporters)."""
+    owner = _owner_core(arg)
+    cai = None
+    if owner is None and not hasattr(arg, "gpudata"):
+        cai = getattr(arg, "__cuda_array_interface__", None)
+    if cai is not None:
+        what = type(arg).__name__
+        address = _cai_address(cai, what)
+        if address == 0:
+            return 0  # an empty array
+        lo, hi = _cai_extent(cai, what)
+        alloc = _find_allocation(core, address + lo)
+        if alloc is None:
+            others = [c.session_id for c in list(_sessions_with_allocations)
+                      if c is not core and _find_allocation(c, address + lo) is not None]
+            where = (f"it is memory of gpurpc session {others[0]}" if others else
+                     "no live allocation of this session contains it (memory of another "
+                     "process, library or session cannot be used)")
+            raise LogicError(f"{kernel}: parameter #{index} (0-based): the "
+                             f"__cuda_array_interface__ address 0x{address:x} of {what} is not "
+                             f"device memory of session {core.session_id}: {where}",
+                             code=grpc.StatusCode.INVALID_ARGUMENT)
+        if address + hi > alloc._ptr + alloc._size:
+            raise LogicError(f"{kernel}: parameter #{index} (0-based): the array described by "
+                             f"the __cuda_array_interface__ of {what} extends past the end of "
+                             f"its allocation ({alloc._size} bytes at 0x{alloc._ptr:x})",
+                             code=grpc.StatusCode.INVALID_ARGUMENT)
+        return address
+    if owner is not None and owner is not core:
+        raise LogicError(f"{kernel}: parameter #{index} (0-based) is memory of gpurpc session "
+                         f"{owner.session_id}, but the kernel belongs to session "
+                         f"{core.session_id}; device addresses are valid only in the session "
+                         "that allocated them", code=grpc.StatusCode.INVALID_ARGUMENT)
+    if hasattr(arg, "gpudata"):
+        return 0 if arg.gpudata is None else _address(arg.gpudata)
+    return _address(arg)
 
 
 def _readable(src: Any) -> memoryview:
@@ -728,7 +850,9 @@ def _alloc(core: SessionCore, nbytes: int) -> DeviceAllocation:
             core.process_releases()
             reply = core.call("MemoryService.Allocate", request, op="mem_alloc")
     info = reply.buffer
-    return DeviceAllocation(core, info.buffer_id, info.device_address, info.size_bytes)
+    alloc = DeviceAllocation(core, info.buffer_id, info.device_address, info.size_bytes)
+    _register_allocation(core, alloc)
+    return alloc
 
 
 def mem_alloc_like(ary: Any) -> DeviceAllocation:
@@ -1195,11 +1319,12 @@ class Event:
             core.drain(limit)
             left = max(limit - (time.monotonic() - started), 0.001)
             try:
-                core.call("ExecutionService.SynchronizeEvent",
-                          _ex.SynchronizeEventRequest(event_id=self.handle),
-                          op="Event.synchronize", timeout=left)
+                reply = core.call("ExecutionService.SynchronizeEvent",
+                                  _ex.SynchronizeEventRequest(event_id=self.handle),
+                                  op="Event.synchronize", timeout=left)
             except CallTimeoutError:
                 raise timeout_error("Event.synchronize", limit) from None
+            _core.print_device_output(reply.device_output)
             if core.has_releases:
                 core.process_releases()
         return self
@@ -1571,9 +1696,13 @@ def _describe(arg: Any) -> str:
     return f"{type(arg).__name__} (a device pointer)"
 
 
-def _pack_arg(index: int, arg: Any) -> Optional[bytes]:
-    """PyCUDA's argument rules; None for In/Out/InOut (filled in later)."""
+def _pack_arg(index: int, arg: Any, core: Optional[SessionCore] = None,
+              kernel: str = "kernel") -> Optional[bytes]:
+    """PyCUDA's argument rules; None for In/Out/InOut (filled in later). With ``core``,
+    device memory of another session is refused."""
     if isinstance(arg, DeviceAllocation):
+        if core is not None and arg._core is not core:
+            _session_pointer(core, index, arg, kernel)  # raises: another session's memory
         return _PTR.pack(arg._ptr)
     if isinstance(arg, np.generic):
         return arg.tobytes()
@@ -1585,6 +1714,9 @@ def _pack_arg(index: int, arg: Any) -> Optional[bytes]:
         raise TypeError(f"invalid type on parameter #{index} (0-based): a plain Python "
                         f"{type(arg).__name__} has no definite size; pass a numpy scalar such "
                         "as numpy.int32(x), numpy.uint64(x) or numpy.float32(x)")
+    if core is not None and (hasattr(arg, "gpudata") or hasattr(arg, "_alloc") or
+                             hasattr(arg, "__cuda_array_interface__")):
+        return _PTR.pack(_session_pointer(core, index, arg, kernel))
     if hasattr(arg, "gpudata"):
         gpudata = arg.gpudata
         return _PTR.pack(0 if gpudata is None else _address(gpudata))
@@ -1817,10 +1949,10 @@ class Function:
             if isinstance(arg, np.generic):
                 parts.append(arg.tobytes())
                 continue
-            if isinstance(arg, DeviceAllocation):
+            if isinstance(arg, DeviceAllocation) and arg._core is self._core:
                 parts.append(_PTR.pack(arg._ptr))
                 continue
-            packed = _pack_arg(i, arg)
+            packed = _pack_arg(i, arg, self._core, self.name)
             if packed is None:
                 handlers.append((i, arg))
                 packed = b"\0" * 8
@@ -1970,7 +2102,8 @@ class Function:
         for i, (arg, (code, size, kind)) in enumerate(zip(args, items)):
             try:
                 if kind == "ptr":
-                    value: Any = _address(arg)
+                    value: Any = (arg if isinstance(arg, (int, np.integer))
+                                  else _session_pointer(self._core, i, arg, self.name))
                 elif kind == "bytes":
                     value = arg.tobytes() if hasattr(arg, "tobytes") else bytes(arg)
                     if len(value) != size:

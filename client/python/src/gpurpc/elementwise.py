@@ -23,7 +23,41 @@ from . import driver as _drv
 from .compiler import SourceModule
 from .tools import Argument, ScalarArg, VectorArg, dtype_to_ctype, parse_c_args
 
-__all__ = ["ElementwiseKernel", "get_elwise_module", "get_elwise_range_module", "splay"]
+__all__ = ["ElementwiseKernel", "get_elwise_module", "get_elwise_range_module", "splay",
+           "COMPLEX_PREAMBLE"]
+
+# Complex numbers in generated kernels: CUDA's own ``cuda::std::complex`` (libcu++, which NVRTC
+# finds), under PyCUDA's name ``pycuda::complex<T>`` so that kernels written for PyCUDA compile
+# unchanged. ``real``, ``imag``, ``conj``, ``abs`` and the other functions of <complex> are
+# found by argument-dependent lookup, and also as ``pycuda::...``. Like pycuda-complex.hpp it
+# is wrapped in ``extern "C++"``, so it also works inside SourceModule's ``extern "C"`` block.
+COMPLEX_PREAMBLE = """
+#ifndef GPURPC_PYCUDA_COMPLEX
+#define GPURPC_PYCUDA_COMPLEX
+extern "C++" {
+#include <cuda/std/complex>
+namespace pycuda {
+template <typename T> using complex = cuda::std::complex<T>;
+using cuda::std::real; using cuda::std::imag; using cuda::std::conj; using cuda::std::abs;
+using cuda::std::arg; using cuda::std::norm; using cuda::std::polar; using cuda::std::proj;
+using cuda::std::exp; using cuda::std::log; using cuda::std::log10; using cuda::std::sqrt;
+using cuda::std::pow; using cuda::std::sin; using cuda::std::cos; using cuda::std::tan;
+using cuda::std::asin; using cuda::std::acos; using cuda::std::atan; using cuda::std::sinh;
+using cuda::std::cosh; using cuda::std::tanh; using cuda::std::asinh; using cuda::std::acosh;
+using cuda::std::atanh;
+}
+}
+#endif
+"""
+
+# (gpurpc.tools registers complex64/complex128 under these names.)
+
+
+def _with_complex(arguments: Sequence[Argument], preamble: str) -> str:
+    """``preamble``, preceded by the complex header when an argument is complex."""
+    if any(a.dtype.kind == "c" for a in arguments):
+        return COMPLEX_PREAMBLE + preamble
+    return preamble
 
 
 def splay(n: int, dev: Optional[_drv.Device] = None,
@@ -122,7 +156,8 @@ def get_elwise_module(arguments: Sequence[Argument], operation: str, name: str =
     """Compiles the loop kernel; ``arguments`` must end with the ``n`` argument."""
     return SourceModule(_MODULE_TEMPLATE % {
         "arguments": _declarators(arguments), "operation": operation, "name": name,
-        "preamble": preamble, "loop_prep": loop_prep, "after_loop": after_loop,
+        "preamble": _with_complex(arguments, preamble), "loop_prep": loop_prep,
+        "after_loop": after_loop,
     }, options=options, keep=keep)
 
 
@@ -133,7 +168,8 @@ def get_elwise_range_module(arguments: Sequence[Argument], operation: str, name:
     """Compiles the range variant; ``arguments`` must end with start, stop, step."""
     return SourceModule(_RANGE_TEMPLATE % {
         "arguments": _declarators(arguments), "operation": operation, "name": name,
-        "preamble": preamble, "loop_prep": loop_prep, "after_loop": after_loop,
+        "preamble": _with_complex(arguments, preamble), "loop_prep": loop_prep,
+        "after_loop": after_loop,
     }, options=options, keep=keep)
 
 

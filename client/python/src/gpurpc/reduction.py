@@ -17,6 +17,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 import numpy as np
 
 from . import driver as _drv
+from . import elementwise
 from .compiler import SourceModule
 from .tools import Argument, VectorArg, dtype_to_ctype, parse_c_args
 
@@ -70,6 +71,9 @@ def _stage(out_type: str, arguments: Sequence[Argument], map_expr: str, reduce_e
            neutral: str, name: str, preamble: str, keep: bool,
            options: Optional[Sequence[str]]) -> _drv.Function:
     decls = "".join(a.declarator() + ", " for a in arguments)  # type: ignore[attr-defined]
+    if "complex" in out_type or any(a.dtype.kind == "c" for a in arguments):
+        # The complex header, as ElementwiseKernel adds it (guarded: twice is harmless).
+        preamble = elementwise.COMPLEX_PREAMBLE + preamble
     source = _SOURCE % {
         "block_size": BLOCK_SIZE, "map_expr": map_expr, "reduce_expr": reduce_expr,
         "preamble": preamble, "out_type": out_type, "name": name, "arguments": decls,

@@ -45,6 +45,7 @@
 #include <array>
 #include <chrono>
 #include <cstdint>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <deque>
@@ -208,6 +209,7 @@ enum class KernelKind {
   kCopyBytes,
   kFaultIllegalAddress,
   kSpinUs,
+  kPrintI32,
 };
 
 struct BuiltinKernel {
@@ -245,6 +247,12 @@ const std::vector<BuiltinKernel>& BuiltinKernels() {
        {{0, 8}, {8, 8}, {16, 8}}},
       {KernelKind::kFaultIllegalAddress, "fault_illegal_address", "()", {}},
       {KernelKind::kSpinUs, "spin_us", "(unsigned long long microseconds)", {{0, 8}}},
+      // Device printf: one line "<name> <i> <value>" per element, as a GPU would print
+      // them (to the worker's stdout, which device_output.h hands to the client).
+      {KernelKind::kPrintI32,
+       "print_i32",
+       "(const int* values, unsigned long long n)",
+       {{0, 8}, {8, 8}}},
   };
   return *kKernels;
 }
@@ -1455,6 +1463,17 @@ class DeviceState {
         return;
       case KernelKind::kSpinUs:
         return;  // SpinLocked
+      case KernelKind::kPrintI32: {
+        const uint64_t n = std::min(threads, Arg<uint64_t>(k, args, 1));
+        if (n == 0) return;
+        const uint8_t* const values = access(0, n, sizeof(int32_t));
+        if (values == nullptr) return;
+        for (uint64_t i = 0; i < n; ++i) {
+          std::printf("print_i32 %llu %d\n", static_cast<unsigned long long>(i),
+                      LoadElement<int32_t>(values, i));
+        }
+        return;
+      }
     }
   }
 

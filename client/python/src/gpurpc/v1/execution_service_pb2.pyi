@@ -66,8 +66,10 @@ class SynchronizeStreamRequest(_message.Message):
     def __init__(self, stream_id: _Optional[int] = ...) -> None: ...
 
 class SynchronizeStreamResponse(_message.Message):
-    __slots__ = ()
-    def __init__(self) -> None: ...
+    __slots__ = ("device_output",)
+    DEVICE_OUTPUT_FIELD_NUMBER: _ClassVar[int]
+    device_output: bytes
+    def __init__(self, device_output: _Optional[bytes] = ...) -> None: ...
 
 class QueryStreamRequest(_message.Message):
     __slots__ = ("stream_id",)
@@ -86,8 +88,10 @@ class SynchronizeSessionRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class SynchronizeSessionResponse(_message.Message):
-    __slots__ = ()
-    def __init__(self) -> None: ...
+    __slots__ = ("device_output",)
+    DEVICE_OUTPUT_FIELD_NUMBER: _ClassVar[int]
+    device_output: bytes
+    def __init__(self, device_output: _Optional[bytes] = ...) -> None: ...
 
 class CreateEventRequest(_message.Message):
     __slots__ = ("disable_timing", "blocking_sync")
@@ -144,8 +148,10 @@ class SynchronizeEventRequest(_message.Message):
     def __init__(self, event_id: _Optional[int] = ...) -> None: ...
 
 class SynchronizeEventResponse(_message.Message):
-    __slots__ = ()
-    def __init__(self) -> None: ...
+    __slots__ = ("device_output",)
+    DEVICE_OUTPUT_FIELD_NUMBER: _ClassVar[int]
+    device_output: bytes
+    def __init__(self, device_output: _Optional[bytes] = ...) -> None: ...
 
 class EventElapsedTimeRequest(_message.Message):
     __slots__ = ("start_event_id", "end_event_id")
@@ -360,16 +366,18 @@ class DownloadResult(_message.Message):
     def __init__(self, sequence: _Optional[int] = ..., data: _Optional[bytes] = ...) -> None: ...
 
 class CommandReply(_message.Message):
-    __slots__ = ("processed_through_sequence", "error", "skipped_from_sequence", "downloads")
+    __slots__ = ("processed_through_sequence", "error", "skipped_from_sequence", "downloads", "device_output")
     PROCESSED_THROUGH_SEQUENCE_FIELD_NUMBER: _ClassVar[int]
     ERROR_FIELD_NUMBER: _ClassVar[int]
     SKIPPED_FROM_SEQUENCE_FIELD_NUMBER: _ClassVar[int]
     DOWNLOADS_FIELD_NUMBER: _ClassVar[int]
+    DEVICE_OUTPUT_FIELD_NUMBER: _ClassVar[int]
     processed_through_sequence: int
     error: CommandError
     skipped_from_sequence: int
     downloads: _containers.RepeatedCompositeFieldContainer[DownloadResult]
-    def __init__(self, processed_through_sequence: _Optional[int] = ..., error: _Optional[_Union[CommandError, _Mapping]] = ..., skipped_from_sequence: _Optional[int] = ..., downloads: _Optional[_Iterable[_Union[DownloadResult, _Mapping]]] = ...) -> None: ...
+    device_output: bytes
+    def __init__(self, processed_through_sequence: _Optional[int] = ..., error: _Optional[_Union[CommandError, _Mapping]] = ..., skipped_from_sequence: _Optional[int] = ..., downloads: _Optional[_Iterable[_Union[DownloadResult, _Mapping]]] = ..., device_output: _Optional[bytes] = ...) -> None: ...
 
 class BeginCaptureRequest(_message.Message):
     __slots__ = ("stream_id", "mode")
