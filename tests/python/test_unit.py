@@ -331,3 +331,21 @@ def test_pool_size_classes_waste_little() -> None:
         # PyCUDA's bins: two mantissa bits, so a block wastes at most a quarter.
         size = tools.DeviceMemoryPool.alloc_size(tools.DeviceMemoryPool.bin_number(n))
         assert n <= size <= n + n // 4 + 1
+
+
+@pytest.mark.parametrize("module, name, why", [
+    ("gpurpc.driver", "Memcpy2D", "CUDA arrays"),
+    ("gpurpc.driver", "memcpy_peer", "peer copies"),
+    ("gpurpc.driver", "register_host_memory", "pagelocked_empty"),
+    ("gpurpc.driver", "managed_empty", "managed memory"),
+    ("gpurpc.driver", "TextureReference", "CUDA 12"),
+    ("gpurpc.compiler", "DynamicSourceModule", "JIT linking"),
+])
+def test_pycuda_names_not_served_say_why(module: str, name: str, why: str) -> None:
+    import importlib
+    mod = importlib.import_module(module)
+    assert not hasattr(mod, name)
+    with pytest.raises(AttributeError, match=why):
+        getattr(mod, name)
+    with pytest.raises(AttributeError, match="no attribute 'no_such_name'"):
+        getattr(mod, "no_such_name")

@@ -372,7 +372,7 @@ TEST_F(FakeBackendTest, UnknownKernelIsNotFoundAndListsTheBuiltIns) {
                              HasSubstr("the module defines no kernel 'saxpy'"),
                              HasSubstr("built-in host kernels (multiply_them, axpy_f32, fill_u32, "
                                        "add_one_f32, copy_bytes, fault_illegal_address, "
-                                       "spin_us)"))));
+                                       "spin_us, print_i32)"))));
 }
 
 TEST_F(FakeBackendTest, MultiplyThemMultipliesElementwise) {

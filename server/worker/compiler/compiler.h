@@ -9,6 +9,10 @@
 // `cuda_include_dir` are not hashed: they change only with the toolkit, and so with the
 // NVRTC build, which is (its include path is hashed too, as one of the options).
 //
+// Every compile also gets the standard header shims of std_headers.h (stdio.h, stdint.h,
+// math.h, limits, type_traits ...) as in-memory headers, unless the request brings a header of
+// the same name; their digest is part of the key.
+//
 // Security: NVRTC never runs in the worker. Each compile that misses the cache runs in a
 // compile helper process of its own (compile_helper.h) that confines itself before it reads
 // the request (sandbox.h): with Landlock, or else user + mount namespaces, plus a seccomp

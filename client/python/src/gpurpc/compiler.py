@@ -208,3 +208,11 @@ class SourceModule:
     def get_surfref(self, name: str) -> Any:
         """Not available: raises LogicError."""
         return self.module.get_surfref(name)
+
+
+def __getattr__(name: str) -> Any:
+    if name in ("DynamicModule", "DynamicSourceModule"):
+        raise AttributeError(
+            f"gpurpc.compiler.{name} is not available: JIT linking with cudadevrt (dynamic "
+            "parallelism) is not served by gpurpcd yet; SourceModule compiles whole programs")
+    raise AttributeError(f"module 'gpurpc.compiler' has no attribute {name!r}")

@@ -57,8 +57,10 @@ What differs from PyCUDA, and why:
   raise :class:`SessionLost` (a :class:`LogicError`) saying so; make a new context (the
   connection reconnects by itself). ``detach`` and the exit path never hang, also when the
   daemon is stopped or gone.
-* Not available: texture/surface references, arrays, managed and mapped memory, IPC handles,
-  ``Linker``/``DynamicModule``, ``Context.set_limit``. They raise :class:`LogicError`.
+* Not available: texture/surface references, arrays and pitched 2D/3D copies, managed and
+  mapped memory, IPC handles, peer copies, ``register_host_memory``, ``Linker``/
+  ``DynamicModule``. Asking for one raises :class:`AttributeError` saying why (so ``hasattr``
+  checks keep working).
 """
 from __future__ import annotations
 
@@ -2198,3 +2200,44 @@ def _scratch(core: SessionCore, nbytes: int) -> Tuple[int, Callable[[], None]]:
 
 def _noop() -> None:
     pass
+
+
+# PyCUDA names that a remote session cannot honour (yet), with the reason: asking for one
+# says so instead of a bare "no attribute". (AttributeError still, so hasattr() feature checks
+# keep working.)
+_NOT_AVAILABLE = {
+    **dict.fromkeys(
+        ["Array", "ArrayDescriptor", "ArrayDescriptor3D", "Memcpy2D", "Memcpy3D",
+         "Memcpy3DPeer", "matrix_to_array", "np_to_array", "gpuarray_to_array",
+         "make_multichannel_2d_array", "memcpy_atoh", "memcpy_htoa", "memcpy_atod", "memcpy_dtoa", "memcpy_atoa",
+         "mem_alloc_pitch", "memset_d2d8", "memset_d2d16", "memset_d2d32"],
+        "CUDA arrays and pitched 2D/3D copies are not served by gpurpcd yet"),
+    **dict.fromkeys(
+        ["TextureReference", "SurfaceReference", "bind_array_to_texref"],
+        "texture and surface references were removed in CUDA 12"),
+    **dict.fromkeys(
+        ["managed_empty", "managed_zeros", "managed_empty_like", "managed_zeros_like",
+         "mem_alloc_managed"],
+        "managed memory would have to be shared between the daemon's GPU and this process's "
+        "host memory, which are on different machines (or processes)"),
+    **dict.fromkeys(
+        ["IPCMemoryHandle", "mem_get_ipc_handle", "IPCEventHandle"],
+        "IPC handles between sessions are not served by gpurpcd yet"),
+    **dict.fromkeys(
+        ["memcpy_peer", "memcpy_peer_async"],
+        "peer copies between devices are not served by gpurpcd yet"),
+    **dict.fromkeys(
+        ["register_host_memory", "RegisteredHostMemory", "mem_host_register_flags"],
+        "host memory of this process cannot be pinned by the daemon; use pagelocked_empty/"
+        "pagelocked_zeros, which are backed by same-host shared regions"),
+    **dict.fromkeys(
+        ["Linker", "jit_input_type", "link_libraries"],
+        "JIT linking is not served by gpurpcd yet (SourceModule compiles whole programs)"),
+}
+
+
+def __getattr__(name: str) -> Any:
+    reason = _NOT_AVAILABLE.get(name)
+    if reason is not None:
+        raise AttributeError(f"gpurpc.driver.{name} is not available: {reason}")
+    raise AttributeError(f"module 'gpurpc.driver' has no attribute {name!r}")

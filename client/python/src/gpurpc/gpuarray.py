@@ -1107,7 +1107,7 @@ def _store(tz: str, dz: np.dtype, expr: str, de: np.dtype) -> str:
     a real array keeps its real part (numpy's astype), into bool its non-zero test."""
     if de.kind == "c" and dz.kind != "c":
         if dz.kind == "b":
-            return f"(({expr}) != {_ctype(de)}(0))"
+            return f"(({expr}) != ({_ctype(de)})0)"
         return f"({tz})pycuda::real({expr})"
     return f"({tz})({expr})"
 
@@ -1251,7 +1251,7 @@ def _truth(expr: str, dtype: np.dtype) -> str:
     if dtype.kind == "b":
         return f"({expr})"
     if dtype.kind == "c":
-        return f"(({expr}) != {_ctype(dtype)}(0))"
+        return f"(({expr}) != ({_ctype(dtype)})0)"
     return f"(({expr}) != 0)"
 
 
@@ -1721,7 +1721,7 @@ def sum(a: GPUArray, dtype: Any = None, stream: Optional[_drv.Stream] = None,  #
         dtype_out = np.dtype(np.int64)
     if dtype_out.kind == "c" or a.dtype.kind == "c":
         out_t = _ctype(dtype_out)
-        krnl = _reduction(("sum", dtype_out, a.dtype), dtype_out, f"{out_t}(0)", "a+b",
+        krnl = _reduction(("sum", dtype_out, a.dtype), dtype_out, f"({out_t})0", "a+b",
                           _store(out_t, dtype_out, "in[i]", a.dtype),
                           f"const {_ctype(a.dtype)} *in", "sum", a.dtype)
     else:
@@ -1740,7 +1740,7 @@ def subset_sum(subset: GPUArray, a: GPUArray, dtype: Any = None,
         dtype_out = np.dtype(np.int64)
     out_t = _ctype(dtype_out)
     krnl = _reduction(("subset_sum", dtype_out, subset.dtype, a.dtype), dtype_out,
-                      f"{out_t}(0)", "a+b",
+                      f"({out_t})0", "a+b",
                       _store(out_t, dtype_out, "in[lookup_tbl[i]]", a.dtype),
                       f"const {_ctype(subset.dtype)} *lookup_tbl, const {_ctype(a.dtype)} *in",
                       "subset_sum", a.dtype)
@@ -1759,7 +1759,7 @@ def dot(a: GPUArray, b: GPUArray, dtype: Any = None, stream: Optional[_drv.Strea
     if builtins.any(d.kind == "c" for d in (dtype_out, a.dtype, b.dtype)):
         out_t = _ctype(dtype_out)
         product = _store(out_t, dtype_out, f"({out_t})a[i]*({out_t})b[i]", dtype_out)
-        krnl = _reduction(("dot", dtype_out, a.dtype, b.dtype), dtype_out, f"{out_t}(0)", "a+b",
+        krnl = _reduction(("dot", dtype_out, a.dtype, b.dtype), dtype_out, f"({out_t})0", "a+b",
                           product, f"const {_ctype(a.dtype)} *a, const {_ctype(b.dtype)} *b",
                           "dot", a.dtype, b.dtype)
     else:
@@ -1778,7 +1778,7 @@ def subset_dot(subset: GPUArray, a: GPUArray, b: GPUArray, dtype: Any = None,
     dtype_out = np.dtype(dtype) if dtype is not None else np.result_type(a.dtype, b.dtype)
     out_t = _ctype(dtype_out)
     krnl = _reduction(("subset_dot", dtype_out, subset.dtype, a.dtype, b.dtype), dtype_out,
-                      f"{out_t}(0)", "a+b",
+                      f"({out_t})0", "a+b",
                       f"({out_t})a[lookup_tbl[i]]*({out_t})b[lookup_tbl[i]]",
                       f"const {_ctype(subset.dtype)} *lookup_tbl, const {_ctype(a.dtype)} *a, "
                       f"const {_ctype(b.dtype)} *b", "subset_dot", a.dtype, b.dtype)
