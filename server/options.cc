@@ -138,6 +138,15 @@ const std::vector<Flag>& Flags() {
          o.health_listen = v;
          return absl::OkStatus();
        }},
+      {"metrics-listen", "HOST:PORT",
+       "serve Prometheus metrics over plain HTTP at GET /metrics on this address, e.g. "
+       "127.0.0.1:9464 (no credentials, and the metrics name tenants: keep it on loopback or "
+       "behind a network policy; see docs/METRICS.md) (default: none)",
+       [](DaemonOptions& o, const std::string& v) {
+         if (!v.empty()) GPURPC_RETURN_IF_ERROR(ParseHostPort("--metrics-listen", v));
+         o.metrics_listen = v;
+         return absl::OkStatus();
+       }},
       {"tokens-file", "PATH",
        "bearer tokens of TCP clients: lines 'tenant:salt_hex:sha256_hex' (see --new-token); "
        "reloaded on SIGHUP",
@@ -660,6 +669,45 @@ bool IsLoopbackAddress(const std::string& address) {
   if (inet_pton(AF_INET, host.c_str(), &v4) == 1) return (ntohl(v4.s_addr) >> 24) == 127;
   in6_addr v6;
   return inet_pton(AF_INET6, host.c_str(), &v6) == 1 && IN6_IS_ADDR_LOOPBACK(&v6);
+}
+
+absl::Status ParseHostPort(const std::string& what, const std::string& address, std::string* host,
+                           int* port) {
+  auto bad = [&](const std::string& why) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("%s: '%s' is not HOST:PORT or [IPV6]:PORT: %s", what, address, why));
+  };
+  std::string host_part;
+  std::string port_part;
+  if (absl::StartsWith(address, "[")) {
+    const size_t close = address.find(']');
+    if (close == std::string::npos) return bad("no ] after the IPv6 address");
+    host_part = address.substr(1, close - 1);
+    if (close + 1 >= address.size() || address[close + 1] != ':') return bad("no :PORT");
+    port_part = address.substr(close + 2);
+    in6_addr v6;
+    if (inet_pton(AF_INET6, host_part.c_str(), &v6) != 1) {
+      return bad("the part in [] is not an IPv6 address");
+    }
+  } else {
+    const size_t colon = address.rfind(':');
+    if (colon == std::string::npos) return bad("no :PORT");
+    host_part = address.substr(0, colon);
+    port_part = address.substr(colon + 1);
+    if (host_part.find(':') != std::string::npos) {
+      return bad("an IPv6 address goes in brackets, as [::1]:9464");
+    }
+  }
+  if (host_part.empty()) return bad("no host (0.0.0.0 means every IPv4 interface)");
+  int number = -1;
+  if (port_part.empty() || port_part.size() > 5 ||
+      port_part.find_first_not_of("0123456789") != std::string::npos ||
+      !absl::SimpleAtoi(port_part, &number) || number > 65535) {
+    return bad("the port is not a number from 0 to 65535");
+  }
+  if (host != nullptr) *host = host_part;
+  if (port != nullptr) *port = number;
+  return absl::OkStatus();
 }
 
 v1::TenantQuota DaemonOptions::DefaultQuota() {

@@ -31,6 +31,9 @@ struct DaemonOptions {
   // Same-host regions one session may hold (pinned host memory), bytes; 0 = no limit.
   uint64_t max_host_region_bytes = 16ull << 30;
   std::string health_listen;  // grpc.health.v1 + reflection only, no credentials; "" = none
+  // Prometheus metrics over plain HTTP, GET /metrics only, no credentials (docs/METRICS.md):
+  // HOST:PORT or [IPV6]:PORT; "" = none.
+  std::string metrics_listen;
   // Authentication (TCP). The Unix socket's tenant is always the peer's user.
   std::string tokens_file;
   std::string tls_cert;
@@ -100,6 +103,10 @@ std::string DefaultUnixSocket();
 bool IsTenantName(absl::string_view name);
 // True for "localhost:N", "127.x.y.z:N" and "[::1]:N".
 bool IsLoopbackAddress(const std::string& address);
+// Splits "HOST:PORT" or "[IPV6]:PORT" (HOST a name or a numeric address, not empty; PORT a
+// decimal 0 to 65535). INVALID_ARGUMENT naming `what` (the flag) and the address otherwise.
+absl::Status ParseHostPort(const std::string& what, const std::string& address,
+                           std::string* host = nullptr, int* port = nullptr);
 
 // Parses argv: first the --config file when one is named, then every flag, so that flags
 // override the file. INVALID_ARGUMENT names the bad flag, field or value (with the file's

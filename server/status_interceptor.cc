@@ -1,5 +1,6 @@
 #include "server/status_interceptor.h"
 
+#include <chrono>
 #include <string>
 #include <string_view>
 
@@ -11,12 +12,16 @@ namespace {
 
 class StatusInterceptor final : public grpc::experimental::Interceptor {
  public:
-  StatusInterceptor(const char* method, bool mark_worker_answers, int max_threads)
+  StatusInterceptor(const char* method, bool mark_worker_answers, int max_threads,
+                    CallObserver* observer)
       // gRPC's sync server names the handler of methods it does not serve "unknown".
       : known_method_(method != nullptr && std::string_view(method) != "unknown"),
         method_(method != nullptr ? method : "this method"),
         mark_worker_answers_(mark_worker_answers),
-        max_threads_(max_threads) {}
+        max_threads_(max_threads),
+        observer_(observer) {
+    if (observer_ != nullptr) start_ = std::chrono::steady_clock::now();
+  }
 
   void Intercept(grpc::experimental::InterceptorBatchMethods* methods) override {
     if (methods->QueryInterceptionHookPoint(
@@ -51,6 +56,11 @@ class StatusInterceptor final : public grpc::experimental::Interceptor {
       if (mark_worker_answers_) {
         methods->GetSendTrailingMetadata()->emplace(kWorkerAnswerMetadataKey, "1");
       }
+      if (observer_ != nullptr) {
+        const std::chrono::duration<double> took = std::chrono::steady_clock::now() - start_;
+        observer_->OnCallEnd(known_method_ ? std::string_view(method_) : std::string_view(),
+                             methods->GetSendStatus().error_code(), took.count());
+      }
     }
     methods->Proceed();
   }
@@ -60,30 +70,34 @@ class StatusInterceptor final : public grpc::experimental::Interceptor {
   const std::string method_;
   const bool mark_worker_answers_;
   const int max_threads_;
+  CallObserver* const observer_;
+  std::chrono::steady_clock::time_point start_;
 };
 
 class StatusInterceptorFactory final
     : public grpc::experimental::ServerInterceptorFactoryInterface {
  public:
-  StatusInterceptorFactory(bool mark_worker_answers, int max_threads)
-      : mark_worker_answers_(mark_worker_answers), max_threads_(max_threads) {}
+  StatusInterceptorFactory(bool mark_worker_answers, int max_threads, CallObserver* observer)
+      : mark_worker_answers_(mark_worker_answers), max_threads_(max_threads), observer_(observer) {}
 
   grpc::experimental::Interceptor* CreateServerInterceptor(
       grpc::experimental::ServerRpcInfo* info) override {
-    return new StatusInterceptor(info->method(), mark_worker_answers_, max_threads_);
+    return new StatusInterceptor(info->method(), mark_worker_answers_, max_threads_, observer_);
   }
 
  private:
   const bool mark_worker_answers_;
   const int max_threads_;
+  CallObserver* const observer_;
 };
 
 }  // namespace
 
 std::vector<std::unique_ptr<grpc::experimental::ServerInterceptorFactoryInterface>>
-StatusInterceptors(bool mark_worker_answers, int max_threads) {
+StatusInterceptors(bool mark_worker_answers, int max_threads, CallObserver* observer) {
   std::vector<std::unique_ptr<grpc::experimental::ServerInterceptorFactoryInterface>> out;
-  out.push_back(std::make_unique<StatusInterceptorFactory>(mark_worker_answers, max_threads));
+  out.push_back(
+      std::make_unique<StatusInterceptorFactory>(mark_worker_answers, max_threads, observer));
   return out;
 }
 

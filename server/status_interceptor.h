@@ -12,19 +12,34 @@
 //   from the status gRPC makes up when the worker's channel breaks (the worker died).
 //   Without the mark the relay would have to wait for the worker's exit on every
 //   UNAVAILABLE to know which it was.
+// - With a CallObserver (the front end's metrics), every call's end is reported: its
+//   method, the status code as sent (after the rewording above) and how long the call took.
 #ifndef GPURPC_SERVER_STATUS_INTERCEPTOR_H_
 #define GPURPC_SERVER_STATUS_INTERCEPTOR_H_
 
 #include <memory>
+#include <string_view>
 #include <vector>
 
 #include "grpcpp/support/server_interceptor.h"
 
 namespace gpurpc {
 
-// For ServerBuilder::experimental().SetInterceptorCreators.
+// Told of every call a server answers. Runs on gRPC's threads, once per call, just before
+// the status is sent: thread-safe and quick.
+class CallObserver {
+ public:
+  virtual ~CallObserver() = default;
+  // `method`: the call's path ("/gpurpc.v1.SessionService/OpenSession"), as the client sent
+  // it for calls of a generic service, "" when gRPC names none. `seconds`: from the start
+  // of the call (for a streaming call, its whole life) to its status.
+  virtual void OnCallEnd(std::string_view method, grpc::StatusCode code, double seconds) = 0;
+};
+
+// For ServerBuilder::experimental().SetInterceptorCreators. `observer` (may be null) must
+// outlive the server.
 std::vector<std::unique_ptr<grpc::experimental::ServerInterceptorFactoryInterface>>
-StatusInterceptors(bool mark_worker_answers, int max_threads);
+StatusInterceptors(bool mark_worker_answers, int max_threads, CallObserver* observer = nullptr);
 
 }  // namespace gpurpc
 

@@ -25,11 +25,13 @@
 #include "grpcpp/impl/server_builder_plugin.h"
 #include "grpcpp/resource_quota.h"
 #include "server/frontend/auth.h"
+#include "server/frontend/metrics.h"
 #include "server/frontend/proxy.h"
 #include "server/frontend/services.h"
 #include "server/frontend/session_manager.h"
 #include "server/frontend/region_listener.h"
 #include "server/frontend/unix_listener.h"
+#include "server/metrics/http_server.h"
 #include "server/status_interceptor.h"
 #include "spdlog/sinks/stdout_color_sinks.h"
 #include "spdlog/spdlog.h"
@@ -168,10 +170,28 @@ int FrontendMain(const DaemonOptions& options) {
                      : " and calls without credentials (tenant 'anonymous')");
   }
 
-  SessionManager sessions(options, SelfExe());
+  // Counted whether or not --metrics-listen serves them (a few atomic adds per call); it
+  // outlives everything that counts into it.
+  FrontendMetrics metrics(options);
+  SessionManager sessions(options, SelfExe(), &metrics);
   if (absl::Status status = sessions.Start(); !status.ok()) {
     spdlog::critical("{}", std::string(status.message()));
     return 1;
+  }
+  metrics.Watch(&sessions);
+  // Prometheus metrics over HTTP (the health listener is gRPC: it cannot answer a GET).
+  // Started before any gRPC listener, so that a bad address fails the start before a client
+  // is served; destroyed before the session manager and the metrics it reads.
+  std::unique_ptr<metrics::MetricsHttpServer> metrics_server;
+  if (!options.metrics_listen.empty()) {
+    auto started = metrics::MetricsHttpServer::Start(
+        options.metrics_listen, [&metrics] { return metrics.Exposition(); });
+    if (!started.ok()) {
+      spdlog::critical("cannot serve metrics: {}", std::string(started.status().message()));
+      return 1;
+    }
+    metrics_server = *std::move(started);
+    spdlog::info("metrics on http://{}/metrics", metrics_server->address());
   }
   spdlog::info("compile sandbox: {}", sessions.inventory().compile_sandbox().empty()
                                           ? "not reported by the worker"
@@ -180,7 +200,7 @@ int FrontendMain(const DaemonOptions& options) {
   DeviceServiceImpl device_service(&sessions, &auth);
   SessionServiceImpl session_service(&sessions, &auth);
   AdminServiceImpl admin_service(&sessions, &auth);
-  SessionProxy proxy(&sessions, &auth);
+  SessionProxy proxy(&sessions, &auth, &metrics);
 
   // The main server: authenticated services only: the reflection plugin is taken off its
   // builder, and it is built with the default health service off, so that neither answers
@@ -208,7 +228,8 @@ int FrontendMain(const DaemonOptions& options) {
   builder.RegisterService(&session_service);
   builder.RegisterService(&admin_service);
   builder.RegisterCallbackGenericService(&proxy);
-  builder.experimental().SetInterceptorCreators(StatusInterceptors(/*mark_worker_answers=*/false, kFrontendMaxThreads));
+  builder.experimental().SetInterceptorCreators(
+      StatusInterceptors(/*mark_worker_answers=*/false, kFrontendMaxThreads, &metrics));
 
   // The health listener: grpc.health.v1 and reflection, nothing else, no credentials.
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();

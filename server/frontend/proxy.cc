@@ -120,7 +120,8 @@ void UnloadInBackground(SessionManager* sessions, std::shared_ptr<SessionRecord>
     // its quota does not allow.
     session->MarkFaulted(absl::StrCat("a module over the tenant's memory quota could not be "
                                       "unloaded: ",
-                                      queued.message()));
+                                      queued.message()),
+                         absl::StatusCode::kFailedPrecondition, FaultCause::kQuota);
   }
 }
 
@@ -154,10 +155,15 @@ class RelayReactor final : public grpc::ServerGenericBidiReactor {
  public:
   // For Ledger::kCompile the caller has taken a compile slot of the session's tenant,
   // which this relay gives back when the call ends.
+  // `metrics` may be null.
   RelayReactor(grpc::GenericCallbackServerContext* context, SessionManager* sessions,
-               std::shared_ptr<SessionRecord> session, Ledger ledger, MethodShape shape)
+               std::shared_ptr<SessionRecord> session, Ledger ledger, MethodShape shape,
+               FrontendMetrics* metrics)
       : context_(context),
         sessions_(sessions),
+        metrics_(metrics),
+        relayed_(metrics != nullptr ? metrics->Relay(context->method())
+                                    : FrontendMetrics::RelayCounters{nullptr, nullptr}),
         session_(std::move(session)),
         ledger_(ledger),
         client_streaming_(shape.client_streaming),
@@ -198,6 +204,7 @@ class RelayReactor final : public grpc::ServerGenericBidiReactor {
     }
     // Outside the lock: the completion must be free to take it whenever it runs.
     if (start_unary) {
+      CountToWorker(from_client_);
       session_->stub().UnaryCall(&worker_context_, context_->method(), grpc::StubOptions(),
                                  &from_client_, &from_worker_,
                                  [this](grpc::Status status) { OnWorkerUnaryDone(status); });
@@ -234,6 +241,7 @@ class RelayReactor final : public grpc::ServerGenericBidiReactor {
         to_worker_open_ = false;  // the one request goes with the call
         return true;
       }
+      CountToWorker(from_client_);
       worker_half_.StartWriteLast(&from_client_, grpc::WriteOptions());
       return false;
     }
@@ -368,6 +376,7 @@ class RelayReactor final : public grpc::ServerGenericBidiReactor {
   void WriteToWorkerLocked() {
     to_worker_.Swap(&from_client_);
     from_client_.Clear();
+    CountToWorker(to_worker_);
     worker_write_pending_ = true;
     worker_half_.StartWrite(&to_worker_);
     StartRead(&from_client_);
@@ -378,6 +387,7 @@ class RelayReactor final : public grpc::ServerGenericBidiReactor {
   void WriteToClientLocked() {
     to_client_.Swap(&from_worker_);
     from_worker_.Clear();
+    CountToClient(to_client_);
     server_write_pending_ = true;
     StartWrite(&to_client_);
     if (from_worker_open_) worker_half_.StartRead(&from_worker_);
@@ -399,6 +409,7 @@ class RelayReactor final : public grpc::ServerGenericBidiReactor {
     WorkerFinishedLocked(std::move(final_status));
     if (answered && final_status_.ok() && !finished_) {
       finished_ = true;
+      CountToClient(from_worker_);
       StartWriteAndFinish(&from_worker_, grpc::WriteOptions(), final_status_);
       return;
     }
@@ -539,6 +550,8 @@ class RelayReactor final : public grpc::ServerGenericBidiReactor {
       case Ledger::kCompile: {
         v1::CompileResponse response;
         if (!ParseRelayed(from_worker_, &response)) return true;
+        // Every answered compile looked the cache up first: a miss ran NVRTC.
+        if (metrics_ != nullptr) metrics_->CompileAnswered(response.cache_hit());
         return ChargeModuleLocked(response.module_id(), response.device_memory_bytes());
       }
       case Ledger::kRegisterRegion: {
@@ -605,6 +618,13 @@ class RelayReactor final : public grpc::ServerGenericBidiReactor {
     }
   }
 
+  void CountToWorker(const grpc::ByteBuffer& message) {
+    if (relayed_.to_worker != nullptr) relayed_.to_worker->Increment(message.Length());
+  }
+  void CountToClient(const grpc::ByteBuffer& message) {
+    if (relayed_.to_client != nullptr) relayed_.to_client->Increment(message.Length());
+  }
+
   // Each pump ends once; ending it releases its hold on the worker call.
   void CloseToWorkerLocked() {
     if (!to_worker_open_) return;
@@ -626,6 +646,8 @@ class RelayReactor final : public grpc::ServerGenericBidiReactor {
 
   grpc::GenericCallbackServerContext* context_;
   SessionManager* sessions_;
+  FrontendMetrics* const metrics_;
+  const FrontendMetrics::RelayCounters relayed_;
   std::shared_ptr<SessionRecord> session_;
   const Ledger ledger_;
   const bool client_streaming_;
@@ -686,7 +708,8 @@ grpc::ServerGenericBidiReactor* SessionProxy::CreateReactor(
       return new RejectReactor(ToGrpcStatus(slot));
     }
   }
-  return new RelayReactor(context, sessions_, *std::move(session), ledger, method->second);
+  return new RelayReactor(context, sessions_, *std::move(session), ledger, method->second,
+                          metrics_);
 }
 
 }  // namespace gpurpc::frontend

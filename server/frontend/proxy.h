@@ -17,19 +17,25 @@
 // calls run to
 // their end in the worker even when the client cancels, so that the ledger sees what really
 // happened.
+//
+// With metrics (metrics.h), the relay counts the bytes of every message it passes on, per
+// method and direction, and each Compile answer as a compile cache hit or miss.
 #ifndef GPURPC_SERVER_FRONTEND_PROXY_H_
 #define GPURPC_SERVER_FRONTEND_PROXY_H_
 
 #include "grpcpp/generic/async_generic_service.h"
 #include "server/frontend/auth.h"
+#include "server/frontend/metrics.h"
 #include "server/frontend/session_manager.h"
 
 namespace gpurpc::frontend {
 
 class SessionProxy final : public grpc::CallbackGenericService {
  public:
-  SessionProxy(SessionManager* sessions, const Authenticator* auth)
-      : sessions_(sessions), auth_(auth) {}
+  // `metrics` may be null; it must outlive the proxy.
+  SessionProxy(SessionManager* sessions, const Authenticator* auth,
+               FrontendMetrics* metrics = nullptr)
+      : sessions_(sessions), auth_(auth), metrics_(metrics) {}
 
   grpc::ServerGenericBidiReactor* CreateReactor(
       grpc::GenericCallbackServerContext* context) override;
@@ -37,6 +43,7 @@ class SessionProxy final : public grpc::CallbackGenericService {
  private:
   SessionManager* sessions_;
   const Authenticator* auth_;
+  FrontendMetrics* metrics_;
 };
 
 }  // namespace gpurpc::frontend

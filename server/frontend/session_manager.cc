@@ -92,13 +92,15 @@ absl::StatusCode SessionRecord::fault_code() const {
   return fault_code_;
 }
 
-bool SessionRecord::MarkFaulted(const std::string& cause, absl::StatusCode code) {
+bool SessionRecord::MarkFaulted(const std::string& cause, absl::StatusCode code,
+                                FaultCause kind) {
   {
     absl::MutexLock lock(&mu_);
     if (!fault_cause_.empty() || closing_) return false;
     fault_cause_ = cause;
     fault_code_ = code;
   }
+  if (metrics_ != nullptr) metrics_->SessionFaulted(kind);
   spdlog::warn("session {} FAULTED: {}", id_, cause);
   worker_->Kill();
   NotifyWatchers();
@@ -107,12 +109,15 @@ bool SessionRecord::MarkFaulted(const std::string& cause, absl::StatusCode code)
 
 bool SessionRecord::MarkFaultedByExit() {
   if (worker_->exit_code() == kWorkerExitKernelTimeout && !worker_->exit_message().empty()) {
-    return MarkFaulted(worker_->exit_message(), absl::StatusCode::kDeadlineExceeded);
+    return MarkFaulted(worker_->exit_message(), absl::StatusCode::kDeadlineExceeded,
+                       FaultCause::kKernelTimeout);
   }
   if (worker_->exit_code() == kWorkerExitSessionFaulted && !worker_->exit_message().empty()) {
-    return MarkFaulted(worker_->exit_message());
+    return MarkFaulted(worker_->exit_message(), absl::StatusCode::kFailedPrecondition,
+                       FaultCause::kDeviceFault);
   }
-  return MarkFaulted(absl::StrCat("its worker process ", worker_->exit_description()));
+  return MarkFaulted(absl::StrCat("its worker process ", worker_->exit_description()),
+                     absl::StatusCode::kFailedPrecondition, FaultCause::kWorkerExit);
 }
 
 void SessionRecord::MarkClosing() {
@@ -175,8 +180,11 @@ void SessionRecord::NotifyWatchers() {
   for (Watcher* watcher : watchers_) watcher->OnSessionChanged(event, closing_);
 }
 
-SessionManager::SessionManager(DaemonOptions options, std::string exe)
-    : options_(std::move(options)), exe_(std::move(exe)), instance_(NewInstanceId()) {}
+SessionManager::SessionManager(DaemonOptions options, std::string exe, FrontendMetrics* metrics)
+    : options_(std::move(options)),
+      exe_(std::move(exe)),
+      metrics_(metrics),
+      instance_(NewInstanceId()) {}
 
 SessionManager::~SessionManager() {
   {
@@ -382,8 +390,15 @@ absl::StatusOr<std::shared_ptr<SessionRecord>> SessionManager::Open(int device_o
   }
   auto record = std::make_shared<SessionRecord>(id, device_ordinal, std::move(*worker), tenant,
                                                 peer, client_label);
+  record->metrics_ = metrics_;
   std::weak_ptr<SessionRecord> weak = record;
-  record->worker().SetExitCallback([this, weak](const std::string&) {
+  WorkerProcess* bound_worker = &record->worker();
+  record->worker().SetExitCallback([this, weak, bound_worker](const std::string&) {
+    // Exit code 7: the kernel watchdog ended the worker (which wrote why first). The worker
+    // object outlives this callback, which its own reaper thread runs.
+    if (metrics_ != nullptr && bound_worker->exit_code() == kWorkerExitKernelTimeout) {
+      metrics_->WatchdogKill();
+    }
     if (auto session = weak.lock()) {
       {
         // Its memory is free now, whatever the ledger says.
@@ -397,6 +412,7 @@ absl::StatusOr<std::shared_ptr<SessionRecord>> SessionManager::Open(int device_o
     absl::MutexLock lock(&mu_);
     sessions_[id] = record;
   }
+  if (metrics_ != nullptr) metrics_->SessionOpened(tenant);
   // The label is the client's text: escaped, so that it cannot forge log lines.
   spdlog::info("session {} opened on device {} for tenant {} ({}, worker pid {}){}{}", id,
                device_ordinal, tenant, peer, record->worker().pid(),
@@ -428,6 +444,7 @@ absl::Status SessionManager::Close(uint64_t session_id, std::shared_ptr<SessionR
     record = it->second;
     RemoveLocked(*record);
   }
+  if (metrics_ != nullptr) metrics_->SessionClosed(/*reclaimed=*/false);
   spdlog::info("session {} of tenant {} closed", session_id, record->tenant());
   if (ending != nullptr) {
     record->MarkClosing();
@@ -463,6 +480,7 @@ bool SessionManager::CloseIfAbandoned(const std::shared_ptr<SessionRecord>& sess
     if (why.empty()) return false;
     RemoveLocked(*session);
   }
+  if (metrics_ != nullptr) metrics_->SessionClosed(/*reclaimed=*/true);
   spdlog::info("session {} of tenant {} reclaimed: {}", session->id(), session->tenant(), why);
   EndWorker(*session);
   return true;
@@ -764,6 +782,33 @@ void SessionManager::EndCompile(const std::string& tenant) {
 size_t SessionManager::session_count() const {
   absl::MutexLock lock(&mu_);
   return sessions_.size();
+}
+
+SessionsSnapshot SessionManager::Snapshot() const {
+  SessionsSnapshot snapshot;
+  absl::MutexLock lock(&mu_);
+  snapshot.sessions.reserve(sessions_.size());
+  std::map<std::string, uint32_t> open;
+  for (const auto& [id, session] : sessions_) {
+    SessionsSnapshot::Session& out = snapshot.sessions.emplace_back();
+    out.tenant = session->tenant();
+    out.device = session->device();
+    out.faulted = session->state() == v1::SESSION_STATE_FAULTED;
+    out.worker_running = !session->worker_->exited();
+    out.device_memory_bytes = session->memory_bytes_;
+    out.host_region_bytes = session->host_region_bytes_;
+    ++open[session->tenant()];
+  }
+  for (const auto& [tenant, slots] : tenant_slots_) {
+    const uint32_t opened = open.count(tenant) != 0 ? open[tenant] : 0;
+    if (slots > opened) snapshot.opening[tenant] = slots - opened;
+  }
+  for (const auto& [device, pool] : pools_) {
+    int running = 0;
+    for (const auto& worker : pool) running += worker->exited() ? 0 : 1;
+    snapshot.warm_workers[device] = running;
+  }
+  return snapshot;
 }
 
 void SessionManager::Maintain() {

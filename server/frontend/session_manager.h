@@ -46,6 +46,7 @@
 #include "gpurpc/v1/device_service.pb.h"
 #include "gpurpc/v1/session_service.pb.h"
 #include "grpcpp/generic/generic_stub.h"
+#include "server/frontend/metrics.h"
 #include "server/frontend/worker_process.h"
 #include "server/options.h"
 
@@ -77,12 +78,15 @@ class SessionRecord {
   std::string fault_cause() const;
   absl::StatusCode fault_code() const;  // kOk while ACTIVE
   // Records the first cause and ends the worker (its context is unusable anyway). Does
-  // nothing once the session is closing. True when this call recorded the cause.
+  // nothing once the session is closing. True when this call recorded the cause (and then
+  // the metrics count a fault of kind `kind`).
   bool MarkFaulted(const std::string& cause,
-                   absl::StatusCode code = absl::StatusCode::kFailedPrecondition);
+                   absl::StatusCode code = absl::StatusCode::kFailedPrecondition,
+                   FaultCause kind = FaultCause::kDeviceFault);
   // After the worker ended: records why, from its exit (the watchdog's line and exit code
-  // 7 become DEADLINE_EXCEEDED; a sticky fault's line and exit code 9, FAILED_PRECONDITION
-  // with that cause). Same return as MarkFaulted.
+  // 7 become DEADLINE_EXCEEDED, kind kKernelTimeout; a sticky fault's line and exit code 9,
+  // FAILED_PRECONDITION with that cause, kind kDeviceFault; any other end, kWorkerExit).
+  // Same return as MarkFaulted.
   bool MarkFaultedByExit();
   // Called by Close before it ends the worker, so that the worker's death is no fault.
   void MarkClosing();
@@ -139,6 +143,7 @@ class SessionRecord {
   bool watched_ ABSL_GUARDED_BY(mu_) = false;
   std::atomic<int64_t> last_activity_ns_;
   std::atomic<int> calls_in_flight_{0};
+  FrontendMetrics* metrics_ = nullptr;  // set by the manager before the record is shared
 
   friend class SessionManager;
   // Device memory ledger, guarded by the manager's mutex.
@@ -161,6 +166,21 @@ class SessionRecord {
   }  // the worker ended: its memory is free, accounts nothing
 };
 
+// What the metrics read at each scrape (metrics.h), taken under one lock.
+struct SessionsSnapshot {
+  struct Session {
+    std::string tenant;
+    int device = 0;
+    bool faulted = false;
+    bool worker_running = false;
+    uint64_t device_memory_bytes = 0;  // as the ledger accounts it
+    uint64_t host_region_bytes = 0;
+  };
+  std::vector<Session> sessions;
+  std::map<std::string, uint32_t> opening;  // per tenant: opens in progress (slots held)
+  std::map<int, int> warm_workers;          // per device: started, unbound, running
+};
+
 // What one tenant holds now.
 struct TenantUsage {
   uint32_t sessions = 0;  // open, plus opens in progress
@@ -171,8 +191,9 @@ struct TenantUsage {
 
 class SessionManager {
  public:
-  // `exe` is the daemon binary, re-executed for workers.
-  SessionManager(DaemonOptions options, std::string exe);
+  // `exe` is the daemon binary, re-executed for workers. `metrics` (may be null) counts
+  // sessions opened and ended, faults and watchdog kills; it must outlive the manager.
+  SessionManager(DaemonOptions options, std::string exe, FrontendMetrics* metrics = nullptr);
   // Ends every worker.
   ~SessionManager();
 
@@ -224,6 +245,7 @@ class SessionManager {
   std::vector<std::shared_ptr<SessionRecord>> AllSessions() const;
 
   size_t session_count() const;
+  SessionsSnapshot Snapshot() const;
   // Shutting down (SIGTERM): from now on Open answers UNAVAILABLE saying so, while the open
   // sessions go on until they close or the drain timeout ends them (frontend_main.cc).
   void StartDraining() { draining_.store(true, std::memory_order_release); }
@@ -291,6 +313,7 @@ class SessionManager {
 
   DaemonOptions options_;
   const std::string exe_;
+  FrontendMetrics* const metrics_;
   const std::string instance_;
   const absl::Time started_ = absl::Now();
   v1::ListDevicesResponse inventory_;  // written by Start only, before any other call
