@@ -5,7 +5,8 @@
 #   bash tests/deploy/check-kubernetes.sh [GPURPCD]
 #
 # 1. yamllint (deploy/kubernetes/.yamllint) over every YAML file of deploy/kubernetes.
-# 2. The renderer's tests, then renders the base and each overlay with tests/deploy/kustomize_render.py (no kustomize in
+# 2. tests/deploy's own tests (the renderer, check_manifests.py, pod_sim.py's scrape), then
+#    renders the base and each overlay with tests/deploy/kustomize_render.py (no kustomize in
 #    Debian 12 or on PyPI), in a scratch copy where make-credentials.sh has made the
 #    credentials the overlays' secretGenerators read. Where kubectl is installed, renders
 #    with `kubectl kustomize` too and requires the very same objects.
@@ -13,10 +14,12 @@
 #    probes) and the newest the pinned kubernetes-validate ships, on every rendered object and
 #    on base/secret.example.yaml; its schemas ship in the package, nothing is fetched.
 # 4. tests/deploy/check_manifests.py: the daemon's view (probes on its health port, drain vs
-#    grace period, non-root read-only pod, paths the daemon accepts, Secret keys, selectors).
+#    grace period, non-root read-only pod, paths the daemon accepts, Secret keys, selectors,
+#    the metrics port and annotations against metrics_listen, the NetworkPolicy).
 # 5. With GPURPCD (a built gpurpcd; default $GPURPCD_BIN): the daemon parses each rendered
 #    configuration file, and tests/deploy/pod_sim.py runs the example overlay's pod on this
-#    machine (the fake backend) and uses it over TLS with a generated token.
+#    machine (the fake backend), uses it over TLS with a generated token and scrapes its
+#    /metrics over HTTP.
 # 6. hadolint on the Dockerfile.
 #
 # Needs python3 with PyYAML, grpcio and pytest (and the gpurpc package for pod_sim.py),
@@ -62,7 +65,7 @@ else
   failed yamllint
 fi
 
-part "the renderer's own tests (tests/deploy/test_kustomize_render.py)"
+part "tests/deploy's own tests (the renderer, check_manifests.py, pod_sim.py's scrape)"
 "$python" -m pytest "$here" -q -p no:cacheprovider || failed "pytest $here"
 
 part "render (tests/deploy/kustomize_render.py)"

@@ -22,7 +22,14 @@ two against each other and against what the daemon refuses at start:
   others may read);
 * resources: a GPU from the NVIDIA device plugin, CPU and memory requests, a memory limit;
 * the headless Service and the PodDisruptionBudget select the pods (a DaemonSet's PDB: an
-  integer minAvailable, the only form Kubernetes supports for it).
+  integer minAvailable, the only form Kubernetes supports for it);
+* metrics (``metrics_listen``, docs/METRICS.md): bound to 0.0.0.0 (or [::]) on a fixed port,
+  the containerPort ``metrics`` and the pod's ``prometheus.io/{scrape,port,path}``
+  annotations on that port and /metrics, the headless Service's port for it, no
+  LoadBalancer or NodePort Service reaching it, and a NetworkPolicy selecting the pods that
+  admits the metrics port only from selected namespaces or pods (the endpoint has no
+  credentials and names tenants) while still admitting the gRPC and health ports; without
+  ``metrics_listen`` no metrics port or scrape annotation.
 
     check_manifests.py RENDERED.yaml [--secret FILE] [--write-config DIR]
 
@@ -100,6 +107,68 @@ def labels_match(selector: Obj, labels: Dict[str, str]) -> bool:
     return bool(wanted) and all(labels.get(k) == v for k, v in wanted.items())
 
 
+def selector_is_empty(selector: Optional[Obj]) -> bool:
+    """A LabelSelector that selects everything ({} or no labels and no expressions)."""
+    return not (selector or {}).get("matchLabels") and not (selector or {}).get(
+        "matchExpressions")
+
+
+def split_host_port(address: str) -> Tuple[str, Optional[int]]:
+    """HOST:PORT or [IPV6]:PORT as the daemon takes it: (host, port or None)."""
+    match = re.fullmatch(r"(\[[^\]]*\]|[^:\[\]]*):(\d+)", address)
+    if not match:
+        return address, None
+    return match.group(1), int(match.group(2))
+
+
+def is_loopback(host: str) -> bool:
+    return host in ("localhost", "[::1]") or host.startswith("127.")
+
+
+def rule_admits_port(rule: Obj, number: int, name: Optional[str]) -> bool:
+    """Whether a NetworkPolicy ingress rule covers TCP port ``number`` (named ``name`` in
+    the container): no ports means every port; a port entry without a port means every port
+    of its protocol; a named port matches the container's name; endPort makes a range."""
+    entries = rule.get("ports")
+    if not entries:
+        return True
+    for entry in entries:
+        if entry.get("protocol", "TCP") != "TCP":
+            continue
+        port = entry.get("port")
+        if port is None:
+            return True
+        if isinstance(port, str) and not port.isdigit():
+            if name is not None and port == name:
+                return True
+            continue
+        low = int(port)
+        if low == number or low <= number <= int(entry.get("endPort", low)):
+            return True
+    return False
+
+
+def peer_too_broad(peer: Obj) -> Optional[str]:
+    """Why a NetworkPolicy peer admits more than chosen namespaces or pods, or None. A peer
+    must name namespaces (a non-empty namespaceSelector, whose labels only those who may
+    label namespaces can set) or, without a namespaceSelector, pods of the policy's own
+    namespace by non-empty labels; an ipBlock may not be a /0."""
+    if "ipBlock" in peer:
+        cidr = str(peer["ipBlock"].get("cidr", ""))
+        if cidr.endswith("/0"):
+            return f"ipBlock {cidr} is every address"
+        return None
+    if "namespaceSelector" in peer:
+        if selector_is_empty(peer["namespaceSelector"]):
+            return "an empty namespaceSelector admits pods of every namespace"
+        return None
+    if "podSelector" in peer:
+        if selector_is_empty(peer["podSelector"]):
+            return "an empty podSelector admits every pod of the namespace"
+        return None
+    return "a peer without a selector"
+
+
 def under(path: str, mount: str) -> bool:
     return posixpath.commonpath([path, mount]) == mount
 
@@ -135,6 +204,7 @@ class Checker:
         template = ws["spec"]["template"]
         pod = template["spec"]
         pod_labels = template["metadata"].get("labels") or {}
+        self.pod_annotations: Dict[str, str] = template["metadata"].get("annotations") or {}
         if not labels_match(ws["spec"]["selector"], pod_labels):
             self.fail(f"{name}: its selector does not match its pod labels")
         psc = pod.get("securityContext") or {}
@@ -348,6 +418,7 @@ class Checker:
                 if target not in ports and target not in ports.values():
                     self.fail(f"Service {svc['metadata']['name']}: targetPort {target} is no "
                               "port of the daemon")
+        self.check_metrics(name, where, config, c, pod_labels, listen_port, health_port)
         pdbs = [o for o in self.objs if o.get("kind") == "PodDisruptionBudget"]
         if not pdbs:
             self.fail("no PodDisruptionBudget")
@@ -361,6 +432,112 @@ class Checker:
                                                                    int)):
                 self.fail(f"PodDisruptionBudget {pdb['metadata']['name']}: a DaemonSet's pods "
                           "take only an integer minAvailable")
+
+    def check_metrics(self, name: str, where: str, config: Dict[str, str], c: Obj,
+                      pod_labels: Dict[str, str], listen_port: Optional[int],
+                      health_port: Optional[int]) -> None:
+        """metrics_listen against the pod's port and annotations, the Services and the
+        NetworkPolicies (docs/METRICS.md: no credentials, and the metrics name tenants)."""
+        ports = {p.get("name"): p["containerPort"] for p in c.get("ports") or []}
+        annotations = self.pod_annotations
+        scrape = annotations.get("prometheus.io/scrape")
+        address = config.get("metrics_listen", "")
+        policies = [o for o in self.objs if o.get("kind") == "NetworkPolicy"]
+        selecting = []
+        for policy in policies:
+            spec = policy.get("spec") or {}
+            selector = spec.get("podSelector") or {}
+            if not (selector_is_empty(selector) or labels_match(selector, pod_labels)):
+                self.fail(f"NetworkPolicy {policy['metadata']['name']}: its podSelector "
+                          "misses the pods")
+                continue
+            types = spec.get("policyTypes") or ["Ingress"]
+            if "Ingress" in types:
+                selecting.append(policy)
+        # Whatever restricts the pods must still let the clients and the kubelet in.
+        for port, port_name in ((listen_port, "grpc"), (health_port, "health")):
+            if port is None or not selecting:
+                continue
+            if not any(rule_admits_port(rule, port, port_name)
+                       for policy in selecting for rule in policy["spec"].get("ingress") or []):
+                self.fail(f"NetworkPolicy {', '.join(p['metadata']['name'] for p in selecting)}"
+                          f": no ingress rule admits the {port_name} port {port}")
+
+        if not address:
+            if "metrics" in ports:
+                self.fail(f"{where}: containerPort metrics {ports['metrics']}, but the config "
+                          "has no metrics_listen")
+            if scrape == "true":
+                self.fail(f"{name}: annotation prometheus.io/scrape is \"true\", but the config "
+                          "has no metrics_listen")
+            return
+        host, port = split_host_port(address)
+        if port is None or port == 0:
+            self.fail(f"{where}: metrics_listen {address!r} needs a fixed HOST:PORT (the pod "
+                      "declares the port)")
+            return
+        if is_loopback(host):
+            # Inside the pod only (a sidecar could read it): nothing may point Prometheus at it.
+            if "metrics" in ports or scrape == "true":
+                self.fail(f"{where}: metrics_listen {address} is loopback, which Prometheus "
+                          "cannot reach, yet the pod declares a metrics port or scrape annotation")
+            return
+        if host not in ("0.0.0.0", "[::]"):
+            self.fail(f"{where}: metrics_listen {address}: bind 0.0.0.0:{port} (the pod's "
+                      "address is not known beforehand)")
+        if ports.get("metrics") != port:
+            self.fail(f"{where}: containerPort metrics {ports.get('metrics')} is not the "
+                      f"config's metrics_listen {address}")
+        for key, wanted in (("prometheus.io/scrape", "true"), ("prometheus.io/port", str(port)),
+                            ("prometheus.io/path", "/metrics")):
+            if annotations.get(key) != wanted:
+                self.fail(f"{name}: pod annotation {key} is {annotations.get(key)!r}, not "
+                          f"{wanted!r} (metrics_listen {address})")
+        scheme = annotations.get("prometheus.io/scheme", "http")
+        if scheme != "http":
+            self.fail(f"{name}: pod annotation prometheus.io/scheme is {scheme!r}; the "
+                      "metrics endpoint speaks plain http")
+
+        def targets_metrics(svc_port: Obj) -> bool:
+            target = svc_port.get("targetPort", svc_port["port"])
+            return target == "metrics" or target == port
+
+        for svc in [o for o in self.objs if o.get("kind") == "Service"]:
+            spec = svc["spec"]
+            reaches = [p for p in spec.get("ports") or [] if targets_metrics(p)]
+            if spec.get("clusterIP") == "None" and not reaches:
+                self.fail(f"Service {svc['metadata']['name']}: no port for the metrics "
+                          f"(targetPort metrics): a ServiceMonitor could not select it")
+            if spec.get("type") in ("LoadBalancer", "NodePort") and reaches:
+                self.fail(f"Service {svc['metadata']['name']}: {spec['type']} exposes the "
+                          "metrics port (no credentials, names tenants) outside the cluster")
+
+        # Every NetworkPolicy admits what any of them admits: each rule reaching the metrics
+        # port must name its sources, and one must exist at all.
+        if not selecting:
+            self.fail(f"no NetworkPolicy selects the pods: metrics_listen {address} (no "
+                      "credentials, names tenants) is open to every pod of the cluster")
+            return
+        admitted = False
+        for policy in selecting:
+            for index, rule in enumerate(policy["spec"].get("ingress") or []):
+                if not rule_admits_port(rule, port, "metrics"):
+                    continue
+                here = (f"NetworkPolicy {policy['metadata']['name']} ingress rule {index} "
+                        f"(admits the metrics port {port})")
+                admitted = True
+                peers = rule.get("from") or []
+                if not peers:
+                    self.fail(f"{here}: it has no 'from', so every source may scrape the "
+                              "metrics (no credentials, names tenants)")
+                    continue
+                for peer in peers:
+                    why = peer_too_broad(peer)
+                    if why:
+                        self.fail(f"{here}: {why}")
+        if not admitted:
+            self.fail(f"NetworkPolicy {', '.join(p['metadata']['name'] for p in selecting)}: "
+                      f"no rule admits the metrics port {port}: Prometheus could not scrape")
 
 
 def main(argv: List[str]) -> int:

@@ -7,14 +7,18 @@ Secret the way the kubelet writes them (files behind ``..data`` symlinks, the Se
 defaultMode, group fsGroup), the config file with each of its paths moved under the scratch
 root; then starts the daemon as the pod's user and groups (uid 10001, when run as root) with
 the pod's command, overriding only ``--backend=fake`` (no GPU) and ``--cuda-include-dir``
-(the image's copy of the headers is not here), with both listeners on loopback ports.
+(the image's copy of the headers is not here), with its listeners (gRPC, health and, where the
+config has ``metrics_listen``, metrics) on loopback ports.
 
 Then, as a client outside the pod would: the gRPC health check the probes make answers
 SERVING; ``gpurpc ping`` over TLS with the generated CA and token, checking the certificate
 against the Service's DNS name; a wrong token is refused; a session compiles and loads a
 kernel (the compile sandbox, the cache below the emptyDir, the cache key); SIGTERM turns
 health NOT_SERVING while that session stays open; closing it lets the daemon exit 0 within
-the drain.
+the drain. With ``metrics_listen``, as Prometheus would (a plain HTTP GET on the pod
+annotations' ``prometheus.io/path``): the answer is the text format 0.0.4, parsed strictly,
+with ``gpurpc_`` metrics; it counts the tenant's open session and the calls made, and shows
+``gpurpc_draining 1`` after SIGTERM.
 
     pod_sim.py --daemon BIN --rendered OVERLAY.yaml --credentials DIR --tenant NAME --work DIR
 """
@@ -31,7 +35,9 @@ import socket
 import subprocess
 import sys
 import time
-from typing import Any, Dict, List, Optional
+import urllib.error
+import urllib.request
+from typing import Any, Dict, List, Optional, Tuple
 
 import grpc
 import yaml
@@ -59,6 +65,97 @@ print("session closed", flush=True)
 
 class SimError(Exception):
     pass
+
+
+Sample = Tuple[str, Dict[str, str], float]
+_NAME = r"[a-zA-Z_:][a-zA-Z0-9_:]*"
+_LABEL = r'([a-zA-Z_][a-zA-Z0-9_]*)="((?:[^"\\\n]|\\[\\"n])*)"'
+_LABEL_NC = r'[a-zA-Z_][a-zA-Z0-9_]*="(?:[^"\\\n]|\\[\\"n])*"'
+_VALUE = r"[-+]?(?:[0-9]*\.?[0-9]+(?:[eE][-+]?[0-9]+)?|Inf|NaN)"
+_SAMPLE = re.compile(rf"({_NAME})(?:\{{((?:{_LABEL_NC}(?:,{_LABEL_NC})*,?)?)\}})? ({_VALUE})"
+                     r"(?: -?[0-9]+)?")
+_TYPES = ("counter", "gauge", "histogram", "summary", "untyped")
+
+
+def parse_exposition(text: str) -> List[Sample]:
+    """The samples of a Prometheus text-format (0.0.4) answer, checked as a scraper would:
+    every line a comment, a HELP or TYPE line, or a sample; each sample of a family whose
+    TYPE came first (a histogram's _bucket, _sum and _count, and a summary's _sum and
+    _count, belong to it); a histogram's buckets with an le label. SimError names the
+    first line that is wrong."""
+    types: Dict[str, str] = {}
+    samples: List[Sample] = []
+    if text and not text.endswith("\n"):
+        raise SimError("the metrics text does not end in a newline")
+    for number, line in enumerate(text.splitlines(), 1):
+        where = f"metrics line {number} {line!r}"
+        if not line:
+            continue
+        if line.startswith("#"):
+            parts = line.split(None, 3)
+            if len(parts) >= 3 and parts[1] in ("HELP", "TYPE"):
+                if not re.fullmatch(_NAME, parts[2]):
+                    raise SimError(f"{where}: {parts[2]!r} is not a metric name")
+                if parts[1] == "TYPE":
+                    if len(parts) != 4 or parts[3] not in _TYPES:
+                        raise SimError(f"{where}: not one of the types {_TYPES}")
+                    if parts[2] in types:
+                        raise SimError(f"{where}: a second TYPE for {parts[2]}")
+                    types[parts[2]] = parts[3]
+            continue
+        match = _SAMPLE.fullmatch(line)
+        if not match:
+            raise SimError(f"{where}: not a sample (name{{labels}} value)")
+        name, label_text, value = match.group(1), match.group(2) or "", match.group(3)
+        labels: Dict[str, str] = {}
+        for key, escaped in re.findall(_LABEL, label_text):
+            if key in labels:
+                raise SimError(f"{where}: label {key} twice")
+            labels[key] = re.sub(r"\\(.)", lambda m: "\n" if m.group(1) == "n" else m.group(1),
+                                 escaped)
+        family = name
+        for suffix, kinds in (("_bucket", ("histogram",)), ("_sum", ("histogram", "summary")),
+                              ("_count", ("histogram", "summary"))):
+            if name.endswith(suffix) and types.get(name[:-len(suffix)]) in kinds:
+                family = name[:-len(suffix)]
+        if family not in types:
+            raise SimError(f"{where}: no TYPE line before the sample of {name}")
+        if types[family] == "histogram" and name.endswith("_bucket") and "le" not in labels:
+            raise SimError(f"{where}: a histogram bucket without le")
+        samples.append((name, labels, float(value)))
+    return samples
+
+
+def sample_sum(samples: List[Sample], name: str, **labels: str) -> Optional[float]:
+    """The sum of the samples of ``name`` whose labels include ``labels``; None if none."""
+    values = [v for n, ls, v in samples
+              if n == name and all(ls.get(k) == want for k, want in labels.items())]
+    return sum(values) if values else None
+
+
+def scrape(url: str) -> List[Sample]:
+    """GET url as Prometheus does: HTTP 200, the text format's Content-Type, parsed."""
+    request = urllib.request.Request(url, headers={
+        "Accept": "text/plain;version=0.0.4;q=1,*/*;q=0.1"})
+    # Straight to the pod, as Prometheus does: no http_proxy from the environment.
+    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+    try:
+        with opener.open(request, timeout=5) as answer:
+            status = answer.status
+            content_type = answer.headers.get("Content-Type", "")
+            body = answer.read().decode("utf-8")
+    except (urllib.error.URLError, OSError, UnicodeDecodeError) as e:
+        raise SimError(f"GET {url}: {e}")
+    if status != 200:
+        raise SimError(f"GET {url}: HTTP {status}")
+    media = [p.strip() for p in content_type.split(";")]
+    if media[0] != "text/plain" or "version=0.0.4" not in media[1:]:
+        raise SimError(f"GET {url}: Content-Type {content_type!r} is not the Prometheus text "
+                       "format (text/plain; version=0.0.4)")
+    samples = parse_exposition(body)
+    if not any(name.startswith("gpurpc_") for name, _, _ in samples):
+        raise SimError(f"GET {url}: no gpurpc_ metric in the answer:\n{body[:2000]}")
+    return samples
 
 
 def free_port() -> int:
@@ -181,6 +278,16 @@ def run(args: argparse.Namespace) -> None:
     text = re.sub(r'(?m)^listen: "[^"]*"', f'listen: "127.0.0.1:{port}"', text)
     text = re.sub(r'(?m)^health_listen: "[^"]*"', f'health_listen: "127.0.0.1:{health_port}"',
                   text)
+    # The metrics listener too, where there is one; Prometheus's URL from the annotations.
+    metrics_url = None
+    configured = re.findall(r'(?m)^metrics_listen:\s*"([^"]*)"', text)
+    if configured and configured[-1]:
+        metrics_port = free_port()
+        text = re.sub(r'(?m)^metrics_listen:\s*"[^"]*"',
+                      f'metrics_listen: "127.0.0.1:{metrics_port}"', text)
+        annotations = ds["spec"]["template"]["metadata"].get("annotations") or {}
+        path = annotations.get("prometheus.io/path", "/metrics")
+        metrics_url = f"http://127.0.0.1:{metrics_port}{path}"
     sim_config = os.path.join(root, "sim-gpurpcd.conf")
     with open(sim_config, "w", encoding="utf-8") as f:
         f.write(text)
@@ -219,6 +326,15 @@ def run(args: argparse.Namespace) -> None:
                 raise SimError("the daemon did not become SERVING:\n" + tail(log_path))
             time.sleep(0.2)
         print("pod_sim.py: health (the probes' call) answers SERVING")
+        if metrics_url is not None:
+            samples = scrape(metrics_url)
+            backend = [ls.get("backend") for n, ls, _ in samples if n == "gpurpc_build_info"]
+            if backend != ["fake"]:
+                raise SimError(f"GET {metrics_url}: gpurpc_build_info's backend is {backend}, "
+                               "not the simulation's ['fake']")
+            print(f"pod_sim.py: GET {metrics_url} (as Prometheus, over HTTP): "
+                  f"{len(samples)} samples of the text format 0.0.4, "
+                  f"{len({n for n, _, _ in samples if n.startswith('gpurpc_')})} gpurpc_ names")
 
         client_env = dict(os.environ)
         for name in list(client_env):
@@ -253,6 +369,29 @@ def run(args: argparse.Namespace) -> None:
             raise SimError(f"the session did not open and compile: {line}{client.stdout.read()}"
                            f"\n{tail(log_path)}")
         print("pod_sim.py: a session compiled and loaded a kernel")
+        if metrics_url is not None:
+            samples = scrape(metrics_url)
+            tenant = args.tenant
+            wanted = [
+                ("gpurpc_sessions", {"tenant": tenant, "state": "active"}, lambda v: v == 1,
+                 "1 (the open session)"),
+                ("gpurpc_sessions_opened_total", {"tenant": tenant}, lambda v: v == 1, "1"),
+                ("gpurpc_rpcs_total",
+                 {"method": "/gpurpc.v1.DeviceService/GetServerInfo", "code": "OK"},
+                 lambda v: v >= 2, ">= 2 (gpurpc ping -n 2)"),
+            ]
+            for name, labels, good, meaning in wanted:
+                value = sample_sum(samples, name, **labels)
+                if value is None or not good(value):
+                    raise SimError(f"GET {metrics_url}: {name}{labels} is {value}, not "
+                                   f"{meaning}")
+            compiles = ((sample_sum(samples, "gpurpc_compile_cache_hits_total") or 0)
+                        + (sample_sum(samples, "gpurpc_compile_cache_misses_total") or 0))
+            if compiles < 1:
+                raise SimError(f"GET {metrics_url}: the compile was not counted (hits + misses "
+                               f"{compiles})")
+            print(f"pod_sim.py: the metrics count {tenant}'s open session, the pings and the "
+                  "compile")
         daemon.send_signal(signal.SIGTERM)
         deadline = time.monotonic() + 5
         while health(health_address) != NOT_SERVING:
@@ -263,6 +402,15 @@ def run(args: argparse.Namespace) -> None:
         if daemon.poll() is not None:
             raise SimError("the daemon exited at SIGTERM with a session open (no drain)")
         print("pod_sim.py: SIGTERM: health NOT_SERVING, the open session goes on (drain)")
+        if metrics_url is not None:
+            # The daemon turns health NOT_SERVING first, then starts the drain: poll briefly.
+            deadline = time.monotonic() + 5
+            while (draining := sample_sum(scrape(metrics_url), "gpurpc_draining")) != 1:
+                if time.monotonic() > deadline:
+                    raise SimError(f"GET {metrics_url} while draining: gpurpc_draining is "
+                                   f"{draining}, not 1")
+                time.sleep(0.1)
+            print("pod_sim.py: while draining the metrics are still served: gpurpc_draining 1")
         client.stdin.write("\n")
         client.stdin.flush()
         out = client.communicate(timeout=30)[0]
