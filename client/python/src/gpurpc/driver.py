@@ -57,7 +57,9 @@ What differs from PyCUDA, and why:
   raise :class:`SessionLost` (a :class:`LogicError`) saying so; make a new context (the
   connection reconnects by itself). ``detach`` and the exit path never hang, also when the
   daemon is stopped or gone.
-* Not available: texture/surface references, arrays and pitched 2D/3D copies, managed and
+* Pitched memory (``mem_alloc_pitch``, ``Memcpy2D``/``Memcpy3D`` of linear memory,
+  ``memset_d2d*``) is built from linear copies and memsets; see ``gpurpc._driver_extras``.
+* Not available: texture/surface references, CUDA arrays, managed and
   mapped memory, IPC handles, peer copies, ``register_host_memory``, ``Linker``/
   ``DynamicModule``. Asking for one raises :class:`AttributeError` saying why (so ``hasattr``
   checks keep working).
@@ -80,6 +82,24 @@ import numpy as np
 
 from . import _core, _progress, _regions
 from ._core import Client, SessionCore, device_pointer, resolve_address
+from ._driver_extras import (
+    Memcpy2D,
+    Memcpy3D,
+    aligned_empty,
+    aligned_empty_like,
+    aligned_zeros,
+    aligned_zeros_like,
+    mem_alloc_pitch,
+    mem_get_address_range,
+    memory_type,
+    memset_d2d8,
+    memset_d2d8_async,
+    memset_d2d16,
+    memset_d2d16_async,
+    memset_d2d32,
+    memset_d2d32_async,
+    pointer_attribute,
+)
 from ._enums import (
     capture_mode,
     capture_status,
@@ -118,10 +138,14 @@ __all__ = [
     # enums
     "device_attribute", "function_attribute", "ctx_flags", "event_flags", "stream_flags",
     "host_alloc_flags", "func_cache", "shared_config", "limit", "capture_mode", "capture_status",
+    "pointer_attribute", "memory_type",
     # init / devices / contexts
     "init", "get_version", "get_driver_version", "Device", "Context",
     # memory
     "mem_alloc", "mem_alloc_like", "mem_get_info", "DeviceAllocation", "PointerHolderBase",
+    "mem_alloc_pitch", "mem_get_address_range", "Memcpy2D", "Memcpy3D",
+    "memset_d2d8", "memset_d2d16", "memset_d2d32", "memset_d2d8_async", "memset_d2d16_async",
+    "memset_d2d32_async",
     "to_device", "from_device", "from_device_like",
     "memcpy_htod", "memcpy_dtoh", "memcpy_dtod", "memcpy_htod_async", "memcpy_dtoh_async",
     "memcpy_dtod_async", "memset_d8", "memset_d16", "memset_d32", "memset_d8_async",
@@ -1174,12 +1198,6 @@ def pagelocked_zeros_like(array: np.ndarray, mem_flags: int = 0) -> np.ndarray:
                        "pagelocked_zeros_like")
 
 
-aligned_empty = pagelocked_empty
-aligned_zeros = pagelocked_zeros
-aligned_empty_like = pagelocked_empty_like
-aligned_zeros_like = pagelocked_zeros_like
-
-
 def set_transfer_progress(enabled: bool = True, min_bytes: Optional[int] = None) -> None:
     """Shows a tqdm progress bar for transfers of at least ``min_bytes`` (default 64 MiB).
 
@@ -2207,11 +2225,12 @@ def _noop() -> None:
 # keep working.)
 _NOT_AVAILABLE = {
     **dict.fromkeys(
-        ["Array", "ArrayDescriptor", "ArrayDescriptor3D", "Memcpy2D", "Memcpy3D",
-         "Memcpy3DPeer", "matrix_to_array", "np_to_array", "gpuarray_to_array",
-         "make_multichannel_2d_array", "memcpy_atoh", "memcpy_htoa", "memcpy_atod", "memcpy_dtoa", "memcpy_atoa",
-         "mem_alloc_pitch", "memset_d2d8", "memset_d2d16", "memset_d2d32"],
-        "CUDA arrays and pitched 2D/3D copies are not served by gpurpcd yet"),
+        ["Array", "ArrayDescriptor", "ArrayDescriptor3D", "matrix_to_array", "np_to_array",
+         "gpuarray_to_array", "make_multichannel_2d_array", "memcpy_atoh", "memcpy_htoa",
+         "memcpy_atod", "memcpy_dtoa", "memcpy_atoa"],
+        "CUDA arrays are not served by gpurpcd yet (Memcpy2D/Memcpy3D copy linear memory)"),
+    "Memcpy3DPeer": "copies between contexts (sessions) are not served by gpurpcd yet; within "
+                    "one context use Memcpy3D",
     **dict.fromkeys(
         ["TextureReference", "SurfaceReference", "bind_array_to_texref"],
         "texture and surface references were removed in CUDA 12"),
