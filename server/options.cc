@@ -21,6 +21,7 @@
 #include "google/protobuf/io/tokenizer.h"
 #include "google/protobuf/text_format.h"
 #include "gpurpc/config/v1/daemon_config.pb.h"
+#include "server/log_format.h"
 
 namespace gpurpc {
 namespace {
@@ -140,8 +141,9 @@ const std::vector<Flag>& Flags() {
        }},
       {"metrics-listen", "HOST:PORT",
        "serve Prometheus metrics over plain HTTP at GET /metrics on this address, e.g. "
-       "127.0.0.1:9464 (no credentials, and the metrics name tenants: keep it on loopback or "
-       "behind a network policy; see docs/METRICS.md) (default: none)",
+       "127.0.0.1:9464 (no credentials, and the metrics name tenants; on a shared host loopback "
+       "is not private: restrict it with a firewall or network policy, see docs/METRICS.md) "
+       "(default: none)",
        [](DaemonOptions& o, const std::string& v) {
          if (!v.empty()) GPURPC_RETURN_IF_ERROR(ParseHostPort("--metrics-listen", v));
          o.metrics_listen = v;
@@ -407,6 +409,15 @@ const std::vector<Flag>& Flags() {
          }
          return absl::InvalidArgumentError(
              absl::StrFormat("--log-level: '%s' is not one of trace, debug, info, warn, error", v));
+       }},
+      {"log-format", "FORMAT",
+       "text, or json: every line of the daemon and its workers one JSON object with ts "
+       "(RFC 3339, UTC), level, process (frontend or worker), pid, device (workers) and msg "
+       "(default text)",
+       [](DaemonOptions& o, const std::string& v) {
+         GPURPC_RETURN_IF_ERROR(ParseLogFormat(v).status());
+         o.log_format = v;
+         return absl::OkStatus();
        }},
       {"internal-worker", nullptr, "",
        [](DaemonOptions& o, const std::string&) {
@@ -766,7 +777,8 @@ std::vector<std::string> WorkerArgs(const DaemonOptions& options, int device, in
           absl::StrCat("--compile-timeout=", absl::FormatDuration(options.compile_timeout)),
           absl::StrCat("--compile-cpu-seconds=", options.compile_cpu_seconds),
           absl::StrCat("--compile-memory-bytes=", options.compile_memory_bytes),
-          absl::StrCat("--log-level=", options.log_level)};
+          absl::StrCat("--log-level=", options.log_level),
+          absl::StrCat("--log-format=", options.log_format)};
 }
 
 }  // namespace gpurpc

@@ -58,6 +58,9 @@ struct DaemonOptions {
   int warm_workers = 1;
   int max_sessions = 64;
   std::string log_level = "info";
+  // "text" (for people) or "json" (one JSON object per line, for log collectors; see
+  // server/log_format.h). Handed to workers, so that their lines are in the same format.
+  std::string log_format = "text";
   // Handed to workers.
   std::string cache_dir;  // "" = $XDG_CACHE_HOME/gpurpc or ~/.cache/gpurpc
   // The compile cache's MAC key (32 bytes, mode 0600; created when missing). "" = the cache

@@ -61,9 +61,11 @@ std::string UserName(uid_t uid) {
   struct passwd pwd;
   struct passwd* result = nullptr;
   if (getpwuid_r(uid, &pwd, buffer.data(), buffer.size(), &result) == 0 && result != nullptr &&
-      result->pw_name != nullptr && result->pw_name[0] != '\0') {
+      result->pw_name != nullptr && IsTenantName(result->pw_name)) {
     return result->pw_name;
   }
+  // No name, or one a tenant may not have (a directory's name with quotes, newlines or
+  // bytes that are not UTF-8 would break logs and metrics labels): the uid stands for it.
   return absl::StrCat("uid-", uid);
 }
 

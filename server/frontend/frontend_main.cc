@@ -31,9 +31,9 @@
 #include "server/frontend/session_manager.h"
 #include "server/frontend/region_listener.h"
 #include "server/frontend/unix_listener.h"
+#include "server/log_format.h"
 #include "server/metrics/http_server.h"
 #include "server/status_interceptor.h"
-#include "spdlog/sinks/stdout_color_sinks.h"
 #include "spdlog/spdlog.h"
 
 namespace gpurpc::frontend {
@@ -136,10 +136,13 @@ int FrontendMain(const DaemonOptions& options) {
     return 0;
   }
 
-  auto logger = spdlog::stderr_color_mt("gpurpcd");
-  logger->set_pattern("[%Y-%m-%d %H:%M:%S.%e] [%^%l%$] %v");
-  spdlog::set_default_logger(logger);
-  spdlog::set_level(spdlog::level::from_str(options.log_level));
+  ProcessLogOptions log;
+  log.logger_name = "gpurpcd";
+  log.process = "frontend";
+  log.text_pattern = "[%Y-%m-%d %H:%M:%S.%e] [%^%l%$] %v";
+  log.format = ParseLogFormat(options.log_format).value_or(LogFormat::kText);
+  log.level = options.log_level;
+  InstallProcessLogger(log);
 
   // Signals are taken synchronously by this thread; every other thread inherits the mask.
   sigset_t signals;

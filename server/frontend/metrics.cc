@@ -329,7 +329,18 @@ FrontendMetrics::RelayCounters FrontendMetrics::Relay(std::string_view method) {
 }
 
 void FrontendMetrics::SessionOpened(const std::string& tenant) {
-  sessions_opened_->WithLabels({tenant})->Increment();
+  std::string label = tenant;
+  {
+    absl::MutexLock lock(&tenant_labels_mu_);
+    if (!tenant_labels_.contains(tenant)) {
+      if (tenant_labels_.size() < kMaxTenantLabels) {
+        tenant_labels_.emplace(tenant, true);
+      } else {
+        label = "other";
+      }
+    }
+  }
+  sessions_opened_->WithLabels({label})->Increment();
 }
 
 void FrontendMetrics::SessionClosed(bool reclaimed) {

@@ -106,6 +106,12 @@ class FrontendMetrics final : public CallObserver {
   metrics::Family<metrics::Histogram>* rpc_seconds_;
   metrics::Family<metrics::Counter>* relayed_bytes_;
   metrics::Family<metrics::Counter>* sessions_opened_;
+  // The tenants sessions_opened_ has a series for: at most kMaxTenantLabels, later tenants
+  // count as "other" (a counter series lives forever, and tenants come from clients: every
+  // uid of a user namespace, every name a CA signs).
+  static constexpr size_t kMaxTenantLabels = 256;
+  absl::Mutex tenant_labels_mu_;
+  absl::flat_hash_map<std::string, bool> tenant_labels_ ABSL_GUARDED_BY(tenant_labels_mu_);
   metrics::Counter* sessions_closed_;
   metrics::Counter* sessions_reclaimed_;
   metrics::Counter* faults_[4];

@@ -9,8 +9,10 @@
 //   a request line or headers     libmicrohttpd's own 414 or 431 (they must fit
 //   beyond the memory limit       Limits::memory_per_connection)
 //
-// Past max_connections (or max_connections_per_ip from one address) a new connection is
-// closed at once; a connection idle for timeout_seconds is closed. The listening socket and
+// Past max_connections_per_ip from one address a new connection is closed at once; past
+// max_connections it waits unaccepted in the listen backlog. A connection idle for
+// timeout_seconds is closed. (Clients that trickle bytes can hold every slot: the endpoint
+// must be reachable by the scraper only, see docs/METRICS.md.) The listening socket and
 // every accepted one are close-on-exec (worker processes never inherit them).
 #ifndef GPURPC_SERVER_METRICS_HTTP_SERVER_H_
 #define GPURPC_SERVER_METRICS_HTTP_SERVER_H_

@@ -6,8 +6,10 @@
 #include <sys/eventfd.h>
 #include <unistd.h>
 
+#include <chrono>
 #include <cstdio>
 #include <cstring>
+#include <system_error>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -50,18 +52,28 @@ absl::StatusOr<std::unique_ptr<DeviceOutput>> DeviceOutput::Start(uint64_t max_b
     return error;
   }
   close(fds[1]);
-  return std::unique_ptr<DeviceOutput>(new DeviceOutput(fds[0], stop_fd, max_buffered_bytes));
+  std::unique_ptr<DeviceOutput> output(new DeviceOutput(fds[0], stop_fd, max_buffered_bytes));
+  try {
+    output->reader_ = std::thread([raw = output.get()] { raw->ReadLoop(); });
+  } catch (const std::system_error& e) {
+    // Nothing would read the pipe, and a full pipe would block the driver: send fd 1 nowhere.
+    const int null_fd = open("/dev/null", O_WRONLY | O_CLOEXEC);
+    if (null_fd >= 0) {
+      dup2(null_fd, STDOUT_FILENO);
+      close(null_fd);
+    }
+    return absl::InternalError(absl::StrCat("device output: no reader thread: ", e.what()));
+  }
+  return output;
 }
 
 DeviceOutput::DeviceOutput(int read_fd, int stop_fd, uint64_t max_buffered_bytes)
-    : read_fd_(read_fd), stop_fd_(stop_fd), max_buffered_bytes_(max_buffered_bytes) {
-  reader_ = std::thread([this] { ReadLoop(); });
-}
+    : read_fd_(read_fd), stop_fd_(stop_fd), max_buffered_bytes_(max_buffered_bytes) {}
 
 DeviceOutput::~DeviceOutput() {
   const uint64_t one = 1;
   (void)!write(stop_fd_, &one, sizeof(one));
-  reader_.join();
+  if (reader_.joinable()) reader_.join();
   close(read_fd_);
   close(stop_fd_);
 }
@@ -70,8 +82,10 @@ void DeviceOutput::ReadLoop() {
   while (true) {
     pollfd fds[2] = {{read_fd_, POLLIN, 0}, {stop_fd_, POLLIN, 0}};
     if (poll(fds, 2, -1) < 0) {
-      if (errno == EINTR) continue;
-      return;
+      // EINTR, or ENOMEM for a moment: the reader must not end while fd 1 is the pipe (a
+      // full pipe would block the driver's printf flush), so it waits and polls again.
+      if (errno != EINTR) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+      continue;
     }
     if (fds[1].revents != 0) return;
     if (fds[0].revents != 0) {
@@ -83,10 +97,13 @@ void DeviceOutput::ReadLoop() {
 
 void DeviceOutput::DrainLocked() {
   char chunk[64 << 10];
-  while (true) {
+  // At most about the buffer's bound per pass: a writer that never pauses must not keep the
+  // lock (and so Take) forever.
+  for (uint64_t read_bytes = 0; read_bytes <= max_buffered_bytes_;) {
     const ssize_t n = read(read_fd_, chunk, sizeof(chunk));
     if (n < 0 && errno == EINTR) continue;
     if (n <= 0) return;  // EAGAIN: nothing more now (0: no writer, cannot happen while fd 1 is)
+    read_bytes += static_cast<uint64_t>(n);
     const uint64_t room =
         buffer_.size() < max_buffered_bytes_ ? max_buffered_bytes_ - buffer_.size() : 0;
     const uint64_t keep = std::min<uint64_t>(room, static_cast<uint64_t>(n));

@@ -27,11 +27,11 @@
 #include "server/worker/compiler/compile_cache.h"
 #include "server/worker/compiler/compiler.h"
 #include "server/worker/device_output.h"
+#include "server/log_format.h"
 #include "server/status_interceptor.h"
 #include "server/worker/service.h"
 #include "server/worker/host_region.h"
 #include "server/worker/session.h"
-#include "spdlog/sinks/stdout_color_sinks.h"
 #include "spdlog/spdlog.h"
 
 namespace gpurpc::worker {
@@ -149,11 +149,16 @@ int WorkerMain(const DaemonOptions& options) {
     _exit(kExitBadUsage);
   }).detach();
 
-  auto logger = spdlog::stderr_color_mt("worker");
-  logger->set_pattern("[%Y-%m-%d %H:%M:%S.%e] [%l] [worker %P dev " +
-                      std::to_string(options.device) + "] %v");
-  spdlog::set_default_logger(logger);
-  spdlog::set_level(spdlog::level::from_str(options.log_level));
+  ProcessLogOptions log;
+  log.logger_name = "worker";
+  log.process = "worker";
+  log.with_device = true;
+  log.device = options.device;
+  log.text_pattern =
+      "[%Y-%m-%d %H:%M:%S.%e] [%l] [worker %P dev " + std::to_string(options.device) + "] %v";
+  log.format = ParseLogFormat(options.log_format).value_or(LogFormat::kText);
+  log.level = options.log_level;
+  InstallProcessLogger(log);
   if (!limits.ok()) {
     spdlog::error("cannot limit the worker's resources: {}", limits.ToString());
     return kExitLimitsFailed;

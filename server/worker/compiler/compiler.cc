@@ -3,6 +3,8 @@
 #include <sys/stat.h>
 
 #include <cctype>
+#include <fstream>
+#include <iterator>
 #include <set>
 
 #include "absl/status/status.h"
@@ -408,6 +410,11 @@ Compiler::Compiler(CompilerOptions options, std::unique_ptr<const NvrtcLibrary> 
     if (stat(cccl.c_str(), &st) == 0 && S_ISDIR(st.st_mode)) {
       server_options_.emplace_back("--include-path=" + cccl);
       helper_settings_.read_dirs.push_back(cccl);
+      // libcu++ can be upgraded apart from NVRTC, and the standard header shims include it
+      // in most compiles: its version is part of the cache key.
+      std::ifstream version(cccl + "/cuda/std/__cccl/version.h", std::ios::binary);
+      toolkit_identity_.assign(std::istreambuf_iterator<char>(version),
+                               std::istreambuf_iterator<char>());
     }
   } else if (!include_dir.empty()) {
     spdlog::warn(
@@ -512,8 +519,9 @@ absl::StatusOr<CompileResult> Compiler::Compile(const CompileRequest& request) {
     HashField(&hasher, header.name);
     HashField(&hasher, header.content);
   }
-  // The standard header shims offered alongside (std_headers.h).
+  // The standard header shims offered alongside (std_headers.h), and libcu++'s version.
   HashField(&hasher, StdHeaderShimsDigest());
+  HashField(&hasher, toolkit_identity_);
   HashCount(&hasher, request.name_expressions.size());
   for (const std::string& expression : request.name_expressions) {
     HashField(&hasher, expression);

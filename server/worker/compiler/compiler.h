@@ -11,7 +11,7 @@
 //
 // Every compile also gets the standard header shims of std_headers.h (stdio.h, stdint.h,
 // math.h, limits, type_traits ...) as in-memory headers, unless the request brings a header of
-// the same name; their digest is part of the key.
+// the same name; their digest, and libcu++'s version header, are part of the key.
 //
 // Security: NVRTC never runs in the worker. Each compile that misses the cache runs in a
 // compile helper process of its own (compile_helper.h) that confines itself before it reads
@@ -162,6 +162,9 @@ class Compiler {
   // Options the server appends to every compile (toolkit include paths,
   // --no-source-include).
   std::vector<std::string> server_options_;
+  // The toolkit's libcu++ version header (cccl/cuda/std/__cccl/version.h), "" without one:
+  // hashed into every key.
+  std::string toolkit_identity_;
   HelperSettings helper_settings_;
   const std::unique_ptr<CompileCache> cache_;
 };
