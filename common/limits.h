@@ -23,6 +23,14 @@ inline constexpr char kInstanceMetadataKey[] = "gpurpc-instance";
 // worker's own answer from one gRPC made up for a broken call (server/status_interceptor.h).
 inline constexpr char kWorkerAnswerMetadataKey[] = "gpurpc-worker-answer";
 
+// Bounds of ModuleService.SetContextLimit's device-memory limits (module_service.proto): the
+// worker refuses values beyond them, and the front end charges values within them to the
+// tenant's device-memory ledger before the call reaches the worker.
+inline constexpr uint64_t kMaxStackBytesPerThread = uint64_t{64} << 10;
+inline constexpr uint64_t kMaxStackReservationBytes = uint64_t{4} << 30;
+inline constexpr uint64_t kMaxPrintfFifoBytes = uint64_t{64} << 20;
+inline constexpr uint64_t kMaxMallocHeapBytes = uint64_t{1} << 30;
+
 }  // namespace gpurpc
 
 #endif  // GPURPC_COMMON_LIMITS_H_

@@ -71,6 +71,7 @@ constexpr char kCompileMethod[] = "/gpurpc.v1.ModuleService/Compile";
 constexpr char kLoadModuleMethod[] = "/gpurpc.v1.ModuleService/LoadModule";
 constexpr char kUnloadModuleMethod[] = "/gpurpc.v1.ModuleService/UnloadModule";
 constexpr char kGetFunctionMethod[] = "/gpurpc.v1.ModuleService/GetFunction";
+constexpr char kSetContextLimitMethod[] = "/gpurpc.v1.ModuleService/SetContextLimit";
 constexpr char kRegisterRegionMethod[] = "/gpurpc.v1.HostRegionService/RegisterHostRegion";
 constexpr char kUnregisterRegionMethod[] = "/gpurpc.v1.HostRegionService/UnregisterHostRegion";
 
@@ -85,6 +86,7 @@ enum class Ledger {
   kGetFunction,
   kRegisterRegion,
   kUnregisterRegion,
+  kSetContextLimit,
 };
 
 Ledger LedgerFor(const std::string& method) {
@@ -96,6 +98,7 @@ Ledger LedgerFor(const std::string& method) {
   if (method == kGetFunctionMethod) return Ledger::kGetFunction;
   if (method == kRegisterRegionMethod) return Ledger::kRegisterRegion;
   if (method == kUnregisterRegionMethod) return Ledger::kUnregisterRegion;
+  if (method == kSetContextLimitMethod) return Ledger::kSetContextLimit;
   return Ledger::kNone;
 }
 
@@ -515,6 +518,32 @@ class RelayReactor final : public grpc::ServerGenericBidiReactor {
       request_seen_ = true;
       v1::UnregisterHostRegionRequest request;
       if (ParseRelayed(from_client_, &request)) released_id_ = request.region_id();
+    } else if (ledger_ == Ledger::kSetContextLimit && !request_seen_) {
+      request_seen_ = true;
+      v1::SetContextLimitRequest request;
+      // The device memory the driver reserves for the context: charged before the worker sets
+      // it. Values outside the worker's bounds are not charged: the worker refuses them.
+      if (ParseRelayed(from_client_, &request)) {
+        int slot = -1;
+        if (request.limit() == v1::LIMIT_STACK_SIZE && request.value() > 0 &&
+            request.value() <= kMaxStackBytesPerThread) {
+          slot = 0;
+        } else if (request.limit() == v1::LIMIT_PRINTF_FIFO_SIZE && request.value() > 0 &&
+                   request.value() <= kMaxPrintfFifoBytes) {
+          slot = 1;
+        } else if (request.limit() == v1::LIMIT_MALLOC_HEAP_SIZE && request.value() > 0 &&
+                   request.value() <= kMaxMallocHeapBytes) {
+          slot = 2;
+        }
+        if (slot >= 0) {
+          absl::StatusOr<uint64_t> reserved =
+              sessions_->ReserveContextLimit(*session_, slot, request.value());
+          if (!Admitted(reserved.status())) return false;
+          limit_slot_ = slot;
+          limit_value_ = request.value();
+          reserved_bytes_ = *reserved;
+        }
+      }
     }
     return true;
   }
@@ -566,6 +595,7 @@ class RelayReactor final : public grpc::ServerGenericBidiReactor {
       case Ledger::kFree:
       case Ledger::kUnloadModule:
       case Ledger::kUnregisterRegion:
+      case Ledger::kSetContextLimit:
       case Ledger::kNone:
         return true;
     }
@@ -602,6 +632,16 @@ class RelayReactor final : public grpc::ServerGenericBidiReactor {
         break;
       case Ledger::kUnregisterRegion:
         if (status.ok() && released_id_ != 0) sessions_->ReleaseHostRegion(*session_, released_id_);
+        break;
+      case Ledger::kSetContextLimit:
+        if (limit_slot_ >= 0) {
+          if (status.ok()) {
+            sessions_->CommitContextLimit(*session_, limit_slot_, limit_value_, reserved_bytes_);
+          } else if (reserved_bytes_ > 0) {
+            sessions_->CancelReservation(*session_, reserved_bytes_);
+          }
+        }
+        reserved_bytes_ = 0;
         break;
       case Ledger::kCompile:
         sessions_->EndCompile(session_->tenant());
@@ -656,6 +696,9 @@ class RelayReactor final : public grpc::ServerGenericBidiReactor {
   grpc::ByteBuffer extra_;     // where a one-message call's half-close (or excess) is read
   bool request_seen_ = false;
   uint64_t reserved_bytes_ = 0;
+  // SetContextLimit of a device-memory limit: its ledger slot (-1: none) and value.
+  int limit_slot_ = -1;
+  uint64_t limit_value_ = 0;
   uint64_t released_id_ = 0;  // Free's buffer, UnregisterHostRegion's region
   uint64_t unloaded_module_ = 0;
   grpc::Status refusal_;

@@ -758,6 +758,57 @@ absl::Status SessionManager::ChargeLocalMemory(SessionRecord& session,
   return absl::OkStatus();
 }
 
+uint64_t SessionManager::ResidentThreads(int device) const {
+  // Every thread the device can hold at once: multiprocessors x threads per multiprocessor
+  // (CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_MULTIPROCESSOR = 39).
+  for (const v1::DeviceInfo& info : inventory_.devices()) {
+    if (info.ordinal() != device) continue;
+    auto it = info.attributes().find(39);
+    const uint64_t per_multiprocessor =
+        it != info.attributes().end() && it->second > 0 ? it->second : 2048;
+    return static_cast<uint64_t>(std::max(info.multiprocessor_count(), 1)) * per_multiprocessor;
+  }
+  return 0;
+}
+
+absl::StatusOr<uint64_t> SessionManager::ReserveContextLimit(SessionRecord& session, int slot,
+                                                             uint64_t value) {
+  static constexpr const char* kNames[3] = {"LIMIT_STACK_SIZE", "LIMIT_PRINTF_FIFO_SIZE",
+                                            "LIMIT_MALLOC_HEAP_SIZE"};
+  uint64_t bytes = value;
+  if (slot == 0) {
+    const uint64_t threads = std::max<uint64_t>(ResidentThreads(session.device()), 1);
+    bytes = value > UINT64_MAX / threads ? UINT64_MAX : value * threads;
+  }
+  absl::MutexLock lock(&mu_);
+  if (session.memory_gone_ || bytes <= session.context_limit_bytes_[slot]) return uint64_t{0};
+  const uint64_t more = bytes - session.context_limit_bytes_[slot];
+  GPURPC_RETURN_IF_ERROR(AddMemoryLocked(
+      session, more,
+      absl::StrFormat("SetContextLimit %s = %d makes the driver reserve %s more device memory; "
+                      "lower it or free some first",
+                      kNames[slot], value, Bytes(more))));
+  return more;
+}
+
+void SessionManager::CommitContextLimit(SessionRecord& session, int slot, uint64_t value,
+                                        uint64_t reserved) {
+  uint64_t bytes = value;
+  if (slot == 0) {
+    const uint64_t threads = std::max<uint64_t>(ResidentThreads(session.device()), 1);
+    bytes = value > UINT64_MAX / threads ? UINT64_MAX : value * threads;
+  }
+  absl::MutexLock lock(&mu_);
+  if (session.memory_gone_) return;
+  // Take the reservation back, then count exactly the new value in place of the old one.
+  session.memory_bytes_ -= std::min(session.memory_bytes_, reserved);
+  uint64_t& charged = session.context_limit_bytes_[slot];
+  session.memory_bytes_ -= std::min(session.memory_bytes_, charged);
+  session.memory_bytes_ =
+      bytes > UINT64_MAX - session.memory_bytes_ ? UINT64_MAX : session.memory_bytes_ + bytes;
+  charged = bytes;
+}
+
 absl::Status SessionManager::BeginCompile(const std::string& tenant) {
   const uint32_t limit = options_.QuotaFor(tenant).max_concurrent_compiles();
   absl::MutexLock lock(&mu_);

@@ -153,6 +153,9 @@ class SessionRecord {
   uint64_t host_region_bytes_ = 0;                       // regions + reservations
   uint64_t memory_bytes_ = 0;                            // buffers + reservations
   uint64_t local_memory_bytes_ = 0;  // the largest launch reservation charged so far
+  // SetContextLimit's reservations as last set (stack x resident threads, printf FIFO, malloc
+  // heap), counted in memory_bytes_.
+  uint64_t context_limit_bytes_[3] = {0, 0, 0};
   bool memory_gone_ = false;
   // The worker is gone (closed or dead): its memory is free, and the ledger forgets it.
   void ForgetMemoryLocked() {
@@ -161,6 +164,7 @@ class SessionRecord {
     buffer_bytes_.clear();
     module_bytes_.clear();
     local_memory_bytes_ = 0;
+    for (uint64_t& bytes : context_limit_bytes_) bytes = 0;
     region_bytes_.clear();
     host_region_bytes_ = 0;
   }  // the worker ended: its memory is free, accounts nothing
@@ -273,6 +277,14 @@ class SessionManager {
   // reservation it made, so a session is charged the largest over the kernels it obtained
   // (GetFunction); RESOURCE_EXHAUSTED naming the quota when that does not fit.
   absl::Status ChargeLocalMemory(SessionRecord& session, uint64_t local_bytes_per_thread);
+  // ModuleService.SetContextLimit of a device-memory limit (`slot` 0: LIMIT_STACK_SIZE, whose
+  // `value` is per thread and reserves it for every resident thread; 1: the printf FIFO; 2:
+  // the malloc heap): reserves what the new value adds over the one set before, before the
+  // call reaches the worker (RESOURCE_EXHAUSTED naming the limit and the quota when it does
+  // not fit), and returns the bytes reserved. Commit on the worker's OK (the session is then
+  // charged exactly the new value, lowering it frees room); Cancel otherwise.
+  absl::StatusOr<uint64_t> ReserveContextLimit(SessionRecord& session, int slot, uint64_t value);
+  void CommitContextLimit(SessionRecord& session, int slot, uint64_t value, uint64_t reserved);
   // Same-host regions (host_region_service.proto), as device memory above but against the
   // tenant's max_host_region_bytes: reserved before RegisterHostRegion reaches the worker,
   // committed to the region id it answers, released by UnregisterHostRegion.
@@ -298,6 +310,9 @@ class SessionManager {
   absl::Status BindWorker(WorkerProcess& worker, uint64_t session_id, const std::string& tenant);
   void ReleaseSlot(const std::string& tenant) ABSL_LOCKS_EXCLUDED(mu_);
   uint64_t TenantMemoryLocked(const std::string& tenant) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Threads `device` holds at once (multiprocessors x threads per multiprocessor), 0 when
+  // the inventory does not know the device.
+  uint64_t ResidentThreads(int device) const;
   // Adds `bytes` to the session's account, or RESOURCE_EXHAUSTED naming the quota, the
   // tenant's use and `what` asks for more.
   absl::Status AddMemoryLocked(SessionRecord& session, uint64_t bytes, absl::string_view what)

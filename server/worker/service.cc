@@ -350,6 +350,61 @@ class ModuleServiceImpl final : public v1::ModuleService::Service {
                   [&](v1::GetGlobalResponse& result) { *response = std::move(result); });
   }
 
+  // Enum fields are open in proto3: an unknown value arrives as its number, which the
+  // session checks.
+  grpc::Status SetContextLimit(grpc::ServerContext*, const v1::SetContextLimitRequest* request,
+                               v1::SetContextLimitResponse* response) override {
+    return Answer(session_->SetContextLimit(static_cast<int>(request->limit()), request->value()),
+                  [&](v1::SetContextLimitResponse& result) { *response = std::move(result); });
+  }
+
+  grpc::Status GetContextLimit(grpc::ServerContext*, const v1::GetContextLimitRequest* request,
+                               v1::GetContextLimitResponse* response) override {
+    return Answer(session_->GetContextLimit(static_cast<int>(request->limit())),
+                  [&](uint64_t value) { response->set_value(value); });
+  }
+
+  grpc::Status SetCacheConfig(grpc::ServerContext*, const v1::SetCacheConfigRequest* request,
+                              v1::SetCacheConfigResponse*) override {
+    return ToGrpcStatus(session_->SetCacheConfig(static_cast<int>(request->config())));
+  }
+
+  grpc::Status GetCacheConfig(grpc::ServerContext*, const v1::GetCacheConfigRequest*,
+                              v1::GetCacheConfigResponse* response) override {
+    return Answer(session_->GetCacheConfig(), [&](int config) {
+      response->set_config(static_cast<v1::CacheConfig>(config));
+    });
+  }
+
+  grpc::Status SetSharedConfig(grpc::ServerContext*, const v1::SetSharedConfigRequest* request,
+                               v1::SetSharedConfigResponse*) override {
+    return ToGrpcStatus(
+        session_->SetSharedConfig(static_cast<int>(request->config()), request->function_id()));
+  }
+
+  grpc::Status GetSharedConfig(grpc::ServerContext*, const v1::GetSharedConfigRequest*,
+                               v1::GetSharedConfigResponse* response) override {
+    return Answer(session_->GetSharedConfig(), [&](int config) {
+      response->set_config(static_cast<v1::SharedConfig>(config));
+    });
+  }
+
+  grpc::Status SetFunctionAttribute(grpc::ServerContext*,
+                                    const v1::SetFunctionAttributeRequest* request,
+                                    v1::SetFunctionAttributeResponse* response) override {
+    return Answer(session_->SetFunctionAttribute(request->function_id(),
+                                                 static_cast<int>(request->attribute()),
+                                                 request->value()),
+                  [&](v1::SetFunctionAttributeResponse& result) { *response = std::move(result); });
+  }
+
+  grpc::Status SetFunctionCacheConfig(grpc::ServerContext*,
+                                      const v1::SetFunctionCacheConfigRequest* request,
+                                      v1::SetFunctionCacheConfigResponse*) override {
+    return ToGrpcStatus(session_->SetFunctionCacheConfig(request->function_id(),
+                                                         static_cast<int>(request->config())));
+  }
+
  private:
   Session* session_;
 };
@@ -559,6 +614,7 @@ class WorkerControlImpl final : public internal::v1::WorkerControl::Service {
     limits.max_concurrent_compiles = request->quota().max_concurrent_compiles();
     limits.kernel_timeout_ms = request->quota().kernel_timeout_ms();
     limits.max_host_region_bytes = request->max_host_region_bytes_per_session();
+    limits.max_device_memory_bytes = request->quota().max_device_memory_bytes();
     return ToGrpcStatus(session_->Bind(request->tenant(), limits));
   }
 

@@ -160,6 +160,46 @@ absl::Status CheckDim(const char* name, const v1::Dim3& dim, const std::array<in
   return absl::OkStatus();
 }
 
+// A byte count for messages, e.g. "64 MiB (67108864 bytes)".
+std::string Bytes(uint64_t bytes) {
+  static constexpr const char* kUnits[] = {"bytes", "KiB", "MiB", "GiB", "TiB"};
+  if (bytes < 1024) return absl::StrFormat("%d bytes", bytes);
+  double value = static_cast<double>(bytes);
+  int unit = 0;
+  while (value >= 1024 && unit < 4) {
+    value /= 1024;
+    ++unit;
+  }
+  return absl::StrFormat("%.4g %s (%d bytes)", value, kUnits[unit], bytes);
+}
+
+// The wire's ContextLimit, checked: INVALID_ARGUMENT naming it when it is none.
+absl::StatusOr<backend::ContextLimit> ToContextLimit(const char* call, int limit) {
+  if (!v1::ContextLimit_IsValid(limit)) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "%s: limit %d is not a ContextLimit (0 = STACK_SIZE, 1 = PRINTF_FIFO_SIZE, "
+        "2 = MALLOC_HEAP_SIZE, 3 = DEV_RUNTIME_SYNC_DEPTH, 4 = DEV_RUNTIME_PENDING_LAUNCH_COUNT, "
+        "5 = MAX_L2_FETCH_GRANULARITY, 6 = PERSISTING_L2_CACHE_SIZE)",
+        call, limit));
+  }
+  return static_cast<backend::ContextLimit>(limit);
+}
+
+absl::StatusOr<backend::CacheConfig> ToCacheConfig(const char* call, int config) {
+  if (!v1::CacheConfig_IsValid(config)) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "%s: cache config %d is not a CacheConfig (0 = PREFER_NONE, 1 = PREFER_SHARED, "
+        "2 = PREFER_L1, 3 = PREFER_EQUAL)",
+        call, config));
+  }
+  return static_cast<backend::CacheConfig>(config);
+}
+
+// The limit's name as the wire spells it, for messages.
+std::string LimitName(backend::ContextLimit limit) {
+  return v1::ContextLimit_Name(static_cast<v1::ContextLimit>(limit));
+}
+
 }  // namespace
 
 Session::Session(std::unique_ptr<backend::Context> context, compiler::Compiler* compiler,
@@ -640,8 +680,24 @@ absl::StatusOr<v1::GetFunctionResponse> Session::GetFunction(uint64_t module_id,
     info->set_offset_bytes(param.offset_bytes);
     info->set_size_bytes(param.size_bytes);
   }
-  const backend::FunctionAttributes& attrs = function->attributes();
-  v1::FunctionAttributes* out = response.mutable_attributes();
+  std::shared_ptr<FunctionEntry> function_entry;
+  {
+    absl::MutexLock lock(&mu_);
+    auto it = functions_.find(response.function_id());
+    if (it != functions_.end()) function_entry = it->second;
+  }
+  if (function_entry != nullptr) {
+    FillAttributes(*function_entry, response.mutable_attributes());
+  } else {  // unloaded meanwhile: the attributes it was loaded with
+    FunctionEntry loaded;
+    loaded.function = function;
+    FillAttributes(loaded, response.mutable_attributes());
+  }
+  return response;
+}
+
+void Session::FillAttributes(const FunctionEntry& entry, v1::FunctionAttributes* out) {
+  const backend::FunctionAttributes& attrs = entry.function->attributes();
   out->set_num_regs(attrs.num_regs);
   out->set_shared_size_bytes(attrs.shared_size_bytes);
   out->set_const_size_bytes(attrs.const_size_bytes);
@@ -649,8 +705,246 @@ absl::StatusOr<v1::GetFunctionResponse> Session::GetFunction(uint64_t module_id,
   out->set_max_threads_per_block(attrs.max_threads_per_block);
   out->set_ptx_version(attrs.ptx_version);
   out->set_binary_version(attrs.binary_version);
-  out->set_max_dynamic_shared_size_bytes(attrs.max_dynamic_shared_size_bytes);
+  const int dynamic_shared = entry.max_dynamic_shared_bytes.load(std::memory_order_acquire);
+  out->set_max_dynamic_shared_size_bytes(dynamic_shared >= 0 ? dynamic_shared
+                                                             : attrs.max_dynamic_shared_size_bytes);
+  out->set_preferred_shared_memory_carveout(entry.carveout.load(std::memory_order_acquire));
+}
+
+// ---------------------------------------------------------------- context configuration
+
+uint64_t Session::StackReservationBytes(uint64_t stack_bytes) const {
+  // As the front end's ledger counts local memory (SessionManager::ChargeLocalMemory):
+  // multiprocessors x CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_MULTIPROCESSOR (39), 2048 when
+  // the device does not say.
+  const backend::DeviceInfo& device = context_->device();
+  auto it = device.attributes.find(39);
+  const uint64_t per_multiprocessor =
+      it != device.attributes.end() && it->second > 0 ? static_cast<uint64_t>(it->second) : 2048;
+  const uint64_t threads =
+      static_cast<uint64_t>(std::max(device.multiprocessor_count, 1)) * per_multiprocessor;
+  return stack_bytes > UINT64_MAX / threads ? UINT64_MAX : stack_bytes * threads;
+}
+
+absl::StatusOr<v1::SetContextLimitResponse> Session::SetContextLimit(int limit_value,
+                                                                     uint64_t value) {
+  constexpr char kCall[] = "SetContextLimit";
+  GPURPC_RETURN_IF_ERROR(fault());
+  GPURPC_ASSIGN_OR_RETURN(const backend::ContextLimit limit, ToContextLimit(kCall, limit_value));
+  const std::string name = LimitName(limit);
+  const auto out_of_bounds = [&](uint64_t low, uint64_t high, const std::string& why) {
+    return absl::InvalidArgumentError(absl::StrFormat("%s: %s = %d is outside %d..%d%s", kCall,
+                                                      name, value, low, high, why));
+  };
+  const backend::DeviceInfo& device = context_->device();
+  switch (limit) {
+    case backend::ContextLimit::kStackSize: {
+      if (value == 0 || value > kMaxStackBytesPerThread) {
+        return out_of_bounds(1, kMaxStackBytesPerThread, " (bytes of stack per GPU thread)");
+      }
+      const uint64_t reservation = StackReservationBytes(value);
+      if (reservation > kMaxStackReservationBytes) {
+        return absl::InvalidArgumentError(absl::StrFormat(
+            "%s: %s = %d bytes per thread makes the driver reserve %s of device memory (for "
+            "each of the device's %d resident threads), more than the %s gpurpc allows; at "
+            "most %d bytes per thread on this device",
+            kCall, name, value, Bytes(reservation), StackReservationBytes(1),
+            Bytes(kMaxStackReservationBytes),
+            kMaxStackReservationBytes / std::max<uint64_t>(StackReservationBytes(1), 1)));
+      }
+      break;
+    }
+    case backend::ContextLimit::kPrintfFifoSize:
+      if (value == 0 || value > kMaxPrintfFifoBytes) {
+        return out_of_bounds(1, kMaxPrintfFifoBytes, " (bytes)");
+      }
+      break;
+    case backend::ContextLimit::kMallocHeapSize:
+      if (value == 0 || value > kMaxMallocHeapBytes) {
+        return out_of_bounds(1, kMaxMallocHeapBytes, " (bytes)");
+      }
+      break;
+    case backend::ContextLimit::kDevRuntimeSyncDepth:
+      if (value > kMaxDevRuntimeSyncDepth) return out_of_bounds(0, kMaxDevRuntimeSyncDepth, "");
+      break;
+    case backend::ContextLimit::kDevRuntimePendingLaunchCount:
+      if (value == 0 || value > kMaxDevRuntimePendingLaunchCount) {
+        return out_of_bounds(1, kMaxDevRuntimePendingLaunchCount, "");
+      }
+      break;
+    case backend::ContextLimit::kMaxL2FetchGranularity:
+      if (value > kMaxL2FetchGranularityBytes) {
+        return out_of_bounds(0, kMaxL2FetchGranularityBytes, " (bytes)");
+      }
+      break;
+    case backend::ContextLimit::kPersistingL2CacheSize: {
+      // CU_DEVICE_ATTRIBUTE_MAX_PERSISTING_L2_CACHE_SIZE (108); 0 when the device has none.
+      auto it = device.attributes.find(108);
+      const uint64_t max =
+          it != device.attributes.end() && it->second > 0 ? static_cast<uint64_t>(it->second) : 0;
+      if (value > max) {
+        return out_of_bounds(0, max, " (bytes; the device's max persisting L2 cache size)");
+      }
+      break;
+    }
+  }
+
+  const bool reserves = limit == backend::ContextLimit::kStackSize ||
+                        limit == backend::ContextLimit::kPrintfFifoSize ||
+                        limit == backend::ContextLimit::kMallocHeapSize;
+  absl::MutexLock limits_lock(&limits_mu_);
+  // The three reservations at the values they will have.
+  const auto reservation_with = [&](uint64_t* total) -> absl::Status {
+    uint64_t sum = 0;
+    for (backend::ContextLimit each :
+         {backend::ContextLimit::kStackSize, backend::ContextLimit::kPrintfFifoSize,
+          backend::ContextLimit::kMallocHeapSize}) {
+      uint64_t current = value;
+      if (each != limit) {
+        GPURPC_ASSIGN_OR_RETURN(current, Check(context_->GetLimit(each)));
+      }
+      const uint64_t bytes =
+          each == backend::ContextLimit::kStackSize ? StackReservationBytes(current) : current;
+      sum = bytes > UINT64_MAX - sum ? UINT64_MAX : sum + bytes;
+    }
+    *total = sum;
+    return absl::OkStatus();
+  };
+  if (reserves) {
+    uint64_t quota = 0;
+    {
+      absl::MutexLock lock(&mu_);
+      quota = limits_.max_device_memory_bytes;
+    }
+    uint64_t total = 0;
+    GPURPC_RETURN_IF_ERROR(reservation_with(&total));
+    if (quota > 0 && total > quota) {
+      return absl::ResourceExhaustedError(absl::StrFormat(
+          "%s: %s = %d would make the driver reserve %s for the context's stack, printf FIFO "
+          "and malloc heap together, more than the tenant's max_device_memory_bytes quota of "
+          "%s",
+          kCall, name, value, Bytes(total), Bytes(quota)));
+    }
+  }
+  GPURPC_RETURN_IF_ERROR(Check(context_->SetLimit(limit, value)));
+  v1::SetContextLimitResponse response;
+  GPURPC_ASSIGN_OR_RETURN(const uint64_t now, Check(context_->GetLimit(limit)));
+  response.set_value(now);
+  uint64_t reserved = 0;
+  for (backend::ContextLimit each :
+       {backend::ContextLimit::kStackSize, backend::ContextLimit::kPrintfFifoSize,
+        backend::ContextLimit::kMallocHeapSize}) {
+    GPURPC_ASSIGN_OR_RETURN(const uint64_t current, Check(context_->GetLimit(each)));
+    const uint64_t bytes =
+        each == backend::ContextLimit::kStackSize ? StackReservationBytes(current) : current;
+    reserved = bytes > UINT64_MAX - reserved ? UINT64_MAX : reserved + bytes;
+  }
+  response.set_reserved_device_bytes(reserved);
   return response;
+}
+
+absl::StatusOr<uint64_t> Session::GetContextLimit(int limit_value) {
+  GPURPC_RETURN_IF_ERROR(fault());
+  GPURPC_ASSIGN_OR_RETURN(const backend::ContextLimit limit,
+                          ToContextLimit("GetContextLimit", limit_value));
+  return Check(context_->GetLimit(limit));
+}
+
+absl::Status Session::SetCacheConfig(int config_value) {
+  GPURPC_RETURN_IF_ERROR(fault());
+  GPURPC_ASSIGN_OR_RETURN(const backend::CacheConfig config,
+                          ToCacheConfig("SetCacheConfig", config_value));
+  return Check(context_->SetCacheConfig(config));
+}
+
+absl::StatusOr<int> Session::GetCacheConfig() {
+  GPURPC_RETURN_IF_ERROR(fault());
+  GPURPC_ASSIGN_OR_RETURN(const backend::CacheConfig config, Check(context_->GetCacheConfig()));
+  return static_cast<int>(config);
+}
+
+absl::Status Session::SetSharedConfig(int config, uint64_t function_id) {
+  GPURPC_RETURN_IF_ERROR(fault());
+  if (!v1::SharedConfig_IsValid(config)) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "SetSharedConfig: config %d is not a SharedConfig (0 = DEFAULT_BANK_SIZE, "
+        "1 = FOUR_BYTE_BANK_SIZE, 2 = EIGHT_BYTE_BANK_SIZE)",
+        config));
+  }
+  if (function_id != 0) GPURPC_RETURN_IF_ERROR(FindFunction(function_id).status());
+  // cuCtxSetSharedMemConfig / cuFuncSetSharedMemConfig are deprecated, and on the devices
+  // CUDA 13 supports (compute capability 7.5 and later) the bank width is fixed: the driver
+  // does nothing ("This function will do nothing on devices with fixed shared memory bank
+  // size", cuda.h). Nor does gpurpc.
+  return absl::OkStatus();
+}
+
+absl::StatusOr<int> Session::GetSharedConfig() {
+  GPURPC_RETURN_IF_ERROR(fault());
+  // What cuCtxGetSharedMemConfig answers on a device with a fixed bank width.
+  return static_cast<int>(v1::SHARED_CONFIG_FOUR_BYTE_BANK_SIZE);
+}
+
+absl::StatusOr<v1::SetFunctionAttributeResponse> Session::SetFunctionAttribute(
+    uint64_t function_id, int attribute, int64_t value) {
+  constexpr char kCall[] = "SetFunctionAttribute";
+  GPURPC_RETURN_IF_ERROR(fault());
+  if (!v1::FunctionAttribute_IsValid(attribute)) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "%s: attribute %d is not a FunctionAttribute (8 = MAX_DYNAMIC_SHARED_SIZE_BYTES and "
+        "9 = PREFERRED_SHARED_MEMORY_CARVEOUT can be set)",
+        kCall, attribute));
+  }
+  const std::string name = v1::FunctionAttribute_Name(static_cast<v1::FunctionAttribute>(attribute));
+  if (attribute != v1::FUNCTION_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES &&
+      attribute != v1::FUNCTION_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "%s: %s is read-only (only FUNCTION_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES and "
+        "FUNCTION_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT can be set)",
+        kCall, name));
+  }
+  GPURPC_ASSIGN_OR_RETURN(std::shared_ptr<FunctionEntry> entry, FindFunction(function_id));
+  backend::FunctionAttribute backend_attribute;
+  if (attribute == v1::FUNCTION_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES) {
+    const backend::DeviceInfo& device = context_->device();
+    const int64_t optin = std::max(device.max_shared_memory_per_block_optin_bytes,
+                                   device.max_shared_memory_per_block_bytes);
+    const int64_t max = std::max<int64_t>(0, optin - entry->function->attributes().shared_size_bytes);
+    if (value < 0 || value > max) {
+      return absl::InvalidArgumentError(absl::StrFormat(
+          "%s: %s = %d for kernel '%s' is outside 0..%d (the device's %d bytes of shared "
+          "memory per block with opt-in, minus the kernel's %d bytes of static shared memory)",
+          kCall, name, value, *entry->name, max, optin,
+          entry->function->attributes().shared_size_bytes));
+    }
+    backend_attribute = backend::FunctionAttribute::kMaxDynamicSharedSizeBytes;
+  } else {
+    if (value < -1 || value > 100) {
+      return absl::InvalidArgumentError(absl::StrFormat(
+          "%s: %s = %d for kernel '%s' is outside -1..100 (percent of the maximum shared "
+          "memory; -1 = no preference)",
+          kCall, name, value, *entry->name));
+    }
+    backend_attribute = backend::FunctionAttribute::kPreferredSharedMemoryCarveout;
+  }
+  GPURPC_RETURN_IF_ERROR(Check(context_->SetFunctionAttribute(entry->function, backend_attribute,
+                                                              static_cast<int>(value))));
+  if (backend_attribute == backend::FunctionAttribute::kMaxDynamicSharedSizeBytes) {
+    entry->max_dynamic_shared_bytes.store(static_cast<int>(value), std::memory_order_release);
+  } else {
+    entry->carveout.store(static_cast<int>(value), std::memory_order_release);
+  }
+  v1::SetFunctionAttributeResponse response;
+  FillAttributes(*entry, response.mutable_attributes());
+  return response;
+}
+
+absl::Status Session::SetFunctionCacheConfig(uint64_t function_id, int config_value) {
+  GPURPC_RETURN_IF_ERROR(fault());
+  GPURPC_ASSIGN_OR_RETURN(const backend::CacheConfig config,
+                          ToCacheConfig("SetFunctionCacheConfig", config_value));
+  GPURPC_ASSIGN_OR_RETURN(std::shared_ptr<FunctionEntry> entry, FindFunction(function_id));
+  return Check(context_->SetFunctionCacheConfig(entry->function, config));
 }
 
 absl::StatusOr<v1::GetGlobalResponse> Session::GetGlobal(uint64_t module_id,

@@ -45,6 +45,7 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "common/handle_ids.h"
+#include "common/limits.h"
 #include "gpurpc/v1/execution_service.pb.h"
 #include "gpurpc/v1/host_region_service.pb.h"
 #include "gpurpc/v1/memory_service.pb.h"
@@ -76,6 +77,23 @@ inline constexpr size_t kMaxGraphExecsPerSession = 1024;
 inline constexpr uint64_t kMaxGraphBytesPerSession = 256ull << 20;
 inline constexpr uint64_t kGraphNodeOverheadBytes = 256;
 
+// Bounds of ModuleService.SetContextLimit (module_service.proto). The stack, printf FIFO and
+// malloc heap are device memory the driver reserves for the context outside the session's
+// buffers. The front end charges them to the tenant's ledger (proxy.cc, SessionManager::
+// ReserveContextLimit); these fixed bounds (and the tenant's max_device_memory_bytes, see
+// Session::SetContextLimit) bound them also where no quota is set.
+// Stack bytes per GPU thread, and what the driver reserves for all of them (the stack size
+// times every thread the device can hold: multiprocessors x max threads per multiprocessor;
+// about 270k threads on an H200, so 4 GiB allows about 15 KiB per thread there).
+// (kMaxStackBytesPerThread, kMaxStackReservationBytes, kMaxPrintfFifoBytes and
+// kMaxMallocHeapBytes are in common/limits.h: the front end charges by them.)
+// The device runtime (dynamic parallelism): nesting depth (CUDA's own maximum) and pending
+// launches (each reserves a launch slot in device memory; the default is 2048).
+inline constexpr uint64_t kMaxDevRuntimeSyncDepth = 24;
+inline constexpr uint64_t kMaxDevRuntimePendingLaunchCount = 32768;
+// CU_LIMIT_MAX_L2_FETCH_GRANULARITY takes 0 to 128 bytes.
+inline constexpr uint64_t kMaxL2FetchGranularityBytes = 128;
+
 class Session {
  public:
   // `compiler` may be null (NVRTC missing): Compile then answers UNAVAILABLE with
@@ -103,6 +121,9 @@ class Session {
     uint64_t kernel_timeout_ms = 0;
     // Same-host regions of the session, bytes (the daemon's --max-host-region-bytes).
     uint64_t max_host_region_bytes = 0;
+    // The tenant's max_device_memory_bytes: what SetContextLimit's reservations (stack,
+    // printf FIFO, malloc heap) may add up to at most.
+    uint64_t max_device_memory_bytes = 0;
   };
   // Binds the session to the tenant the front end handed it to (see worker_control.proto)
   // and starts the watchdog when the limits ask for one. FAILED_PRECONDITION when already
@@ -160,6 +181,29 @@ class Session {
   // while the kernel was looked up.
   absl::StatusOr<v1::GetFunctionResponse> GetFunction(uint64_t module_id, const std::string& name);
   absl::StatusOr<v1::GetGlobalResponse> GetGlobal(uint64_t module_id, const std::string& name);
+
+  // Context and function configuration (the contract is ModuleService's in
+  // module_service.proto). Enum arguments are the wire's values and are checked here:
+  // one that is not a value of its enum is INVALID_ARGUMENT naming it, as is a value
+  // outside its bound (the bounds above).
+  //
+  // SetContextLimit also refuses (RESOURCE_EXHAUSTED) a stack, printf FIFO or malloc heap
+  // that would make the three reservations together exceed Limits::max_device_memory_bytes;
+  // it answers the value the driver reports afterwards and the reservations.
+  absl::StatusOr<v1::SetContextLimitResponse> SetContextLimit(int limit, uint64_t value)
+      ABSL_LOCKS_EXCLUDED(mu_, limits_mu_);
+  absl::StatusOr<uint64_t> GetContextLimit(int limit);
+  absl::Status SetCacheConfig(int config);
+  absl::StatusOr<int> GetCacheConfig();
+  // Checks `config` (and `function_id` when not 0), then does what CUDA 13 does on every
+  // device it supports: nothing (the bank width is fixed at four bytes).
+  absl::Status SetSharedConfig(int config, uint64_t function_id);
+  // SHARED_CONFIG_FOUR_BYTE_BANK_SIZE (see SetSharedConfig).
+  absl::StatusOr<int> GetSharedConfig();
+  absl::StatusOr<v1::SetFunctionAttributeResponse> SetFunctionAttribute(uint64_t function_id,
+                                                                        int attribute,
+                                                                        int64_t value);
+  absl::Status SetFunctionCacheConfig(uint64_t function_id, int config);
 
   // Streams and events.
   absl::StatusOr<uint64_t> CreateStream(bool non_blocking);
@@ -273,6 +317,10 @@ class Session {
     // The packed size of the parameters: the end of the last byte of any of them, checked
     // (CheckParamLayout) when the function was looked up.
     uint32_t packed_bytes = 0;
+    // Attributes set with SetFunctionAttribute (-1 for the dynamic shared memory: not set,
+    // the loaded attributes() hold; the carveout's default is -1).
+    std::atomic<int> max_dynamic_shared_bytes{-1};
+    std::atomic<int> carveout{-1};
   };
   // A same-host region (session_regions.cc).
   struct RegionEntry;
@@ -322,6 +370,11 @@ class Session {
   absl::StatusOr<backend::DevicePtr> ResolveLocked(const v1::DevicePointer& pointer,
                                                    uint64_t size_bytes, const char* what)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // A function's attributes as GetFunction and SetFunctionAttribute report them.
+  static void FillAttributes(const FunctionEntry& entry, v1::FunctionAttributes* out);
+  // What the driver reserves for a stack of `stack_bytes` per thread: for every thread the
+  // device can hold (saturating).
+  uint64_t StackReservationBytes(uint64_t stack_bytes) const;
   absl::Status CheckLaunchDims(const FunctionEntry& entry, const v1::LaunchCommand& launch,
                                backend::LaunchConfig* config) const;
   // The launch's arguments as the kernel takes them: the packed blob itself, or typed
@@ -374,6 +427,8 @@ class Session {
   const Watchdog::FireFn on_kernel_timeout_;
   HandleIdGenerator ids_;
 
+  // Serialises SetContextLimit, whose check reads the other limits (never held with mu_).
+  absl::Mutex limits_mu_ ABSL_ACQUIRED_BEFORE(mu_);
   mutable absl::Mutex mu_;
   bool bound_ ABSL_GUARDED_BY(mu_) = false;
   std::string tenant_ ABSL_GUARDED_BY(mu_);

@@ -84,6 +84,24 @@ struct FunctionAttributes {
   int max_dynamic_shared_size_bytes = 0;
 };
 
+// Context and function configuration (Context::SetLimit and after), with the driver's
+// values (CUlimit, CUfunc_cache, CUfunction_attribute).
+enum class ContextLimit : int {
+  kStackSize = 0,                     // bytes per thread
+  kPrintfFifoSize = 1,                // bytes
+  kMallocHeapSize = 2,                // bytes
+  kDevRuntimeSyncDepth = 3,           // a depth
+  kDevRuntimePendingLaunchCount = 4,  // launches
+  kMaxL2FetchGranularity = 5,         // bytes, 0 to 128 (a hint)
+  kPersistingL2CacheSize = 6,         // bytes
+};
+enum class CacheConfig : int { kPreferNone = 0, kPreferShared = 1, kPreferL1 = 2, kPreferEqual = 3 };
+// The settable function attributes.
+enum class FunctionAttribute : int {
+  kMaxDynamicSharedSizeBytes = 8,
+  kPreferredSharedMemoryCarveout = 9,  // -1 (default) or 0 to 100 percent
+};
+
 struct Dim3 {
   uint32_t x = 1, y = 1, z = 1;
 };
@@ -213,7 +231,10 @@ class Context {
       absl::Span<const uint8_t> image) = 0;
 
   // Enqueues a kernel. `packed_args` is laid out as function->params() describes (the
-  // caller has checked it). Returns once enqueued.
+  // caller has checked it). Returns once enqueued. Dynamic shared memory above the
+  // function's CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES: the CUDA backend raises
+  // the attribute first (up to the device's opt-in maximum); the fake, which has no opt-in
+  // of its own, refuses the launch (INVALID_ARGUMENT) as the driver would.
   virtual absl::Status Launch(Function* function, const LaunchConfig& config,
                               absl::Span<const uint8_t> packed_args, Stream* stream) = 0;
 
@@ -235,6 +256,31 @@ class Context {
   virtual absl::Status SynchronizeEvent(Event* event) = 0;
   // Milliseconds between two recorded, completed events.
   virtual absl::StatusOr<float> ElapsedTime(Event* start, Event* end) = 0;
+
+  // Context and function configuration. Every method answers UNIMPLEMENTED unless the
+  // backend overrides it (the CUDA and fake backends do; test doubles need not). The caller
+  // (the session layer) has checked the enum and the value against gpurpc's bounds
+  // (module_service.proto, SetContextLimit); a backend still refuses what the driver
+  // refuses, with the driver's error: INVALID_ARGUMENT for a value or a limit the device
+  // does not take (CUDA_ERROR_INVALID_VALUE, CUDA_ERROR_UNSUPPORTED_LIMIT),
+  // RESOURCE_EXHAUSTED when the driver cannot reserve the memory a limit needs.
+  //
+  // cuCtxSetLimit / cuCtxGetLimit. The stack, printf FIFO and malloc heap are device memory
+  // the driver reserves for the context (the stack once per resident thread).
+  virtual absl::Status SetLimit(ContextLimit limit, uint64_t value);
+  virtual absl::StatusOr<uint64_t> GetLimit(ContextLimit limit);
+  // cuCtxSetCacheConfig / cuCtxGetCacheConfig (a preference).
+  virtual absl::Status SetCacheConfig(CacheConfig config);
+  virtual absl::StatusOr<CacheConfig> GetCacheConfig();
+  // cuFuncSetAttribute on `function` (made by this context). Setting
+  // kMaxDynamicSharedSizeBytes changes what the CUDA backend's Launch starts from when it
+  // raises the limit for a launch that asks for more (see Launch); the fake refuses such
+  // a launch as the driver does. Function::attributes() keeps the values the function was
+  // loaded with.
+  virtual absl::Status SetFunctionAttribute(Function* function, FunctionAttribute attribute,
+                                            int value);
+  // cuFuncSetCacheConfig (a preference).
+  virtual absl::Status SetFunctionCacheConfig(Function* function, CacheConfig config);
 
   // CUDA graphs. Every method answers UNIMPLEMENTED unless the backend overrides it (the
   // CUDA and fake backends do; test doubles need not). Errors besides the common ones:
@@ -270,6 +316,24 @@ class Context {
                                               absl::Span<const uint8_t> packed_args);
 };
 
+inline absl::Status Context::SetLimit(ContextLimit, uint64_t) {
+  return absl::UnimplementedError("this backend cannot set context limits");
+}
+inline absl::StatusOr<uint64_t> Context::GetLimit(ContextLimit) {
+  return absl::UnimplementedError("this backend cannot read context limits");
+}
+inline absl::Status Context::SetCacheConfig(CacheConfig) {
+  return absl::UnimplementedError("this backend has no cache configuration");
+}
+inline absl::StatusOr<CacheConfig> Context::GetCacheConfig() {
+  return absl::UnimplementedError("this backend has no cache configuration");
+}
+inline absl::Status Context::SetFunctionAttribute(Function*, FunctionAttribute, int) {
+  return absl::UnimplementedError("this backend cannot set function attributes");
+}
+inline absl::Status Context::SetFunctionCacheConfig(Function*, CacheConfig) {
+  return absl::UnimplementedError("this backend has no cache configuration");
+}
 inline absl::Status Context::BeginCapture(Stream*) {
   return absl::UnimplementedError("this backend has no CUDA graphs");
 }

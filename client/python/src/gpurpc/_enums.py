@@ -169,7 +169,8 @@ class device_attribute(enum.IntEnum):  # noqa: N801 - PyCUDA's name
 
 
 class function_attribute(enum.IntEnum):  # noqa: N801
-    """``CUfunction_attribute``: what ``Function.get_attribute`` accepts."""
+    """``CUfunction_attribute``: what ``Function.get_attribute`` accepts; ``Function.set_attribute``
+    sets ``MAX_DYNAMIC_SHARED_SIZE_BYTES`` and ``PREFERRED_SHARED_MEMORY_CARVEOUT``."""
 
     MAX_THREADS_PER_BLOCK = 0
     SHARED_SIZE_BYTES = 1
@@ -222,7 +223,8 @@ class host_alloc_flags(enum.IntFlag):  # noqa: N801
 
 
 class func_cache(enum.IntEnum):  # noqa: N801
-    """``CUfunc_cache`` (a hint; accepted and ignored)."""
+    """``CUfunc_cache``, for ``Context.set_cache_config`` and ``Function.set_cache_config``
+    (a preference the driver may ignore)."""
 
     PREFER_NONE = 0
     PREFER_SHARED = 1
@@ -231,7 +233,8 @@ class func_cache(enum.IntEnum):  # noqa: N801
 
 
 class shared_config(enum.IntEnum):  # noqa: N801
-    """``CUsharedconfig`` (a hint; accepted and ignored)."""
+    """``CUsharedconfig`` (deprecated by CUDA: every device CUDA 13 supports has fixed 4-byte
+    banks, so ``set_shared_config`` is checked and ignored, as by the driver)."""
 
     DEFAULT_BANK_SIZE = 0
     FOUR_BYTE_BANK_SIZE = 1
@@ -239,7 +242,7 @@ class shared_config(enum.IntEnum):  # noqa: N801
 
 
 class limit(enum.IntEnum):  # noqa: N801
-    """``CUlimit`` (``Context.get_limit``/``set_limit`` are not available remotely)."""
+    """``CUlimit``, for ``Context.get_limit``/``set_limit`` (the daemon bounds the sizes)."""
 
     STACK_SIZE = 0
     PRINTF_FIFO_SIZE = 1

@@ -426,6 +426,45 @@ def _current_core(what: str) -> SessionCore:
     return _current_context(what)._core
 
 
+def _enum_arg(call: str, what: str, value: Any, enum_type: type) -> int:
+    """``value`` as an int of ``enum_type`` (a member or its number); :class:`LogicError`
+    naming it otherwise (the daemon checks it again)."""
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
+        raise LogicError(f"{call}: {what} must be a {enum_type.__name__} or an int, "
+                         f"got {type(value).__name__} {value!r}",
+                         code=grpc.StatusCode.INVALID_ARGUMENT, operation=call)
+    number = int(value)
+    if number not in {int(member) for member in enum_type}:  # type: ignore[attr-defined]
+        names = ", ".join(f"{m.name} = {int(m)}" for m in enum_type)  # type: ignore[attr-defined]
+        raise LogicError(f"{call}: {what} {number} is not a {enum_type.__name__} ({names})",
+                         code=grpc.StatusCode.INVALID_ARGUMENT, operation=call)
+    return number
+
+
+def _uint_arg(call: str, what: str, value: Any, bits: int) -> int:
+    """``value`` as an unsigned int of ``bits`` bits; :class:`LogicError` otherwise."""
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
+        raise LogicError(f"{call}: {what} must be an int, got {type(value).__name__} {value!r}",
+                         code=grpc.StatusCode.INVALID_ARGUMENT, operation=call)
+    number = int(value)
+    if not 0 <= number < (1 << bits):
+        raise LogicError(f"{call}: {what} {number} is outside 0..{(1 << bits) - 1}",
+                         code=grpc.StatusCode.INVALID_ARGUMENT, operation=call)
+    return number
+
+
+def _int_arg(call: str, what: str, value: Any, bits: int) -> int:
+    """``value`` as a signed int of ``bits`` bits; :class:`LogicError` otherwise."""
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
+        raise LogicError(f"{call}: {what} must be an int, got {type(value).__name__} {value!r}",
+                         code=grpc.StatusCode.INVALID_ARGUMENT, operation=call)
+    number = int(value)
+    if not -(1 << (bits - 1)) <= number < (1 << (bits - 1)):
+        raise LogicError(f"{call}: {what} {number} does not fit {bits} signed bits",
+                         code=grpc.StatusCode.INVALID_ARGUMENT, operation=call)
+    return number
+
+
 class Context:
     """A session on the daemon (``pycuda.driver.Context``).
 
@@ -554,28 +593,65 @@ class Context:
         return get_driver_version()
 
     @staticmethod
-    def set_limit(lim: int, value: int) -> None:
-        raise LogicError("Context.set_limit is not available through gpurpc")
+    def set_limit(lim: Union[limit, int], value: int) -> None:
+        """``cuCtxSetLimit`` on the current context: ``lim`` is a :class:`limit`, ``value``
+        its new value (bytes for the sizes).
+
+        The daemon bounds what a tenant may reserve (the stack, printf FIFO and malloc heap
+        are device memory the driver sets aside): at most 64 KiB of stack per thread (and 4
+        GiB for all of the device's resident threads), a 64 MiB printf FIFO and a 1 GiB
+        malloc heap, and the three together within the tenant's device-memory quota; a
+        larger value raises :class:`LogicError` (or :class:`MemoryError` over the quota)
+        naming the bound. The value the driver then reports may be rounded up: read it
+        with :meth:`get_limit`."""
+        core = _current_core("Context.set_limit")
+        request = _mod.SetContextLimitRequest(
+            limit=_enum_arg("Context.set_limit", "limit", lim, limit),
+            value=_uint_arg("Context.set_limit", "value", value, 64))
+        core.call("ModuleService.SetContextLimit", request, op="Context.set_limit")
 
     @staticmethod
-    def get_limit(lim: int) -> int:
-        raise LogicError("Context.get_limit is not available through gpurpc")
+    def get_limit(lim: Union[limit, int]) -> int:
+        """``cuCtxGetLimit`` on the current context."""
+        core = _current_core("Context.get_limit")
+        request = _mod.GetContextLimitRequest(
+            limit=_enum_arg("Context.get_limit", "limit", lim, limit))
+        return int(core.call("ModuleService.GetContextLimit", request,
+                             op="Context.get_limit").value)
 
     @staticmethod
-    def set_cache_config(cc: int) -> None:
-        """Accepted and ignored (a hint)."""
+    def set_cache_config(cc: Union[func_cache, int]) -> None:
+        """``cuCtxSetCacheConfig`` on the current context (a preference)."""
+        core = _current_core("Context.set_cache_config")
+        request = _mod.SetCacheConfigRequest(
+            config=_enum_arg("Context.set_cache_config", "cache config", cc, func_cache))
+        core.call("ModuleService.SetCacheConfig", request, op="Context.set_cache_config")
 
     @staticmethod
     def get_cache_config() -> func_cache:
-        return func_cache.PREFER_NONE
+        """``cuCtxGetCacheConfig`` of the current context."""
+        core = _current_core("Context.get_cache_config")
+        reply = core.call("ModuleService.GetCacheConfig", _mod.GetCacheConfigRequest(),
+                          op="Context.get_cache_config")
+        return func_cache(reply.config)
 
     @staticmethod
-    def set_shared_config(sc: int) -> None:
-        """Accepted and ignored (a hint)."""
+    def set_shared_config(sc: Union[shared_config, int]) -> None:
+        """``cuCtxSetSharedMemConfig`` (deprecated by CUDA). Checked by the daemon, then, as
+        the driver does on every device CUDA 13 supports (fixed 4-byte banks), ignored."""
+        core = _current_core("Context.set_shared_config")
+        request = _mod.SetSharedConfigRequest(
+            config=_enum_arg("Context.set_shared_config", "shared config", sc, shared_config))
+        core.call("ModuleService.SetSharedConfig", request, op="Context.set_shared_config")
 
     @staticmethod
     def get_shared_config() -> shared_config:
-        return shared_config.DEFAULT_BANK_SIZE
+        """``cuCtxGetSharedMemConfig``: ``FOUR_BYTE_BANK_SIZE``, the fixed bank width of every
+        device CUDA 13 supports."""
+        core = _current_core("Context.get_shared_config")
+        reply = core.call("ModuleService.GetSharedConfig", _mod.GetSharedConfigRequest(),
+                          op="Context.get_shared_config")
+        return shared_config(reply.config)
 
     def __repr__(self) -> str:
         state = self._core.health
@@ -1830,7 +1906,8 @@ class Function:
     # -- attributes ---------------------------------------------------------------------
 
     def get_attribute(self, attr: Union[function_attribute, int]) -> int:
-        """``cuFuncGetAttribute`` (from the values reported when the function was looked up)."""
+        """``cuFuncGetAttribute`` (from the values reported when the function was looked up,
+        or by :meth:`set_attribute` since)."""
         a = self._attributes
         table: Dict[int, int] = {
             function_attribute.MAX_THREADS_PER_BLOCK: a.max_threads_per_block,
@@ -1841,6 +1918,8 @@ class Function:
             function_attribute.PTX_VERSION: a.ptx_version,
             function_attribute.BINARY_VERSION: a.binary_version,
             function_attribute.MAX_DYNAMIC_SHARED_SIZE_BYTES: a.max_dynamic_shared_size_bytes,
+            function_attribute.PREFERRED_SHARED_MEMORY_CARVEOUT:
+                a.preferred_shared_memory_carveout,
         }
         key = int(attr)
         if key not in table:
@@ -1866,15 +1945,35 @@ class Function:
         """``[(offset_bytes, size_bytes), ...]`` of the kernel's parameters."""
         return list(self._params)
 
-    def set_attribute(self, attr: int, value: int) -> None:
-        """Not available: raises LogicError."""
-        raise LogicError("Function.set_attribute is not available through gpurpc")
+    def set_attribute(self, attr: Union[function_attribute, int], value: int) -> None:
+        """``cuFuncSetAttribute``: ``MAX_DYNAMIC_SHARED_SIZE_BYTES`` (0 to the device's
+        opt-in maximum minus the kernel's static shared memory) or
+        ``PREFERRED_SHARED_MEMORY_CARVEOUT`` (-1, or 0 to 100 percent); the other attributes
+        are read-only (:class:`LogicError`). :meth:`get_attribute` reports the new value."""
+        request = _mod.SetFunctionAttributeRequest(
+            function_id=self.handle,
+            attribute=_enum_arg("Function.set_attribute", "attribute", attr, function_attribute),
+            value=_int_arg("Function.set_attribute", "value", value, 64))
+        reply = self._core.call("ModuleService.SetFunctionAttribute", request,
+                                op="Function.set_attribute")
+        self._attributes = reply.attributes
 
-    def set_cache_config(self, fc: int) -> None:
-        """Accepted and ignored (a hint)."""
+    def set_cache_config(self, fc: Union[func_cache, int]) -> None:
+        """``cuFuncSetCacheConfig`` (a preference)."""
+        request = _mod.SetFunctionCacheConfigRequest(
+            function_id=self.handle,
+            config=_enum_arg("Function.set_cache_config", "cache config", fc, func_cache))
+        self._core.call("ModuleService.SetFunctionCacheConfig", request,
+                        op="Function.set_cache_config")
 
-    def set_shared_config(self, sc: int) -> None:
-        """Accepted and ignored (a hint)."""
+    def set_shared_config(self, sc: Union[shared_config, int]) -> None:
+        """``cuFuncSetSharedMemConfig`` (deprecated by CUDA): checked by the daemon, then
+        ignored, as the driver does on every device CUDA 13 supports (fixed 4-byte banks)."""
+        request = _mod.SetSharedConfigRequest(
+            function_id=self.handle,
+            config=_enum_arg("Function.set_shared_config", "shared config", sc, shared_config))
+        self._core.call("ModuleService.SetSharedConfig", request,
+                        op="Function.set_shared_config")
 
     # -- argument layout ----------------------------------------------------------------
 

@@ -66,6 +66,49 @@ constexpr size_t kMaxKernelParams = 32764;
 
 std::string HexAddress(uint64_t address) { return absl::StrCat("0x", absl::Hex(address)); }
 
+// The driver's CUlimit for a backend limit (the same values; checked, because the caller's
+// value came from a client).
+absl::StatusOr<CUlimit> ToCuLimit(ContextLimit limit) {
+  switch (limit) {
+    case ContextLimit::kStackSize:
+      return CU_LIMIT_STACK_SIZE;
+    case ContextLimit::kPrintfFifoSize:
+      return CU_LIMIT_PRINTF_FIFO_SIZE;
+    case ContextLimit::kMallocHeapSize:
+      return CU_LIMIT_MALLOC_HEAP_SIZE;
+    case ContextLimit::kDevRuntimeSyncDepth:
+      return CU_LIMIT_DEV_RUNTIME_SYNC_DEPTH;
+    case ContextLimit::kDevRuntimePendingLaunchCount:
+      return CU_LIMIT_DEV_RUNTIME_PENDING_LAUNCH_COUNT;
+    case ContextLimit::kMaxL2FetchGranularity:
+      return CU_LIMIT_MAX_L2_FETCH_GRANULARITY;
+    case ContextLimit::kPersistingL2CacheSize:
+      return CU_LIMIT_PERSISTING_L2_CACHE_SIZE;
+  }
+  return absl::InvalidArgumentError(
+      absl::StrCat("no CUlimit ", static_cast<int>(limit), " can be used through gpurpc"));
+}
+
+const char* CuLimitName(ContextLimit limit) {
+  switch (limit) {
+    case ContextLimit::kStackSize:
+      return "CU_LIMIT_STACK_SIZE";
+    case ContextLimit::kPrintfFifoSize:
+      return "CU_LIMIT_PRINTF_FIFO_SIZE";
+    case ContextLimit::kMallocHeapSize:
+      return "CU_LIMIT_MALLOC_HEAP_SIZE";
+    case ContextLimit::kDevRuntimeSyncDepth:
+      return "CU_LIMIT_DEV_RUNTIME_SYNC_DEPTH";
+    case ContextLimit::kDevRuntimePendingLaunchCount:
+      return "CU_LIMIT_DEV_RUNTIME_PENDING_LAUNCH_COUNT";
+    case ContextLimit::kMaxL2FetchGranularity:
+      return "CU_LIMIT_MAX_L2_FETCH_GRANULARITY";
+    case ContextLimit::kPersistingL2CacheSize:
+      return "CU_LIMIT_PERSISTING_L2_CACHE_SIZE";
+  }
+  return "CU_LIMIT_?";
+}
+
 // ---------------------------------------------------------------------------------------
 
 class ContextCore {
@@ -195,6 +238,23 @@ class CudaFunction final : public Function {
                                      "max_shared_memory_per_block_optin_bytes)"));
     }
     dynamic_shared_limit_.store(bytes, std::memory_order_release);
+    return absl::OkStatus();
+  }
+
+  // cuFuncSetAttribute. A new MAX_DYNAMIC_SHARED_SIZE_BYTES is also where RaiseDynamicShared
+  // starts from (it may lower it: a later launch that asks for more raises it again).
+  absl::Status SetAttribute(ContextCore& core, CUfunction_attribute attribute,
+                            const char* attribute_name, int value) {
+    std::lock_guard<std::mutex> lock(raise_mu_);
+    const CUresult result = core.api().cuFuncSetAttribute(handle_, attribute, value);
+    if (result != CUDA_SUCCESS) {
+      return core.Error(result, "cuFuncSetAttribute",
+                        absl::StrCat(attribute_name, " = ", value, " for kernel ", name_));
+    }
+    if (attribute == CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES) {
+      dynamic_shared_limit_.store(static_cast<uint32_t>(std::max(0, value)),
+                                  std::memory_order_release);
+    }
     return absl::OkStatus();
   }
 
@@ -924,6 +984,73 @@ class CudaContext final : public Context {
     return LaunchError(result, *cuda_function, config, args_size);
   }
 
+  absl::Status SetLimit(ContextLimit limit, uint64_t value) override {
+    GPURPC_ASSIGN_OR_RETURN(const CUlimit cu_limit, ToCuLimit(limit));
+    GPURPC_RETURN_IF_ERROR(core_->MakeCurrent());
+    const CUresult result = api_.cuCtxSetLimit(cu_limit, static_cast<size_t>(value));
+    if (result == CUDA_SUCCESS) return absl::OkStatus();
+    return LimitError(result, "cuCtxSetLimit", limit, absl::StrCat(" = ", value));
+  }
+
+  absl::StatusOr<uint64_t> GetLimit(ContextLimit limit) override {
+    GPURPC_ASSIGN_OR_RETURN(const CUlimit cu_limit, ToCuLimit(limit));
+    GPURPC_RETURN_IF_ERROR(core_->MakeCurrent());
+    size_t value = 0;
+    const CUresult result = api_.cuCtxGetLimit(&value, cu_limit);
+    if (result == CUDA_SUCCESS) return static_cast<uint64_t>(value);
+    return LimitError(result, "cuCtxGetLimit", limit, "");
+  }
+
+  absl::Status SetCacheConfig(CacheConfig config) override {
+    GPURPC_RETURN_IF_ERROR(core_->MakeCurrent());
+    return core_->Check(api_.cuCtxSetCacheConfig(static_cast<CUfunc_cache>(config)),
+                        "cuCtxSetCacheConfig");
+  }
+
+  absl::StatusOr<CacheConfig> GetCacheConfig() override {
+    GPURPC_RETURN_IF_ERROR(core_->MakeCurrent());
+    CUfunc_cache config = CU_FUNC_CACHE_PREFER_NONE;
+    GPURPC_RETURN_IF_ERROR(core_->Check(api_.cuCtxGetCacheConfig(&config), "cuCtxGetCacheConfig"));
+    if (config < CU_FUNC_CACHE_PREFER_NONE || config > CU_FUNC_CACHE_PREFER_EQUAL) {
+      return absl::InternalError(absl::StrCat("cuCtxGetCacheConfig: unknown CUfunc_cache ",
+                                              static_cast<int>(config)));
+    }
+    return static_cast<CacheConfig>(config);
+  }
+
+  absl::Status SetFunctionAttribute(Function* function, FunctionAttribute attribute,
+                                    int value) override {
+    if (function == nullptr) return absl::InvalidArgumentError("cuFuncSetAttribute: no function");
+    GPURPC_RETURN_IF_ERROR(core_->MakeCurrent());
+    auto* cuda_function = static_cast<CudaFunction*>(function);
+    switch (attribute) {
+      case FunctionAttribute::kMaxDynamicSharedSizeBytes:
+        return cuda_function->SetAttribute(*core_, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                                           "CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES",
+                                           value);
+      case FunctionAttribute::kPreferredSharedMemoryCarveout:
+        return cuda_function->SetAttribute(
+            *core_, CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT,
+            "CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT", value);
+    }
+    return absl::InvalidArgumentError(absl::StrCat("cuFuncSetAttribute: attribute ",
+                                                   static_cast<int>(attribute),
+                                                   " cannot be set"));
+  }
+
+  absl::Status SetFunctionCacheConfig(Function* function, CacheConfig config) override {
+    if (function == nullptr) {
+      return absl::InvalidArgumentError("cuFuncSetCacheConfig: no function");
+    }
+    GPURPC_RETURN_IF_ERROR(core_->MakeCurrent());
+    auto* cuda_function = static_cast<CudaFunction*>(function);
+    const CUresult result =
+        api_.cuFuncSetCacheConfig(cuda_function->handle(), static_cast<CUfunc_cache>(config));
+    if (result == CUDA_SUCCESS) return absl::OkStatus();
+    return core_->Error(result, "cuFuncSetCacheConfig",
+                        absl::StrCat("kernel ", cuda_function->name()));
+  }
+
   absl::StatusOr<std::unique_ptr<Stream>> CreateStream(bool non_blocking) override {
     GPURPC_RETURN_IF_ERROR(core_->MakeCurrent());
     CUstream stream = nullptr;
@@ -1192,6 +1319,18 @@ class CudaContext final : public Context {
                      config.grid.z, ") block (", config.block.x, ",", config.block.y, ",",
                      config.block.z, ") shared_memory_bytes=", config.shared_memory_bytes, " args ",
                      args_size, " bytes"));
+  }
+
+  // A failed cuCtxSetLimit / cuCtxGetLimit. CUDA_ERROR_UNSUPPORTED_LIMIT (a limit this
+  // device does not have) is the client's argument, not an internal error.
+  ABSL_ATTRIBUTE_NOINLINE absl::Status LimitError(CUresult result, const char* call,
+                                                  ContextLimit limit, absl::string_view value) {
+    absl::Status status = core_->Error(result, call, absl::StrCat(CuLimitName(limit), value));
+    if (result == CUDA_ERROR_UNSUPPORTED_LIMIT) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(status.message(), "; this device does not support that limit"));
+    }
+    return status;
   }
 
   const std::shared_ptr<ContextCore> core_;

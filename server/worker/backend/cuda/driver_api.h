@@ -47,6 +47,10 @@ inline constexpr int kCudaApiVersion = 13000;
   X(cuCtxGetCurrent, 4000)              \
   X(cuCtxSetCurrent, 4000)              \
   X(cuCtxSynchronize, 13000)            \
+  X(cuCtxSetLimit, 3010)                \
+  X(cuCtxGetLimit, 3010)                \
+  X(cuCtxSetCacheConfig, 3020)          \
+  X(cuCtxGetCacheConfig, 3020)          \
   X(cuMemAlloc, 3020)                   \
   X(cuMemFree, 3020)                    \
   X(cuMemGetInfo, 3020)                 \
@@ -67,6 +71,7 @@ inline constexpr int kCudaApiVersion = 13000;
   X(cuFuncLoad, 12040)                  \
   X(cuFuncGetAttribute, 2020)           \
   X(cuFuncSetAttribute, 9000)           \
+  X(cuFuncSetCacheConfig, 3000)         \
   X(cuFuncGetParamInfo, 12040)          \
   X(cuLaunchKernel, 4000)               \
   X(cuStreamCreate, 2000)               \

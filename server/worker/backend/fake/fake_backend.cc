@@ -43,6 +43,7 @@
 
 #include <algorithm>
 #include <array>
+#include <atomic>
 #include <chrono>
 #include <cstdint>
 #include <cstdio>
@@ -118,6 +119,21 @@ constexpr int kAttrMultiprocessorCount = 16;
 constexpr int kAttrComputeCapabilityMajor = 75;
 constexpr int kAttrComputeCapabilityMinor = 76;
 constexpr int kAttrMaxSharedMemoryPerBlockOptin = 97;
+
+// Context limits as a fresh CUDA 13 context reports them (cuCtxGetLimit), and the
+// threads the driver reserves a stack for (multiprocessors x 2048 resident threads, the
+// value the front end assumes without CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_MULTIPROCESSOR).
+constexpr uint64_t kDefaultStackBytes = 1024;
+constexpr uint64_t kDefaultPrintfFifoBytes = uint64_t{1} << 20;
+constexpr uint64_t kDefaultMallocHeapBytes = uint64_t{8} << 20;
+constexpr uint64_t kDefaultDevRuntimeSyncDepth = 2;
+constexpr uint64_t kDefaultDevRuntimePendingLaunchCount = 2048;
+constexpr uint64_t kDefaultMaxL2FetchGranularity = 32;
+constexpr uint64_t kResidentThreads = uint64_t{kMultiprocessorCount} * 2048;
+// The fake has no persisting L2 (CU_DEVICE_ATTRIBUTE_MAX_PERSISTING_L2_CACHE_SIZE = 0).
+constexpr uint64_t kMaxPersistingL2Bytes = 0;
+constexpr char kUnsupportedLimit[] = "CUDA_ERROR_UNSUPPORTED_LIMIT (limit is not supported)";
+constexpr char kOutOfMemory[] = "CUDA_ERROR_OUT_OF_MEMORY (out of memory)";
 
 constexpr char kIllegalAddress[] =
     "CUDA_ERROR_ILLEGAL_ADDRESS (an illegal memory access was encountered)";
@@ -345,10 +361,26 @@ class FakeFunction final : public Function {
   const BuiltinKernel& kernel() const { return kernel_; }
   absl::string_view name() const { return kernel_.name; }
 
+  // CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES as the driver keeps it: 48 KiB minus
+  // the static shared memory (none) until set. attributes() keeps the loaded values.
+  int max_dynamic_shared_bytes() const {
+    return max_dynamic_shared_bytes_.load(std::memory_order_acquire);
+  }
+  void set_max_dynamic_shared_bytes(int bytes) {
+    max_dynamic_shared_bytes_.store(bytes, std::memory_order_release);
+  }
+  void set_carveout(int percent) { carveout_.store(percent, std::memory_order_release); }
+  void set_cache_config(CacheConfig config) {
+    cache_config_.store(config, std::memory_order_release);
+  }
+
  private:
   const DeviceState* const owner_;
   const BuiltinKernel& kernel_;
   FunctionAttributes attributes_;
+  std::atomic<int> max_dynamic_shared_bytes_{kSharedMemoryPerBlockBytes};
+  std::atomic<int> carveout_{-1};
+  std::atomic<CacheConfig> cache_config_{CacheConfig::kPreferNone};
 };
 
 absl::Status CheckLaunchConfig(const FakeFunction& function, const LaunchConfig& config) {
@@ -373,11 +405,16 @@ absl::Status CheckLaunchConfig(const FakeFunction& function, const LaunchConfig&
         " threads per block, more than the ", function.attributes().max_threads_per_block,
         " that kernel '", function.name(), "' allows"));
   }
-  if (config.shared_memory_bytes > static_cast<uint32_t>(kSharedMemoryPerBlockBytes)) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("cuLaunchKernel: ", kInvalidValue, ": ", config.shared_memory_bytes,
-                     " bytes of dynamic shared memory, more than the ", kSharedMemoryPerBlockBytes,
-                     " a block may use"));
+  // The driver refuses more dynamic shared memory than the function's
+  // CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES (48 KiB until raised).
+  const int dynamic_limit = function.max_dynamic_shared_bytes();
+  if (config.shared_memory_bytes > static_cast<uint32_t>(std::max(0, dynamic_limit))) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "cuLaunchKernel: ", kInvalidValue, ": ", config.shared_memory_bytes,
+        " bytes of dynamic shared memory, more than the ", dynamic_limit, " kernel '",
+        function.name(),
+        "' may use (its CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES; a block may use ",
+        kSharedMemoryPerBlockBytes, " without opting in)"));
   }
   return absl::OkStatus();
 }
@@ -1675,6 +1712,102 @@ class FakeContext final : public Context {
     return state_->Launch(function, config, packed_args, stream);
   }
 
+  // Limits are kept as values; the stack, printf FIFO and malloc heap must fit the fake
+  // device's free memory (the driver reserves them), as with the driver.
+  absl::Status SetLimit(ContextLimit limit, uint64_t value) override {
+    constexpr absl::string_view kCall = "cuCtxSetLimit";
+    GPURPC_RETURN_IF_ERROR(state_->CheckHealthy(kCall));
+    const int index = static_cast<int>(limit);
+    if (index < 0 || index >= static_cast<int>(kLimitCount)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(kCall, ": ", kUnsupportedLimit, ": CUlimit ", index));
+    }
+    if ((limit == ContextLimit::kMaxL2FetchGranularity && value > 128) ||
+        (limit == ContextLimit::kPersistingL2CacheSize && value > kMaxPersistingL2Bytes)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(kCall, ": ", kInvalidValue, ": CUlimit ", index, " = ", value));
+    }
+    absl::MutexLock lock(&limits_mu_);
+    std::array<uint64_t, kLimitCount> next = limits_;
+    next[index] = value;
+    const auto reserved = [](const std::array<uint64_t, kLimitCount>& l) {
+      const uint64_t stack = l[static_cast<int>(ContextLimit::kStackSize)];
+      const uint64_t stack_bytes =
+          stack > UINT64_MAX / kResidentThreads ? UINT64_MAX : stack * kResidentThreads;
+      const uint64_t rest = l[static_cast<int>(ContextLimit::kPrintfFifoSize)] +
+                            l[static_cast<int>(ContextLimit::kMallocHeapSize)];
+      return stack_bytes > UINT64_MAX - rest ? UINT64_MAX : stack_bytes + rest;
+    };
+    const uint64_t before = reserved(limits_);
+    const uint64_t after = reserved(next);
+    if (after > before) {
+      GPURPC_ASSIGN_OR_RETURN(const MemInfo memory, state_->GetMemInfo());
+      if (after - before > memory.free_bytes) {
+        return absl::ResourceExhaustedError(absl::StrCat(
+            kCall, ": ", kOutOfMemory, ": CUlimit ", index, " = ", value, " needs ",
+            after - before, " more bytes of device memory, ", memory.free_bytes, " are free"));
+      }
+    }
+    limits_ = next;
+    return absl::OkStatus();
+  }
+  absl::StatusOr<uint64_t> GetLimit(ContextLimit limit) override {
+    constexpr absl::string_view kCall = "cuCtxGetLimit";
+    GPURPC_RETURN_IF_ERROR(state_->CheckHealthy(kCall));
+    const int index = static_cast<int>(limit);
+    if (index < 0 || index >= static_cast<int>(kLimitCount)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(kCall, ": ", kUnsupportedLimit, ": CUlimit ", index));
+    }
+    absl::MutexLock lock(&limits_mu_);
+    return limits_[index];
+  }
+  absl::Status SetCacheConfig(CacheConfig config) override {
+    GPURPC_RETURN_IF_ERROR(state_->CheckHealthy("cuCtxSetCacheConfig"));
+    GPURPC_RETURN_IF_ERROR(CheckCacheConfig("cuCtxSetCacheConfig", config));
+    cache_config_.store(config, std::memory_order_release);
+    return absl::OkStatus();
+  }
+  absl::StatusOr<CacheConfig> GetCacheConfig() override {
+    GPURPC_RETURN_IF_ERROR(state_->CheckHealthy("cuCtxGetCacheConfig"));
+    return cache_config_.load(std::memory_order_acquire);
+  }
+  absl::Status SetFunctionAttribute(Function* function, FunctionAttribute attribute,
+                                    int value) override {
+    constexpr absl::string_view kCall = "cuFuncSetAttribute";
+    GPURPC_RETURN_IF_ERROR(state_->CheckHealthy(kCall));
+    GPURPC_ASSIGN_OR_RETURN(FakeFunction * fake, OwnFunction(kCall, function));
+    switch (attribute) {
+      case FunctionAttribute::kMaxDynamicSharedSizeBytes:
+        if (value < 0 || value > kSharedMemoryPerBlockOptinBytes - fake->attributes().shared_size_bytes) {
+          return absl::InvalidArgumentError(absl::StrCat(
+              kCall, ": ", kInvalidValue, ": CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES = ",
+              value, " for kernel '", fake->name(), "' (at most ",
+              kSharedMemoryPerBlockOptinBytes - fake->attributes().shared_size_bytes, ")"));
+        }
+        fake->set_max_dynamic_shared_bytes(value);
+        return absl::OkStatus();
+      case FunctionAttribute::kPreferredSharedMemoryCarveout:
+        if (value < -1 || value > 100) {
+          return absl::InvalidArgumentError(absl::StrCat(
+              kCall, ": ", kInvalidValue, ": CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT = ",
+              value, " for kernel '", fake->name(), "' (-1 to 100)"));
+        }
+        fake->set_carveout(value);
+        return absl::OkStatus();
+    }
+    return absl::InvalidArgumentError(absl::StrCat(kCall, ": ", kInvalidValue, ": attribute ",
+                                                   static_cast<int>(attribute)));
+  }
+  absl::Status SetFunctionCacheConfig(Function* function, CacheConfig config) override {
+    constexpr absl::string_view kCall = "cuFuncSetCacheConfig";
+    GPURPC_RETURN_IF_ERROR(state_->CheckHealthy(kCall));
+    GPURPC_ASSIGN_OR_RETURN(FakeFunction * fake, OwnFunction(kCall, function));
+    GPURPC_RETURN_IF_ERROR(CheckCacheConfig(kCall, config));
+    fake->set_cache_config(config);
+    return absl::OkStatus();
+  }
+
   absl::StatusOr<std::unique_ptr<Stream>> CreateStream(bool non_blocking) override {
     GPURPC_ASSIGN_OR_RETURN(const uint64_t queue,
                             state_->CreateQueue("cuStreamCreate", non_blocking));
@@ -1771,9 +1904,35 @@ class FakeContext final : public Context {
     }
     return fake;
   }
+  absl::StatusOr<FakeFunction*> OwnFunction(absl::string_view call, Function* function) const {
+    auto* fake = dynamic_cast<FakeFunction*>(function);
+    if (fake == nullptr || fake->owner() != state_.get()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          call, ": ", kInvalidHandle, ": the function was not loaded by this fake context"));
+    }
+    return fake;
+  }
+  static absl::Status CheckCacheConfig(absl::string_view call, CacheConfig config) {
+    const int value = static_cast<int>(config);
+    if (value < 0 || value > static_cast<int>(CacheConfig::kPreferEqual)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(call, ": ", kInvalidValue, ": CUfunc_cache ", value));
+    }
+    return absl::OkStatus();
+  }
+
+  static constexpr size_t kLimitCount = 7;  // CU_LIMIT_STACK_SIZE .. PERSISTING_L2_CACHE_SIZE
 
   const DeviceInfo info_;
   const std::shared_ptr<DeviceState> state_;
+  absl::Mutex limits_mu_;
+  // By CUlimit value.
+  std::array<uint64_t, kLimitCount> limits_ ABSL_GUARDED_BY(limits_mu_) = {
+      kDefaultStackBytes,          kDefaultPrintfFifoBytes,
+      kDefaultMallocHeapBytes,     kDefaultDevRuntimeSyncDepth,
+      kDefaultDevRuntimePendingLaunchCount, kDefaultMaxL2FetchGranularity,
+      0};
+  std::atomic<CacheConfig> cache_config_{CacheConfig::kPreferNone};
 };
 
 class FakeBackend final : public Backend {

@@ -14,13 +14,21 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1egpurpc/v1/module_service.proto\x12\tgpurpc.v1\"\'\n\x06Header\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0f\n\x07\x63ontent\x18\x02 \x01(\t\"\x9b\x01\n\x0e\x43ompileRequest\x12\x0e\n\x06source\x18\x01 \x01(\t\x12\x14\n\x0cprogram_name\x18\x02 \x01(\t\x12\x0f\n\x07options\x18\x03 \x03(\t\x12\"\n\x07headers\x18\x04 \x03(\x0b\x32\x11.gpurpc.v1.Header\x12\x18\n\x10name_expressions\x18\x05 \x03(\t\x12\x14\n\x0c\x63ompile_only\x18\x06 \x01(\x08\"<\n\x0bLoweredName\x12\x17\n\x0fname_expression\x18\x01 \x01(\t\x12\x14\n\x0clowered_name\x18\x02 \x01(\t\"\xec\x01\n\x0f\x43ompileResponse\x12\x0f\n\x07success\x18\x01 \x01(\x08\x12\x0b\n\x03log\x18\x02 \x01(\t\x12\x11\n\tmodule_id\x18\x03 \x01(\x04\x12-\n\rlowered_names\x18\x04 \x03(\x0b\x32\x16.gpurpc.v1.LoweredName\x12\x11\n\tcache_hit\x18\x05 \x01(\x08\x12\x19\n\x11\x65\x66\x66\x65\x63tive_options\x18\x06 \x03(\t\x12\x0c\n\x04\x61rch\x18\x07 \x01(\t\x12\r\n\x05image\x18\x08 \x01(\x0c\x12\x11\n\tcache_key\x18\t \x01(\t\x12\x1b\n\x13\x64\x65vice_memory_bytes\x18\n \x01(\x04\"\"\n\x11LoadModuleRequest\x12\r\n\x05image\x18\x01 \x01(\x0c\"D\n\x12LoadModuleResponse\x12\x11\n\tmodule_id\x18\x01 \x01(\x04\x12\x1b\n\x13\x64\x65vice_memory_bytes\x18\x02 \x01(\x04\"(\n\x13UnloadModuleRequest\x12\x11\n\tmodule_id\x18\x01 \x01(\x04\"\x16\n\x14UnloadModuleResponse\"5\n\x12GetFunctionRequest\x12\x11\n\tmodule_id\x18\x01 \x01(\x04\x12\x0c\n\x04name\x18\x02 \x01(\t\"5\n\tParamInfo\x12\x14\n\x0coffset_bytes\x18\x01 \x01(\r\x12\x12\n\nsize_bytes\x18\x02 \x01(\r\"\xe8\x01\n\x12\x46unctionAttributes\x12\x10\n\x08num_regs\x18\x01 \x01(\x05\x12\x19\n\x11shared_size_bytes\x18\x02 \x01(\x05\x12\x18\n\x10\x63onst_size_bytes\x18\x03 \x01(\x05\x12\x18\n\x10local_size_bytes\x18\x04 \x01(\x05\x12\x1d\n\x15max_threads_per_block\x18\x05 \x01(\x05\x12\x13\n\x0bptx_version\x18\x06 \x01(\x05\x12\x16\n\x0e\x62inary_version\x18\x07 \x01(\x05\x12%\n\x1dmax_dynamic_shared_size_bytes\x18\x08 \x01(\x05\"\x83\x01\n\x13GetFunctionResponse\x12\x13\n\x0b\x66unction_id\x18\x01 \x01(\x04\x12$\n\x06params\x18\x02 \x03(\x0b\x32\x14.gpurpc.v1.ParamInfo\x12\x31\n\nattributes\x18\x03 \x01(\x0b\x32\x1d.gpurpc.v1.FunctionAttributes\"3\n\x10GetGlobalRequest\x12\x11\n\tmodule_id\x18\x01 \x01(\x04\x12\x0c\n\x04name\x18\x02 \x01(\t\"?\n\x11GetGlobalResponse\x12\x16\n\x0e\x64\x65vice_address\x18\x01 \x01(\x04\x12\x12\n\nsize_bytes\x18\x02 \x01(\x04\x32\x83\x03\n\rModuleService\x12@\n\x07\x43ompile\x12\x19.gpurpc.v1.CompileRequest\x1a\x1a.gpurpc.v1.CompileResponse\x12I\n\nLoadModule\x12\x1c.gpurpc.v1.LoadModuleRequest\x1a\x1d.gpurpc.v1.LoadModuleResponse\x12O\n\x0cUnloadModule\x12\x1e.gpurpc.v1.UnloadModuleRequest\x1a\x1f.gpurpc.v1.UnloadModuleResponse\x12L\n\x0bGetFunction\x12\x1d.gpurpc.v1.GetFunctionRequest\x1a\x1e.gpurpc.v1.GetFunctionResponse\x12\x46\n\tGetGlobal\x12\x1b.gpurpc.v1.GetGlobalRequest\x1a\x1c.gpurpc.v1.GetGlobalResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1egpurpc/v1/module_service.proto\x12\tgpurpc.v1\"\'\n\x06Header\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0f\n\x07\x63ontent\x18\x02 \x01(\t\"\x9b\x01\n\x0e\x43ompileRequest\x12\x0e\n\x06source\x18\x01 \x01(\t\x12\x14\n\x0cprogram_name\x18\x02 \x01(\t\x12\x0f\n\x07options\x18\x03 \x03(\t\x12\"\n\x07headers\x18\x04 \x03(\x0b\x32\x11.gpurpc.v1.Header\x12\x18\n\x10name_expressions\x18\x05 \x03(\t\x12\x14\n\x0c\x63ompile_only\x18\x06 \x01(\x08\"<\n\x0bLoweredName\x12\x17\n\x0fname_expression\x18\x01 \x01(\t\x12\x14\n\x0clowered_name\x18\x02 \x01(\t\"\xec\x01\n\x0f\x43ompileResponse\x12\x0f\n\x07success\x18\x01 \x01(\x08\x12\x0b\n\x03log\x18\x02 \x01(\t\x12\x11\n\tmodule_id\x18\x03 \x01(\x04\x12-\n\rlowered_names\x18\x04 \x03(\x0b\x32\x16.gpurpc.v1.LoweredName\x12\x11\n\tcache_hit\x18\x05 \x01(\x08\x12\x19\n\x11\x65\x66\x66\x65\x63tive_options\x18\x06 \x03(\t\x12\x0c\n\x04\x61rch\x18\x07 \x01(\t\x12\r\n\x05image\x18\x08 \x01(\x0c\x12\x11\n\tcache_key\x18\t \x01(\t\x12\x1b\n\x13\x64\x65vice_memory_bytes\x18\n \x01(\x04\"\"\n\x11LoadModuleRequest\x12\r\n\x05image\x18\x01 \x01(\x0c\"D\n\x12LoadModuleResponse\x12\x11\n\tmodule_id\x18\x01 \x01(\x04\x12\x1b\n\x13\x64\x65vice_memory_bytes\x18\x02 \x01(\x04\"(\n\x13UnloadModuleRequest\x12\x11\n\tmodule_id\x18\x01 \x01(\x04\"\x16\n\x14UnloadModuleResponse\"5\n\x12GetFunctionRequest\x12\x11\n\tmodule_id\x18\x01 \x01(\x04\x12\x0c\n\x04name\x18\x02 \x01(\t\"5\n\tParamInfo\x12\x14\n\x0coffset_bytes\x18\x01 \x01(\r\x12\x12\n\nsize_bytes\x18\x02 \x01(\r\"\x92\x02\n\x12\x46unctionAttributes\x12\x10\n\x08num_regs\x18\x01 \x01(\x05\x12\x19\n\x11shared_size_bytes\x18\x02 \x01(\x05\x12\x18\n\x10\x63onst_size_bytes\x18\x03 \x01(\x05\x12\x18\n\x10local_size_bytes\x18\x04 \x01(\x05\x12\x1d\n\x15max_threads_per_block\x18\x05 \x01(\x05\x12\x13\n\x0bptx_version\x18\x06 \x01(\x05\x12\x16\n\x0e\x62inary_version\x18\x07 \x01(\x05\x12%\n\x1dmax_dynamic_shared_size_bytes\x18\x08 \x01(\x05\x12(\n preferred_shared_memory_carveout\x18\t \x01(\x05\"\x83\x01\n\x13GetFunctionResponse\x12\x13\n\x0b\x66unction_id\x18\x01 \x01(\x04\x12$\n\x06params\x18\x02 \x03(\x0b\x32\x14.gpurpc.v1.ParamInfo\x12\x31\n\nattributes\x18\x03 \x01(\x0b\x32\x1d.gpurpc.v1.FunctionAttributes\"3\n\x10GetGlobalRequest\x12\x11\n\tmodule_id\x18\x01 \x01(\x04\x12\x0c\n\x04name\x18\x02 \x01(\t\"?\n\x11GetGlobalResponse\x12\x16\n\x0e\x64\x65vice_address\x18\x01 \x01(\x04\x12\x12\n\nsize_bytes\x18\x02 \x01(\x04\"O\n\x16SetContextLimitRequest\x12&\n\x05limit\x18\x01 \x01(\x0e\x32\x17.gpurpc.v1.ContextLimit\x12\r\n\x05value\x18\x02 \x01(\x04\"G\n\x17SetContextLimitResponse\x12\r\n\x05value\x18\x01 \x01(\x04\x12\x1d\n\x15reserved_device_bytes\x18\x02 \x01(\x04\"@\n\x16GetContextLimitRequest\x12&\n\x05limit\x18\x01 \x01(\x0e\x32\x17.gpurpc.v1.ContextLimit\"(\n\x17GetContextLimitResponse\x12\r\n\x05value\x18\x01 \x01(\x04\"?\n\x15SetCacheConfigRequest\x12&\n\x06\x63onfig\x18\x01 \x01(\x0e\x32\x16.gpurpc.v1.CacheConfig\"\x18\n\x16SetCacheConfigResponse\"\x17\n\x15GetCacheConfigRequest\"@\n\x16GetCacheConfigResponse\x12&\n\x06\x63onfig\x18\x01 \x01(\x0e\x32\x16.gpurpc.v1.CacheConfig\"V\n\x16SetSharedConfigRequest\x12\'\n\x06\x63onfig\x18\x01 \x01(\x0e\x32\x17.gpurpc.v1.SharedConfig\x12\x13\n\x0b\x66unction_id\x18\x02 \x01(\x04\"\x19\n\x17SetSharedConfigResponse\"\x18\n\x16GetSharedConfigRequest\"B\n\x17GetSharedConfigResponse\x12\'\n\x06\x63onfig\x18\x01 \x01(\x0e\x32\x17.gpurpc.v1.SharedConfig\"r\n\x1bSetFunctionAttributeRequest\x12\x13\n\x0b\x66unction_id\x18\x01 \x01(\x04\x12/\n\tattribute\x18\x02 \x01(\x0e\x32\x1c.gpurpc.v1.FunctionAttribute\x12\r\n\x05value\x18\x03 \x01(\x03\"Q\n\x1cSetFunctionAttributeResponse\x12\x31\n\nattributes\x18\x01 \x01(\x0b\x32\x1d.gpurpc.v1.FunctionAttributes\"\\\n\x1dSetFunctionCacheConfigRequest\x12\x13\n\x0b\x66unction_id\x18\x01 \x01(\x04\x12&\n\x06\x63onfig\x18\x02 \x01(\x0e\x32\x16.gpurpc.v1.CacheConfig\" \n\x1eSetFunctionCacheConfigResponse*\xf2\x01\n\x0c\x43ontextLimit\x12\x14\n\x10LIMIT_STACK_SIZE\x10\x00\x12\x1a\n\x16LIMIT_PRINTF_FIFO_SIZE\x10\x01\x12\x1a\n\x16LIMIT_MALLOC_HEAP_SIZE\x10\x02\x12 \n\x1cLIMIT_DEV_RUNTIME_SYNC_DEPTH\x10\x03\x12*\n&LIMIT_DEV_RUNTIME_PENDING_LAUNCH_COUNT\x10\x04\x12\"\n\x1eLIMIT_MAX_L2_FETCH_GRANULARITY\x10\x05\x12\"\n\x1eLIMIT_PERSISTING_L2_CACHE_SIZE\x10\x06*\x86\x01\n\x0b\x43\x61\x63heConfig\x12\x1c\n\x18\x43\x41\x43HE_CONFIG_PREFER_NONE\x10\x00\x12\x1e\n\x1a\x43\x41\x43HE_CONFIG_PREFER_SHARED\x10\x01\x12\x1a\n\x16\x43\x41\x43HE_CONFIG_PREFER_L1\x10\x02\x12\x1d\n\x19\x43\x41\x43HE_CONFIG_PREFER_EQUAL\x10\x03*\x82\x01\n\x0cSharedConfig\x12#\n\x1fSHARED_CONFIG_DEFAULT_BANK_SIZE\x10\x00\x12%\n!SHARED_CONFIG_FOUR_BYTE_BANK_SIZE\x10\x01\x12&\n\"SHARED_CONFIG_EIGHT_BYTE_BANK_SIZE\x10\x02*\xbe\x03\n\x11\x46unctionAttribute\x12,\n(FUNCTION_ATTRIBUTE_MAX_THREADS_PER_BLOCK\x10\x00\x12(\n$FUNCTION_ATTRIBUTE_SHARED_SIZE_BYTES\x10\x01\x12\'\n#FUNCTION_ATTRIBUTE_CONST_SIZE_BYTES\x10\x02\x12\'\n#FUNCTION_ATTRIBUTE_LOCAL_SIZE_BYTES\x10\x03\x12\x1f\n\x1b\x46UNCTION_ATTRIBUTE_NUM_REGS\x10\x04\x12\"\n\x1e\x46UNCTION_ATTRIBUTE_PTX_VERSION\x10\x05\x12%\n!FUNCTION_ATTRIBUTE_BINARY_VERSION\x10\x06\x12$\n FUNCTION_ATTRIBUTE_CACHE_MODE_CA\x10\x07\x12\x34\n0FUNCTION_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES\x10\x08\x12\x37\n3FUNCTION_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT\x10\t2\xf1\x08\n\rModuleService\x12@\n\x07\x43ompile\x12\x19.gpurpc.v1.CompileRequest\x1a\x1a.gpurpc.v1.CompileResponse\x12I\n\nLoadModule\x12\x1c.gpurpc.v1.LoadModuleRequest\x1a\x1d.gpurpc.v1.LoadModuleResponse\x12O\n\x0cUnloadModule\x12\x1e.gpurpc.v1.UnloadModuleRequest\x1a\x1f.gpurpc.v1.UnloadModuleResponse\x12L\n\x0bGetFunction\x12\x1d.gpurpc.v1.GetFunctionRequest\x1a\x1e.gpurpc.v1.GetFunctionResponse\x12\x46\n\tGetGlobal\x12\x1b.gpurpc.v1.GetGlobalRequest\x1a\x1c.gpurpc.v1.GetGlobalResponse\x12X\n\x0fSetContextLimit\x12!.gpurpc.v1.SetContextLimitRequest\x1a\".gpurpc.v1.SetContextLimitResponse\x12X\n\x0fGetContextLimit\x12!.gpurpc.v1.GetContextLimitRequest\x1a\".gpurpc.v1.GetContextLimitResponse\x12U\n\x0eSetCacheConfig\x12 .gpurpc.v1.SetCacheConfigRequest\x1a!.gpurpc.v1.SetCacheConfigResponse\x12U\n\x0eGetCacheConfig\x12 .gpurpc.v1.GetCacheConfigRequest\x1a!.gpurpc.v1.GetCacheConfigResponse\x12X\n\x0fSetSharedConfig\x12!.gpurpc.v1.SetSharedConfigRequest\x1a\".gpurpc.v1.SetSharedConfigResponse\x12X\n\x0fGetSharedConfig\x12!.gpurpc.v1.GetSharedConfigRequest\x1a\".gpurpc.v1.GetSharedConfigResponse\x12g\n\x14SetFunctionAttribute\x12&.gpurpc.v1.SetFunctionAttributeRequest\x1a\'.gpurpc.v1.SetFunctionAttributeResponse\x12m\n\x16SetFunctionCacheConfig\x12(.gpurpc.v1.SetFunctionCacheConfigRequest\x1a).gpurpc.v1.SetFunctionCacheConfigResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'gpurpc.v1.module_service_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
+  _globals['_CONTEXTLIMIT']._serialized_start=2337
+  _globals['_CONTEXTLIMIT']._serialized_end=2579
+  _globals['_CACHECONFIG']._serialized_start=2582
+  _globals['_CACHECONFIG']._serialized_end=2716
+  _globals['_SHAREDCONFIG']._serialized_start=2719
+  _globals['_SHAREDCONFIG']._serialized_end=2849
+  _globals['_FUNCTIONATTRIBUTE']._serialized_start=2852
+  _globals['_FUNCTIONATTRIBUTE']._serialized_end=3298
   _globals['_HEADER']._serialized_start=45
   _globals['_HEADER']._serialized_end=84
   _globals['_COMPILEREQUEST']._serialized_start=87
@@ -42,13 +50,45 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_PARAMINFO']._serialized_start=772
   _globals['_PARAMINFO']._serialized_end=825
   _globals['_FUNCTIONATTRIBUTES']._serialized_start=828
-  _globals['_FUNCTIONATTRIBUTES']._serialized_end=1060
-  _globals['_GETFUNCTIONRESPONSE']._serialized_start=1063
-  _globals['_GETFUNCTIONRESPONSE']._serialized_end=1194
-  _globals['_GETGLOBALREQUEST']._serialized_start=1196
-  _globals['_GETGLOBALREQUEST']._serialized_end=1247
-  _globals['_GETGLOBALRESPONSE']._serialized_start=1249
-  _globals['_GETGLOBALRESPONSE']._serialized_end=1312
-  _globals['_MODULESERVICE']._serialized_start=1315
-  _globals['_MODULESERVICE']._serialized_end=1702
+  _globals['_FUNCTIONATTRIBUTES']._serialized_end=1102
+  _globals['_GETFUNCTIONRESPONSE']._serialized_start=1105
+  _globals['_GETFUNCTIONRESPONSE']._serialized_end=1236
+  _globals['_GETGLOBALREQUEST']._serialized_start=1238
+  _globals['_GETGLOBALREQUEST']._serialized_end=1289
+  _globals['_GETGLOBALRESPONSE']._serialized_start=1291
+  _globals['_GETGLOBALRESPONSE']._serialized_end=1354
+  _globals['_SETCONTEXTLIMITREQUEST']._serialized_start=1356
+  _globals['_SETCONTEXTLIMITREQUEST']._serialized_end=1435
+  _globals['_SETCONTEXTLIMITRESPONSE']._serialized_start=1437
+  _globals['_SETCONTEXTLIMITRESPONSE']._serialized_end=1508
+  _globals['_GETCONTEXTLIMITREQUEST']._serialized_start=1510
+  _globals['_GETCONTEXTLIMITREQUEST']._serialized_end=1574
+  _globals['_GETCONTEXTLIMITRESPONSE']._serialized_start=1576
+  _globals['_GETCONTEXTLIMITRESPONSE']._serialized_end=1616
+  _globals['_SETCACHECONFIGREQUEST']._serialized_start=1618
+  _globals['_SETCACHECONFIGREQUEST']._serialized_end=1681
+  _globals['_SETCACHECONFIGRESPONSE']._serialized_start=1683
+  _globals['_SETCACHECONFIGRESPONSE']._serialized_end=1707
+  _globals['_GETCACHECONFIGREQUEST']._serialized_start=1709
+  _globals['_GETCACHECONFIGREQUEST']._serialized_end=1732
+  _globals['_GETCACHECONFIGRESPONSE']._serialized_start=1734
+  _globals['_GETCACHECONFIGRESPONSE']._serialized_end=1798
+  _globals['_SETSHAREDCONFIGREQUEST']._serialized_start=1800
+  _globals['_SETSHAREDCONFIGREQUEST']._serialized_end=1886
+  _globals['_SETSHAREDCONFIGRESPONSE']._serialized_start=1888
+  _globals['_SETSHAREDCONFIGRESPONSE']._serialized_end=1913
+  _globals['_GETSHAREDCONFIGREQUEST']._serialized_start=1915
+  _globals['_GETSHAREDCONFIGREQUEST']._serialized_end=1939
+  _globals['_GETSHAREDCONFIGRESPONSE']._serialized_start=1941
+  _globals['_GETSHAREDCONFIGRESPONSE']._serialized_end=2007
+  _globals['_SETFUNCTIONATTRIBUTEREQUEST']._serialized_start=2009
+  _globals['_SETFUNCTIONATTRIBUTEREQUEST']._serialized_end=2123
+  _globals['_SETFUNCTIONATTRIBUTERESPONSE']._serialized_start=2125
+  _globals['_SETFUNCTIONATTRIBUTERESPONSE']._serialized_end=2206
+  _globals['_SETFUNCTIONCACHECONFIGREQUEST']._serialized_start=2208
+  _globals['_SETFUNCTIONCACHECONFIGREQUEST']._serialized_end=2300
+  _globals['_SETFUNCTIONCACHECONFIGRESPONSE']._serialized_start=2302
+  _globals['_SETFUNCTIONCACHECONFIGRESPONSE']._serialized_end=2334
+  _globals['_MODULESERVICE']._serialized_start=3301
+  _globals['_MODULESERVICE']._serialized_end=4438
 # @@protoc_insertion_point(module_scope)

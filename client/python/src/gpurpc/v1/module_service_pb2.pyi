@@ -1,9 +1,70 @@
 from google.protobuf.internal import containers as _containers
+from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
 from google.protobuf import descriptor as _descriptor
 from google.protobuf import message as _message
 from typing import ClassVar as _ClassVar, Iterable as _Iterable, Mapping as _Mapping, Optional as _Optional, Union as _Union
 
 DESCRIPTOR: _descriptor.FileDescriptor
+
+class ContextLimit(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    LIMIT_STACK_SIZE: _ClassVar[ContextLimit]
+    LIMIT_PRINTF_FIFO_SIZE: _ClassVar[ContextLimit]
+    LIMIT_MALLOC_HEAP_SIZE: _ClassVar[ContextLimit]
+    LIMIT_DEV_RUNTIME_SYNC_DEPTH: _ClassVar[ContextLimit]
+    LIMIT_DEV_RUNTIME_PENDING_LAUNCH_COUNT: _ClassVar[ContextLimit]
+    LIMIT_MAX_L2_FETCH_GRANULARITY: _ClassVar[ContextLimit]
+    LIMIT_PERSISTING_L2_CACHE_SIZE: _ClassVar[ContextLimit]
+
+class CacheConfig(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    CACHE_CONFIG_PREFER_NONE: _ClassVar[CacheConfig]
+    CACHE_CONFIG_PREFER_SHARED: _ClassVar[CacheConfig]
+    CACHE_CONFIG_PREFER_L1: _ClassVar[CacheConfig]
+    CACHE_CONFIG_PREFER_EQUAL: _ClassVar[CacheConfig]
+
+class SharedConfig(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    SHARED_CONFIG_DEFAULT_BANK_SIZE: _ClassVar[SharedConfig]
+    SHARED_CONFIG_FOUR_BYTE_BANK_SIZE: _ClassVar[SharedConfig]
+    SHARED_CONFIG_EIGHT_BYTE_BANK_SIZE: _ClassVar[SharedConfig]
+
+class FunctionAttribute(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    FUNCTION_ATTRIBUTE_MAX_THREADS_PER_BLOCK: _ClassVar[FunctionAttribute]
+    FUNCTION_ATTRIBUTE_SHARED_SIZE_BYTES: _ClassVar[FunctionAttribute]
+    FUNCTION_ATTRIBUTE_CONST_SIZE_BYTES: _ClassVar[FunctionAttribute]
+    FUNCTION_ATTRIBUTE_LOCAL_SIZE_BYTES: _ClassVar[FunctionAttribute]
+    FUNCTION_ATTRIBUTE_NUM_REGS: _ClassVar[FunctionAttribute]
+    FUNCTION_ATTRIBUTE_PTX_VERSION: _ClassVar[FunctionAttribute]
+    FUNCTION_ATTRIBUTE_BINARY_VERSION: _ClassVar[FunctionAttribute]
+    FUNCTION_ATTRIBUTE_CACHE_MODE_CA: _ClassVar[FunctionAttribute]
+    FUNCTION_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES: _ClassVar[FunctionAttribute]
+    FUNCTION_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT: _ClassVar[FunctionAttribute]
+LIMIT_STACK_SIZE: ContextLimit
+LIMIT_PRINTF_FIFO_SIZE: ContextLimit
+LIMIT_MALLOC_HEAP_SIZE: ContextLimit
+LIMIT_DEV_RUNTIME_SYNC_DEPTH: ContextLimit
+LIMIT_DEV_RUNTIME_PENDING_LAUNCH_COUNT: ContextLimit
+LIMIT_MAX_L2_FETCH_GRANULARITY: ContextLimit
+LIMIT_PERSISTING_L2_CACHE_SIZE: ContextLimit
+CACHE_CONFIG_PREFER_NONE: CacheConfig
+CACHE_CONFIG_PREFER_SHARED: CacheConfig
+CACHE_CONFIG_PREFER_L1: CacheConfig
+CACHE_CONFIG_PREFER_EQUAL: CacheConfig
+SHARED_CONFIG_DEFAULT_BANK_SIZE: SharedConfig
+SHARED_CONFIG_FOUR_BYTE_BANK_SIZE: SharedConfig
+SHARED_CONFIG_EIGHT_BYTE_BANK_SIZE: SharedConfig
+FUNCTION_ATTRIBUTE_MAX_THREADS_PER_BLOCK: FunctionAttribute
+FUNCTION_ATTRIBUTE_SHARED_SIZE_BYTES: FunctionAttribute
+FUNCTION_ATTRIBUTE_CONST_SIZE_BYTES: FunctionAttribute
+FUNCTION_ATTRIBUTE_LOCAL_SIZE_BYTES: FunctionAttribute
+FUNCTION_ATTRIBUTE_NUM_REGS: FunctionAttribute
+FUNCTION_ATTRIBUTE_PTX_VERSION: FunctionAttribute
+FUNCTION_ATTRIBUTE_BINARY_VERSION: FunctionAttribute
+FUNCTION_ATTRIBUTE_CACHE_MODE_CA: FunctionAttribute
+FUNCTION_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES: FunctionAttribute
+FUNCTION_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT: FunctionAttribute
 
 class Header(_message.Message):
     __slots__ = ("name", "content")
@@ -102,7 +163,7 @@ class ParamInfo(_message.Message):
     def __init__(self, offset_bytes: _Optional[int] = ..., size_bytes: _Optional[int] = ...) -> None: ...
 
 class FunctionAttributes(_message.Message):
-    __slots__ = ("num_regs", "shared_size_bytes", "const_size_bytes", "local_size_bytes", "max_threads_per_block", "ptx_version", "binary_version", "max_dynamic_shared_size_bytes")
+    __slots__ = ("num_regs", "shared_size_bytes", "const_size_bytes", "local_size_bytes", "max_threads_per_block", "ptx_version", "binary_version", "max_dynamic_shared_size_bytes", "preferred_shared_memory_carveout")
     NUM_REGS_FIELD_NUMBER: _ClassVar[int]
     SHARED_SIZE_BYTES_FIELD_NUMBER: _ClassVar[int]
     CONST_SIZE_BYTES_FIELD_NUMBER: _ClassVar[int]
@@ -111,6 +172,7 @@ class FunctionAttributes(_message.Message):
     PTX_VERSION_FIELD_NUMBER: _ClassVar[int]
     BINARY_VERSION_FIELD_NUMBER: _ClassVar[int]
     MAX_DYNAMIC_SHARED_SIZE_BYTES_FIELD_NUMBER: _ClassVar[int]
+    PREFERRED_SHARED_MEMORY_CARVEOUT_FIELD_NUMBER: _ClassVar[int]
     num_regs: int
     shared_size_bytes: int
     const_size_bytes: int
@@ -119,7 +181,8 @@ class FunctionAttributes(_message.Message):
     ptx_version: int
     binary_version: int
     max_dynamic_shared_size_bytes: int
-    def __init__(self, num_regs: _Optional[int] = ..., shared_size_bytes: _Optional[int] = ..., const_size_bytes: _Optional[int] = ..., local_size_bytes: _Optional[int] = ..., max_threads_per_block: _Optional[int] = ..., ptx_version: _Optional[int] = ..., binary_version: _Optional[int] = ..., max_dynamic_shared_size_bytes: _Optional[int] = ...) -> None: ...
+    preferred_shared_memory_carveout: int
+    def __init__(self, num_regs: _Optional[int] = ..., shared_size_bytes: _Optional[int] = ..., const_size_bytes: _Optional[int] = ..., local_size_bytes: _Optional[int] = ..., max_threads_per_block: _Optional[int] = ..., ptx_version: _Optional[int] = ..., binary_version: _Optional[int] = ..., max_dynamic_shared_size_bytes: _Optional[int] = ..., preferred_shared_memory_carveout: _Optional[int] = ...) -> None: ...
 
 class GetFunctionResponse(_message.Message):
     __slots__ = ("function_id", "params", "attributes")
@@ -146,3 +209,101 @@ class GetGlobalResponse(_message.Message):
     device_address: int
     size_bytes: int
     def __init__(self, device_address: _Optional[int] = ..., size_bytes: _Optional[int] = ...) -> None: ...
+
+class SetContextLimitRequest(_message.Message):
+    __slots__ = ("limit", "value")
+    LIMIT_FIELD_NUMBER: _ClassVar[int]
+    VALUE_FIELD_NUMBER: _ClassVar[int]
+    limit: ContextLimit
+    value: int
+    def __init__(self, limit: _Optional[_Union[ContextLimit, str]] = ..., value: _Optional[int] = ...) -> None: ...
+
+class SetContextLimitResponse(_message.Message):
+    __slots__ = ("value", "reserved_device_bytes")
+    VALUE_FIELD_NUMBER: _ClassVar[int]
+    RESERVED_DEVICE_BYTES_FIELD_NUMBER: _ClassVar[int]
+    value: int
+    reserved_device_bytes: int
+    def __init__(self, value: _Optional[int] = ..., reserved_device_bytes: _Optional[int] = ...) -> None: ...
+
+class GetContextLimitRequest(_message.Message):
+    __slots__ = ("limit",)
+    LIMIT_FIELD_NUMBER: _ClassVar[int]
+    limit: ContextLimit
+    def __init__(self, limit: _Optional[_Union[ContextLimit, str]] = ...) -> None: ...
+
+class GetContextLimitResponse(_message.Message):
+    __slots__ = ("value",)
+    VALUE_FIELD_NUMBER: _ClassVar[int]
+    value: int
+    def __init__(self, value: _Optional[int] = ...) -> None: ...
+
+class SetCacheConfigRequest(_message.Message):
+    __slots__ = ("config",)
+    CONFIG_FIELD_NUMBER: _ClassVar[int]
+    config: CacheConfig
+    def __init__(self, config: _Optional[_Union[CacheConfig, str]] = ...) -> None: ...
+
+class SetCacheConfigResponse(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class GetCacheConfigRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class GetCacheConfigResponse(_message.Message):
+    __slots__ = ("config",)
+    CONFIG_FIELD_NUMBER: _ClassVar[int]
+    config: CacheConfig
+    def __init__(self, config: _Optional[_Union[CacheConfig, str]] = ...) -> None: ...
+
+class SetSharedConfigRequest(_message.Message):
+    __slots__ = ("config", "function_id")
+    CONFIG_FIELD_NUMBER: _ClassVar[int]
+    FUNCTION_ID_FIELD_NUMBER: _ClassVar[int]
+    config: SharedConfig
+    function_id: int
+    def __init__(self, config: _Optional[_Union[SharedConfig, str]] = ..., function_id: _Optional[int] = ...) -> None: ...
+
+class SetSharedConfigResponse(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class GetSharedConfigRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class GetSharedConfigResponse(_message.Message):
+    __slots__ = ("config",)
+    CONFIG_FIELD_NUMBER: _ClassVar[int]
+    config: SharedConfig
+    def __init__(self, config: _Optional[_Union[SharedConfig, str]] = ...) -> None: ...
+
+class SetFunctionAttributeRequest(_message.Message):
+    __slots__ = ("function_id", "attribute", "value")
+    FUNCTION_ID_FIELD_NUMBER: _ClassVar[int]
+    ATTRIBUTE_FIELD_NUMBER: _ClassVar[int]
+    VALUE_FIELD_NUMBER: _ClassVar[int]
+    function_id: int
+    attribute: FunctionAttribute
+    value: int
+    def __init__(self, function_id: _Optional[int] = ..., attribute: _Optional[_Union[FunctionAttribute, str]] = ..., value: _Optional[int] = ...) -> None: ...
+
+class SetFunctionAttributeResponse(_message.Message):
+    __slots__ = ("attributes",)
+    ATTRIBUTES_FIELD_NUMBER: _ClassVar[int]
+    attributes: FunctionAttributes
+    def __init__(self, attributes: _Optional[_Union[FunctionAttributes, _Mapping]] = ...) -> None: ...
+
+class SetFunctionCacheConfigRequest(_message.Message):
+    __slots__ = ("function_id", "config")
+    FUNCTION_ID_FIELD_NUMBER: _ClassVar[int]
+    CONFIG_FIELD_NUMBER: _ClassVar[int]
+    function_id: int
+    config: CacheConfig
+    def __init__(self, function_id: _Optional[int] = ..., config: _Optional[_Union[CacheConfig, str]] = ...) -> None: ...
+
+class SetFunctionCacheConfigResponse(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...

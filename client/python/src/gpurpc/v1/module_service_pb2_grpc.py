@@ -66,6 +66,46 @@ class ModuleServiceStub(object):
                 request_serializer=gpurpc_dot_v1_dot_module__service__pb2.GetGlobalRequest.SerializeToString,
                 response_deserializer=gpurpc_dot_v1_dot_module__service__pb2.GetGlobalResponse.FromString,
                 _registered_method=True)
+        self.SetContextLimit = channel.unary_unary(
+                '/gpurpc.v1.ModuleService/SetContextLimit',
+                request_serializer=gpurpc_dot_v1_dot_module__service__pb2.SetContextLimitRequest.SerializeToString,
+                response_deserializer=gpurpc_dot_v1_dot_module__service__pb2.SetContextLimitResponse.FromString,
+                _registered_method=True)
+        self.GetContextLimit = channel.unary_unary(
+                '/gpurpc.v1.ModuleService/GetContextLimit',
+                request_serializer=gpurpc_dot_v1_dot_module__service__pb2.GetContextLimitRequest.SerializeToString,
+                response_deserializer=gpurpc_dot_v1_dot_module__service__pb2.GetContextLimitResponse.FromString,
+                _registered_method=True)
+        self.SetCacheConfig = channel.unary_unary(
+                '/gpurpc.v1.ModuleService/SetCacheConfig',
+                request_serializer=gpurpc_dot_v1_dot_module__service__pb2.SetCacheConfigRequest.SerializeToString,
+                response_deserializer=gpurpc_dot_v1_dot_module__service__pb2.SetCacheConfigResponse.FromString,
+                _registered_method=True)
+        self.GetCacheConfig = channel.unary_unary(
+                '/gpurpc.v1.ModuleService/GetCacheConfig',
+                request_serializer=gpurpc_dot_v1_dot_module__service__pb2.GetCacheConfigRequest.SerializeToString,
+                response_deserializer=gpurpc_dot_v1_dot_module__service__pb2.GetCacheConfigResponse.FromString,
+                _registered_method=True)
+        self.SetSharedConfig = channel.unary_unary(
+                '/gpurpc.v1.ModuleService/SetSharedConfig',
+                request_serializer=gpurpc_dot_v1_dot_module__service__pb2.SetSharedConfigRequest.SerializeToString,
+                response_deserializer=gpurpc_dot_v1_dot_module__service__pb2.SetSharedConfigResponse.FromString,
+                _registered_method=True)
+        self.GetSharedConfig = channel.unary_unary(
+                '/gpurpc.v1.ModuleService/GetSharedConfig',
+                request_serializer=gpurpc_dot_v1_dot_module__service__pb2.GetSharedConfigRequest.SerializeToString,
+                response_deserializer=gpurpc_dot_v1_dot_module__service__pb2.GetSharedConfigResponse.FromString,
+                _registered_method=True)
+        self.SetFunctionAttribute = channel.unary_unary(
+                '/gpurpc.v1.ModuleService/SetFunctionAttribute',
+                request_serializer=gpurpc_dot_v1_dot_module__service__pb2.SetFunctionAttributeRequest.SerializeToString,
+                response_deserializer=gpurpc_dot_v1_dot_module__service__pb2.SetFunctionAttributeResponse.FromString,
+                _registered_method=True)
+        self.SetFunctionCacheConfig = channel.unary_unary(
+                '/gpurpc.v1.ModuleService/SetFunctionCacheConfig',
+                request_serializer=gpurpc_dot_v1_dot_module__service__pb2.SetFunctionCacheConfigRequest.SerializeToString,
+                response_deserializer=gpurpc_dot_v1_dot_module__service__pb2.SetFunctionCacheConfigResponse.FromString,
+                _registered_method=True)
 
 
 class ModuleServiceServicer(object):
@@ -128,6 +168,118 @@ class ModuleServiceServicer(object):
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def SetContextLimit(self, request, context):
+        """---- Context and function configuration (cuCtxSetLimit, cuCtxSetCacheConfig,
+        cuFuncSetAttribute, ...). These are ModuleService calls, not ExecutionService ones, so
+        that they always pass through the front end (a same-host direct channel serves only
+        ExecutionService): limits reserve device memory, and only the front end keeps the
+        tenant's ledger.
+
+        Sets a limit of the session's context (cuCtxSetLimit) and answers the value the driver
+        then reports (it may round up). Bounds, checked before the driver is touched:
+        LIMIT_STACK_SIZE: 1 to 64 KiB per thread, and the driver reserves it for every thread
+        the device can hold (multiprocessors x CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_
+        MULTIPROCESSOR), a reservation of at most 4 GiB;
+        LIMIT_PRINTF_FIFO_SIZE: 1 byte to 64 MiB; LIMIT_MALLOC_HEAP_SIZE: 1 byte to 1 GiB;
+        LIMIT_DEV_RUNTIME_SYNC_DEPTH: 0 to 24; LIMIT_DEV_RUNTIME_PENDING_LAUNCH_COUNT: 1 to
+        32768; LIMIT_MAX_L2_FETCH_GRANULARITY: 0 to 128 (bytes, a hint);
+        LIMIT_PERSISTING_L2_CACHE_SIZE: 0 to the device's
+        CU_DEVICE_ATTRIBUTE_MAX_PERSISTING_L2_CACHE_SIZE.
+        The stack, printf FIFO and malloc heap are device memory the driver reserves outside
+        the session's buffers: together (at the values they would have) they must also fit the
+        tenant's max_device_memory_bytes quota when it sets one. They are not charged to the
+        tenant's ledger (the response reports them in reserved_device_bytes).
+        Codes: OK; INVALID_ARGUMENT for a limit that is not a ContextLimit, a value outside its
+        bounds, or a limit the device does not support (CUDA_ERROR_UNSUPPORTED_LIMIT: e.g. the
+        device runtime's sync depth on devices without device-side synchronization);
+        RESOURCE_EXHAUSTED when the reservation would exceed the quota, or the driver cannot
+        reserve the memory.
+        Retry: safe (sets the same value again).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def GetContextLimit(self, request, context):
+        """Reads a limit of the session's context (cuCtxGetLimit).
+        Codes: OK; INVALID_ARGUMENT for a limit that is not a ContextLimit or one the device
+        does not support.
+        Retry: safe.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def SetCacheConfig(self, request, context):
+        """Sets the context's preferred L1 / shared memory split (cuCtxSetCacheConfig, a hint).
+        Codes: OK; INVALID_ARGUMENT for a config that is not a CacheConfig.
+        Retry: safe.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def GetCacheConfig(self, request, context):
+        """The context's preferred L1 / shared memory split (cuCtxGetCacheConfig).
+        Codes: OK.
+        Retry: safe.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def SetSharedConfig(self, request, context):
+        """Sets the shared memory bank size of the context or of one function
+        (cuCtxSetSharedMemConfig / cuFuncSetSharedMemConfig, deprecated since CUDA 12.x). Every
+        device CUDA 13 supports (compute capability 7.5 and later) has a fixed 4-byte bank
+        width, on which the driver does nothing: neither does gpurpc (the config is checked,
+        then ignored), and GetSharedConfig answers the fixed width.
+        Codes: OK; INVALID_ARGUMENT for a config that is not a SharedConfig; NOT_FOUND for an
+        unknown function.
+        Retry: safe.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def GetSharedConfig(self, request, context):
+        """The context's shared memory bank size (cuCtxGetSharedMemConfig): always
+        SHARED_CONFIG_FOUR_BYTE_BANK_SIZE (see SetSharedConfig).
+        Codes: OK.
+        Retry: safe.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def SetFunctionAttribute(self, request, context):
+        """Sets a settable attribute of a kernel (cuFuncSetAttribute):
+        FUNCTION_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES: 0 to the device's
+        max_shared_memory_per_block_optin_bytes minus the kernel's static shared memory;
+        FUNCTION_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT: -1 (the default) or 0 to 100
+        (percent of the maximum shared memory).
+        The other attributes are read-only (GetFunction reports them). Launches asking for more
+        dynamic shared memory than the kernel's maximum: the CUDA backend raises the maximum
+        itself up to the device's opt-in limit (as it always did); the fake backend refuses
+        them as the driver would.
+        Codes: OK; INVALID_ARGUMENT for an attribute that is not a FunctionAttribute, a
+        read-only one, or a value out of bounds; NOT_FOUND for an unknown function.
+        Retry: safe.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def SetFunctionCacheConfig(self, request, context):
+        """Sets a kernel's preferred L1 / shared memory split (cuFuncSetCacheConfig, a hint).
+        Codes: OK; INVALID_ARGUMENT for a config that is not a CacheConfig; NOT_FOUND for an
+        unknown function.
+        Retry: safe.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_ModuleServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -155,6 +307,46 @@ def add_ModuleServiceServicer_to_server(servicer, server):
                     servicer.GetGlobal,
                     request_deserializer=gpurpc_dot_v1_dot_module__service__pb2.GetGlobalRequest.FromString,
                     response_serializer=gpurpc_dot_v1_dot_module__service__pb2.GetGlobalResponse.SerializeToString,
+            ),
+            'SetContextLimit': grpc.unary_unary_rpc_method_handler(
+                    servicer.SetContextLimit,
+                    request_deserializer=gpurpc_dot_v1_dot_module__service__pb2.SetContextLimitRequest.FromString,
+                    response_serializer=gpurpc_dot_v1_dot_module__service__pb2.SetContextLimitResponse.SerializeToString,
+            ),
+            'GetContextLimit': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetContextLimit,
+                    request_deserializer=gpurpc_dot_v1_dot_module__service__pb2.GetContextLimitRequest.FromString,
+                    response_serializer=gpurpc_dot_v1_dot_module__service__pb2.GetContextLimitResponse.SerializeToString,
+            ),
+            'SetCacheConfig': grpc.unary_unary_rpc_method_handler(
+                    servicer.SetCacheConfig,
+                    request_deserializer=gpurpc_dot_v1_dot_module__service__pb2.SetCacheConfigRequest.FromString,
+                    response_serializer=gpurpc_dot_v1_dot_module__service__pb2.SetCacheConfigResponse.SerializeToString,
+            ),
+            'GetCacheConfig': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetCacheConfig,
+                    request_deserializer=gpurpc_dot_v1_dot_module__service__pb2.GetCacheConfigRequest.FromString,
+                    response_serializer=gpurpc_dot_v1_dot_module__service__pb2.GetCacheConfigResponse.SerializeToString,
+            ),
+            'SetSharedConfig': grpc.unary_unary_rpc_method_handler(
+                    servicer.SetSharedConfig,
+                    request_deserializer=gpurpc_dot_v1_dot_module__service__pb2.SetSharedConfigRequest.FromString,
+                    response_serializer=gpurpc_dot_v1_dot_module__service__pb2.SetSharedConfigResponse.SerializeToString,
+            ),
+            'GetSharedConfig': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetSharedConfig,
+                    request_deserializer=gpurpc_dot_v1_dot_module__service__pb2.GetSharedConfigRequest.FromString,
+                    response_serializer=gpurpc_dot_v1_dot_module__service__pb2.GetSharedConfigResponse.SerializeToString,
+            ),
+            'SetFunctionAttribute': grpc.unary_unary_rpc_method_handler(
+                    servicer.SetFunctionAttribute,
+                    request_deserializer=gpurpc_dot_v1_dot_module__service__pb2.SetFunctionAttributeRequest.FromString,
+                    response_serializer=gpurpc_dot_v1_dot_module__service__pb2.SetFunctionAttributeResponse.SerializeToString,
+            ),
+            'SetFunctionCacheConfig': grpc.unary_unary_rpc_method_handler(
+                    servicer.SetFunctionCacheConfig,
+                    request_deserializer=gpurpc_dot_v1_dot_module__service__pb2.SetFunctionCacheConfigRequest.FromString,
+                    response_serializer=gpurpc_dot_v1_dot_module__service__pb2.SetFunctionCacheConfigResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -293,6 +485,222 @@ class ModuleService(object):
             '/gpurpc.v1.ModuleService/GetGlobal',
             gpurpc_dot_v1_dot_module__service__pb2.GetGlobalRequest.SerializeToString,
             gpurpc_dot_v1_dot_module__service__pb2.GetGlobalResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def SetContextLimit(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/gpurpc.v1.ModuleService/SetContextLimit',
+            gpurpc_dot_v1_dot_module__service__pb2.SetContextLimitRequest.SerializeToString,
+            gpurpc_dot_v1_dot_module__service__pb2.SetContextLimitResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetContextLimit(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/gpurpc.v1.ModuleService/GetContextLimit',
+            gpurpc_dot_v1_dot_module__service__pb2.GetContextLimitRequest.SerializeToString,
+            gpurpc_dot_v1_dot_module__service__pb2.GetContextLimitResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def SetCacheConfig(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/gpurpc.v1.ModuleService/SetCacheConfig',
+            gpurpc_dot_v1_dot_module__service__pb2.SetCacheConfigRequest.SerializeToString,
+            gpurpc_dot_v1_dot_module__service__pb2.SetCacheConfigResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetCacheConfig(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/gpurpc.v1.ModuleService/GetCacheConfig',
+            gpurpc_dot_v1_dot_module__service__pb2.GetCacheConfigRequest.SerializeToString,
+            gpurpc_dot_v1_dot_module__service__pb2.GetCacheConfigResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def SetSharedConfig(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/gpurpc.v1.ModuleService/SetSharedConfig',
+            gpurpc_dot_v1_dot_module__service__pb2.SetSharedConfigRequest.SerializeToString,
+            gpurpc_dot_v1_dot_module__service__pb2.SetSharedConfigResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetSharedConfig(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/gpurpc.v1.ModuleService/GetSharedConfig',
+            gpurpc_dot_v1_dot_module__service__pb2.GetSharedConfigRequest.SerializeToString,
+            gpurpc_dot_v1_dot_module__service__pb2.GetSharedConfigResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def SetFunctionAttribute(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/gpurpc.v1.ModuleService/SetFunctionAttribute',
+            gpurpc_dot_v1_dot_module__service__pb2.SetFunctionAttributeRequest.SerializeToString,
+            gpurpc_dot_v1_dot_module__service__pb2.SetFunctionAttributeResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def SetFunctionCacheConfig(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/gpurpc.v1.ModuleService/SetFunctionCacheConfig',
+            gpurpc_dot_v1_dot_module__service__pb2.SetFunctionCacheConfigRequest.SerializeToString,
+            gpurpc_dot_v1_dot_module__service__pb2.SetFunctionCacheConfigResponse.FromString,
             options,
             channel_credentials,
             insecure,
