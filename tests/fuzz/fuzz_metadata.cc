@@ -355,6 +355,8 @@ void CheckOptions(const DaemonOptions& options) {
   bool level = false;
   for (const char* known : kLevels) level = level || options.log_level == known;
   FUZZ_CHECK(level, "log level ", Quote(options.log_level));
+  FUZZ_CHECK(options.log_format == "text" || options.log_format == "json", "log format ",
+             Quote(options.log_format));
   FUZZ_CHECK(options.unix_socket_mode <= 0777, "socket mode ", options.unix_socket_mode);
   FUZZ_CHECK(options.max_sessions >= 1, "max sessions ", options.max_sessions);
   FUZZ_CHECK(options.warm_workers >= 0, "warm workers ", options.warm_workers);
@@ -412,6 +414,7 @@ void CheckWorkerRoundTrip(const DaemonOptions& options) {
   FUZZ_CHECK(same(worker->compile_cpu_seconds, options.compile_cpu_seconds), "cpu seconds");
   FUZZ_CHECK(same(worker->compile_memory_bytes, options.compile_memory_bytes), "memory bytes");
   FUZZ_CHECK(same(worker->log_level, options.log_level), "log level");
+  FUZZ_CHECK(same(worker->log_format, options.log_format), "log format");
 }
 
 void CheckParsed(const std::vector<std::string>& args) {
