@@ -253,6 +253,27 @@ TEST_F(ContextLimitsTest, SetLimitsRoundTripAndReportTheReservation) {
   EXPECT_THAT(other_raw.GetLimit(v1::LIMIT_MALLOC_HEAP_SIZE), IsOkAndHolds(8 * kMiB));
 }
 
+// The same calls through the C++ client's Session and Function.
+TEST_F(ContextLimitsTest, TheClientsCallsRoundTrip) {
+  EXPECT_THAT(session_.SetLimit(v1::LIMIT_MALLOC_HEAP_SIZE, 64 * kMiB), IsOkAndHolds(64 * kMiB));
+  EXPECT_THAT(session_.GetLimit(v1::LIMIT_MALLOC_HEAP_SIZE), IsOkAndHolds(64 * kMiB));
+  EXPECT_THAT(session_.SetLimit(v1::LIMIT_PRINTF_FIFO_SIZE, 65 * kMiB),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("LIMIT_PRINTF_FIFO_SIZE")));
+  ASSERT_OK(session_.SetCacheConfig(v1::CACHE_CONFIG_PREFER_SHARED));
+  EXPECT_THAT(session_.GetCacheConfig(), IsOkAndHolds(v1::CACHE_CONFIG_PREFER_SHARED));
+  EXPECT_THAT(session_.SetCacheConfig(static_cast<v1::CacheConfig>(99)),
+              StatusIs(absl::StatusCode::kInvalidArgument));
+
+  ASSERT_OK(fill_.SetAttribute(v1::FUNCTION_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, 64 * 1024));
+  EXPECT_EQ(fill_.attributes().max_dynamic_shared_size_bytes(), 64 * 1024);
+  EXPECT_OK(LaunchFill(60 * 1024));
+  EXPECT_THAT(fill_.SetAttribute(v1::FUNCTION_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                                 kOptinShared + 1),
+              StatusIs(absl::StatusCode::kInvalidArgument));
+  EXPECT_OK(fill_.SetCacheConfig(v1::CACHE_CONFIG_PREFER_L1));
+  ExpectUsable();
+}
+
 TEST_F(ContextLimitsTest, UnknownLimitsAreRefusedByNumber) {
   for (int limit : {7, 8, 9, 10, 1000, -1}) {
     SCOPED_TRACE(limit);

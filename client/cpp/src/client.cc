@@ -397,6 +397,47 @@ absl::StatusOr<Buffer> Session::Allocate(uint64_t size_bytes) const {
   return buffer;
 }
 
+absl::StatusOr<uint64_t> Session::SetLimit(v1::ContextLimit limit, uint64_t value) const {
+  if (core_ == nullptr) return NoSession();
+  v1::SetContextLimitRequest request;
+  request.set_limit(limit);
+  request.set_value(value);
+  v1::SetContextLimitResponse response;
+  absl::Status status = SessionCall(*core_, GPURPC_RPC(core_->modules(), SetContextLimit),
+                                    "SetContextLimit", request, &response);
+  if (!status.ok()) return status;
+  return response.value();
+}
+
+absl::StatusOr<uint64_t> Session::GetLimit(v1::ContextLimit limit) const {
+  if (core_ == nullptr) return NoSession();
+  v1::GetContextLimitRequest request;
+  request.set_limit(limit);
+  v1::GetContextLimitResponse response;
+  absl::Status status = SessionCall(*core_, GPURPC_RPC(core_->modules(), GetContextLimit),
+                                    "GetContextLimit", request, &response);
+  if (!status.ok()) return status;
+  return response.value();
+}
+
+absl::Status Session::SetCacheConfig(v1::CacheConfig config) const {
+  if (core_ == nullptr) return NoSession();
+  v1::SetCacheConfigRequest request;
+  request.set_config(config);
+  v1::SetCacheConfigResponse response;
+  return SessionCall(*core_, GPURPC_RPC(core_->modules(), SetCacheConfig), "SetCacheConfig",
+                     request, &response);
+}
+
+absl::StatusOr<v1::CacheConfig> Session::GetCacheConfig() const {
+  if (core_ == nullptr) return NoSession();
+  v1::GetCacheConfigResponse response;
+  absl::Status status = SessionCall(*core_, GPURPC_RPC(core_->modules(), GetCacheConfig),
+                                    "GetCacheConfig", v1::GetCacheConfigRequest(), &response);
+  if (!status.ok()) return status;
+  return response.config();
+}
+
 absl::StatusOr<MemInfo> Session::GetMemInfo() const {
   if (core_ == nullptr) return NoSession();
   v1::GetMemInfoResponse response;
@@ -849,6 +890,30 @@ absl::Status Function::LaunchPacked(const LaunchConfig& config, absl::Span<const
   FillLaunch(id_, config, *std::move(packed), request.mutable_launch());
   v1::LaunchResponse response;
   return SessionCall(*core_, GPURPC_RPC(core_->execution(), Launch), "Launch", request, &response);
+}
+
+absl::Status Function::SetAttribute(v1::FunctionAttribute attribute, int64_t value) {
+  if (core_ == nullptr) return NoSession();
+  v1::SetFunctionAttributeRequest request;
+  request.set_function_id(id_);
+  request.set_attribute(attribute);
+  request.set_value(value);
+  v1::SetFunctionAttributeResponse response;
+  absl::Status status = SessionCall(*core_, GPURPC_RPC(core_->modules(), SetFunctionAttribute),
+                                    "SetFunctionAttribute", request, &response);
+  if (!status.ok()) return status;
+  attributes_ = response.attributes();
+  return absl::OkStatus();
+}
+
+absl::Status Function::SetCacheConfig(v1::CacheConfig config) const {
+  if (core_ == nullptr) return NoSession();
+  v1::SetFunctionCacheConfigRequest request;
+  request.set_function_id(id_);
+  request.set_config(config);
+  v1::SetFunctionCacheConfigResponse response;
+  return SessionCall(*core_, GPURPC_RPC(core_->modules(), SetFunctionCacheConfig),
+                     "SetFunctionCacheConfig", request, &response);
 }
 
 absl::Status Function::LaunchBlobAsync(const LaunchConfig& config, std::string packed_args) const {

@@ -494,6 +494,14 @@ class Function {
   // Launches with a packed argument blob as is (PyCUDA style), through the command stream.
   absl::Status LaunchBlobAsync(const LaunchConfig& config, std::string packed_args) const;
 
+  // ModuleService.SetFunctionAttribute (cuFuncSetAttribute): MAX_DYNAMIC_SHARED_SIZE_BYTES
+  // (up to the device's opt-in maximum less the kernel's static shared memory) or
+  // PREFERRED_SHARED_MEMORY_CARVEOUT (-1 to 100); attributes() then reports the new values.
+  // INVALID_ARGUMENT for a read-only attribute or a value outside its bounds.
+  absl::Status SetAttribute(v1::FunctionAttribute attribute, int64_t value);
+  // ModuleService.SetFunctionCacheConfig (cuFuncSetCacheConfig).
+  absl::Status SetCacheConfig(v1::CacheConfig config) const;
+
  private:
   friend class Module;
   std::shared_ptr<internal::SessionCore> core_;
@@ -625,6 +633,17 @@ class Session {
   // call waits for it and reports its errors).
   absl::Status Synchronize() const;
   absl::Status Synchronize(absl::Duration timeout) const;
+
+  // Context limits (cuCtxSetLimit/cuCtxGetLimit through ModuleService.SetContextLimit):
+  // SetLimit returns the value the driver reports after the change. The stack (per thread,
+  // reserved for every resident thread), printf FIFO and malloc heap are device memory charged
+  // to the tenant's quota (RESOURCE_EXHAUSTED naming it when they do not fit) and bounded
+  // (module_service.proto lists every bound; INVALID_ARGUMENT beyond).
+  absl::StatusOr<uint64_t> SetLimit(v1::ContextLimit limit, uint64_t value) const;
+  absl::StatusOr<uint64_t> GetLimit(v1::ContextLimit limit) const;
+  // The context's L1/shared memory preference (cuCtxSetCacheConfig/cuCtxGetCacheConfig).
+  absl::Status SetCacheConfig(v1::CacheConfig config) const;
+  absl::StatusOr<v1::CacheConfig> GetCacheConfig() const;
 
   // The deadline of this session's calls (from Client::call_timeout()); changing it affects
   // calls made afterwards, from any thread. absl::InfiniteDuration(): none.
