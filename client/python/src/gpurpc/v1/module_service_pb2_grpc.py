@@ -186,9 +186,12 @@ class ModuleServiceServicer(object):
         LIMIT_PERSISTING_L2_CACHE_SIZE: 0 to the device's
         CU_DEVICE_ATTRIBUTE_MAX_PERSISTING_L2_CACHE_SIZE.
         The stack, printf FIFO and malloc heap are device memory the driver reserves outside
-        the session's buffers: together (at the values they would have) they must also fit the
-        tenant's max_device_memory_bytes quota when it sets one. They are not charged to the
-        tenant's ledger (the response reports them in reserved_device_bytes).
+        the session's buffers. The daemon charges them to the tenant's device-memory ledger, like
+        buffers: a value set counts in place of the one before it (lowering one frees room), the
+        stack as its size times the device's resident threads; a value that does not fit beside
+        the tenant's buffers and other sessions is RESOURCE_EXHAUSTED naming the limit and the
+        quota. The driver's own defaults (1 KiB of stack, 1 MiB FIFO, 8 MiB heap) are not
+        charged. The response reports the three together in reserved_device_bytes.
         Codes: OK; INVALID_ARGUMENT for a limit that is not a ContextLimit, a value outside its
         bounds, or a limit the device does not support (CUDA_ERROR_UNSUPPORTED_LIMIT: e.g. the
         device runtime's sync depth on devices without device-side synchronization);
