@@ -26,7 +26,7 @@ grpc::ServerUnaryReactor* DeviceServiceImpl::ListDevices(grpc::CallbackServerCon
   if (auto identity = auth_->Authenticate(*context); !identity.ok()) {
     return Fail(reactor, identity.status());
   }
-  *response = sessions_->inventory();
+  *response = sessions_->InventoryWithLoad();
   reactor->Finish(grpc::Status::OK);
   return reactor;
 }
@@ -38,7 +38,8 @@ grpc::ServerUnaryReactor* DeviceServiceImpl::GetDevice(grpc::CallbackServerConte
   if (auto identity = auth_->Authenticate(*context); !identity.ok()) {
     return Fail(reactor, identity.status());
   }
-  for (const v1::DeviceInfo& device : sessions_->inventory().devices()) {
+  const v1::ListDevicesResponse inventory = sessions_->InventoryWithLoad();
+  for (const v1::DeviceInfo& device : inventory.devices()) {
     if (device.ordinal() == request->ordinal()) {
       *response->mutable_device() = device;
       reactor->Finish(grpc::Status::OK);

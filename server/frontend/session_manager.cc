@@ -328,12 +328,15 @@ absl::Status SessionManager::BindWorker(WorkerProcess& worker, uint64_t session_
   return absl::OkStatus();
 }
 
-void SessionManager::ReleaseSlot(const std::string& tenant) {
+void SessionManager::ReleaseSlot(const std::string& tenant, int device_ordinal) {
   absl::MutexLock lock(&mu_);
   if (auto it = tenant_slots_.find(tenant); it != tenant_slots_.end()) {
     if (--it->second == 0) tenant_slots_.erase(it);
   }
   --total_slots_;
+  if (auto it = device_opening_.find(device_ordinal); it != device_opening_.end()) {
+    if (--it->second == 0) device_opening_.erase(it);
+  }
 }
 
 absl::StatusOr<std::shared_ptr<SessionRecord>> SessionManager::Open(int device_ordinal,
@@ -370,10 +373,11 @@ absl::StatusOr<std::shared_ptr<SessionRecord>> SessionManager::Open(int device_o
     }
     ++held;
     ++total_slots_;
+    ++device_opening_[device_ordinal];
   }
   auto worker = TakeWarmWorker(device_ordinal);
   if (!worker.ok()) {
-    ReleaseSlot(tenant);
+    ReleaseSlot(tenant, device_ordinal);
     return absl::UnavailableError(absl::StrCat("cannot start a worker for device ", device_ordinal,
                                                ": ", worker.status().message()));
   }
@@ -385,7 +389,7 @@ absl::StatusOr<std::shared_ptr<SessionRecord>> SessionManager::Open(int device_o
     } while (sessions_.count(id) != 0);
   }
   if (absl::Status bound = BindWorker(**worker, id, tenant); !bound.ok()) {
-    ReleaseSlot(tenant);
+    ReleaseSlot(tenant, device_ordinal);
     return bound;
   }
   auto record = std::make_shared<SessionRecord>(id, device_ordinal, std::move(*worker), tenant,
@@ -411,6 +415,9 @@ absl::StatusOr<std::shared_ptr<SessionRecord>> SessionManager::Open(int device_o
   {
     absl::MutexLock lock(&mu_);
     sessions_[id] = record;
+    if (auto it = device_opening_.find(device_ordinal); it != device_opening_.end()) {
+      if (--it->second == 0) device_opening_.erase(it);
+    }
   }
   if (metrics_ != nullptr) metrics_->SessionOpened(tenant);
   // The label is the client's text: escaped, so that it cannot forge log lines.
@@ -860,6 +867,35 @@ SessionsSnapshot SessionManager::Snapshot() const {
     snapshot.warm_workers[device] = running;
   }
   return snapshot;
+}
+
+std::map<int, SessionManager::DeviceLoad> SessionManager::DeviceLoads() const {
+  std::map<int, DeviceLoad> loads;
+  absl::MutexLock lock(&mu_);
+  for (const auto& [id, session] : sessions_) {
+    DeviceLoad& load = loads[session->device()];
+    ++load.sessions;
+    load.allocated_bytes += session->memory_bytes_;
+  }
+  for (const auto& [device, opening] : device_opening_) loads[device].sessions += opening;
+  return loads;
+}
+
+v1::ListDevicesResponse SessionManager::InventoryWithLoad() const {
+  v1::ListDevicesResponse response = inventory_;
+  const std::map<int, DeviceLoad> loads = DeviceLoads();
+  for (v1::DeviceInfo& device : *response.mutable_devices()) {
+    v1::DeviceLoad* out = device.mutable_load();
+    if (auto it = loads.find(device.ordinal()); it != loads.end()) {
+      out->set_sessions(it->second.sessions);
+      out->set_allocated_bytes(it->second.allocated_bytes);
+    }
+    const uint64_t total = device.total_memory_bytes();
+    out->set_free_memory_bytes(total > out->allocated_bytes() ? total - out->allocated_bytes() : 0);
+  }
+  response.set_daemon_instance(instance_);
+  response.set_accepting_sessions(!draining());
+  return response;
 }
 
 void SessionManager::Maintain() {

@@ -250,6 +250,15 @@ class SessionManager {
 
   size_t session_count() const;
   SessionsSnapshot Snapshot() const;
+  // Every served device's load now (ListDevices, GetDevice): sessions open or opening on it
+  // and the device memory its sessions hold as the ledger counts it.
+  struct DeviceLoad {
+    uint32_t sessions = 0;
+    uint64_t allocated_bytes = 0;
+  };
+  std::map<int, DeviceLoad> DeviceLoads() const;
+  // The inventory with each device's load and whether new sessions are accepted filled in.
+  v1::ListDevicesResponse InventoryWithLoad() const;
   // Shutting down (SIGTERM): from now on Open answers UNAVAILABLE saying so, while the open
   // sessions go on until they close or the drain timeout ends them (frontend_main.cc).
   void StartDraining() { draining_.store(true, std::memory_order_release); }
@@ -308,7 +317,7 @@ class SessionManager {
   absl::StatusOr<std::unique_ptr<WorkerProcess>> TakeWarmWorker(int device);
   // Hands the worker to its tenant (WorkerControl.Bind).
   absl::Status BindWorker(WorkerProcess& worker, uint64_t session_id, const std::string& tenant);
-  void ReleaseSlot(const std::string& tenant) ABSL_LOCKS_EXCLUDED(mu_);
+  void ReleaseSlot(const std::string& tenant, int device_ordinal) ABSL_LOCKS_EXCLUDED(mu_);
   uint64_t TenantMemoryLocked(const std::string& tenant) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Threads `device` holds at once (multiprocessors x threads per multiprocessor), 0 when
   // the inventory does not know the device.
@@ -343,6 +352,8 @@ class SessionManager {
   // the daemon's count against --max-sessions.
   std::map<std::string, uint32_t> tenant_slots_ ABSL_GUARDED_BY(mu_);
   uint32_t total_slots_ ABSL_GUARDED_BY(mu_) = 0;
+  // Per device: opens in progress (slots reserved, session not registered yet).
+  std::map<int, uint32_t> device_opening_ ABSL_GUARDED_BY(mu_);
   std::map<std::string, uint32_t> tenant_compiles_ ABSL_GUARDED_BY(mu_);
   std::map<int, std::deque<std::unique_ptr<WorkerProcess>>> pools_ ABSL_GUARDED_BY(mu_);
   std::thread maintainer_;

@@ -6,7 +6,10 @@
 #include <utility>
 
 #include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "client/cpp/src/daemons.h"
 #include "client/cpp/src/session_core.h"
 #include "common/grpc_status.h"
 #include "common/limits.h"
@@ -266,27 +269,104 @@ absl::StatusOr<v1::ListDevicesResponse> Client::ListDevices() const {
   return response;
 }
 
-absl::StatusOr<Session> Client::OpenSession(int device_ordinal,
-                                            const std::string& client_label) const {
-  auto stub = v1::SessionService::NewStub(channel_);
+absl::StatusOr<Session> Client::OpenSessionOn(const std::shared_ptr<grpc::Channel>& channel,
+                                              const std::string& target, int device_ordinal,
+                                              const std::string& client_label) const {
+  auto stub = v1::SessionService::NewStub(channel);
   v1::OpenSessionRequest request;
   request.set_device_ordinal(device_ordinal);
   request.set_client_label(client_label.empty() ? "gpurpc C++ client" : client_label);
   v1::OpenSessionResponse response;
-  absl::Status status = ClientCall(channel_, target_, GPURPC_RPC(*stub, OpenSession), "OpenSession",
+  absl::Status status = ClientCall(channel, target, GPURPC_RPC(*stub, OpenSession), "OpenSession",
                                    request, &response, call_timeout_);
   if (!status.ok()) return status;
   Session session;
-  session.core_ = std::make_shared<SessionCore>(channel_, response, call_timeout_);
+  session.core_ = std::make_shared<SessionCore>(channel, response, call_timeout_);
+  session.core_->set_target(target);
   // The direct path when asked for; best effort (the relay serves everything anyway).
   if (const char* direct = std::getenv("GPURPC_DIRECT");
-      direct != nullptr && std::string(direct) == "1" && absl::StartsWith(target_, "unix:")) {
+      direct != nullptr && std::string(direct) == "1" && absl::StartsWith(target, "unix:")) {
     if (absl::Status used = session.UseDirectChannel(); !used.ok() && std::getenv("GPURPC_CLIENT_DEBUG")) {
       std::fprintf(stderr, "gpurpc: no direct channel for session %llu: %s\n",
                    static_cast<unsigned long long>(response.session_id()), used.ToString().c_str());
     }
   }
   return session;
+}
+
+std::vector<DaemonStatus> Client::Daemons() const {
+  if (daemons_ != nullptr) {
+    return daemons_->Probe(std::min(call_timeout_, internal::kPlacementProbeTimeout));
+  }
+  DaemonStatus daemon;
+  daemon.target = target_;
+  absl::StatusOr<v1::ListDevicesResponse> devices = ListDevices();
+  if (devices.ok()) {
+    daemon.devices = *std::move(devices);
+  } else {
+    daemon.status = devices.status();
+  }
+  return {std::move(daemon)};
+}
+
+absl::StatusOr<Session> Client::OpenSession(int device_ordinal,
+                                            const std::string& client_label) const {
+  if (device_ordinal < 0 && device_ordinal != kAnyDevice) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "device ordinal %d: give a device's ordinal (0 or more) or kAnyDevice (-1)",
+        device_ordinal));
+  }
+  // One daemon and a device named: straight there, no round trip first.
+  if (daemons_ == nullptr && device_ordinal >= 0) {
+    return OpenSessionOn(channel_, target_, device_ordinal, client_label);
+  }
+  const std::vector<DaemonStatus> daemons = Daemons();
+  auto channel_of = [this](const DaemonStatus& daemon) {
+    return daemons_ != nullptr ? daemons_->ChannelFor(daemon.target) : channel_;
+  };
+  if (device_ordinal >= 0) {
+    // One list over the answering daemons, in order.
+    int first = 0;
+    for (const DaemonStatus& daemon : daemons) {
+      if (!daemon.status.ok()) continue;
+      const int count = daemon.devices.devices_size();
+      if (device_ordinal < first + count) {
+        return OpenSessionOn(channel_of(daemon), daemon.target,
+                             daemon.devices.devices(device_ordinal - first).ordinal(),
+                             client_label);
+      }
+      first += count;
+    }
+    std::string why = internal::DescribeUnavailable(daemons);
+    return absl::NotFoundError(absl::StrFormat(
+        "no device %d: the %d answering daemons serve %d devices%s%s", device_ordinal,
+        std::count_if(daemons.begin(), daemons.end(),
+                      [](const DaemonStatus& daemon) { return daemon.status.ok(); }),
+        first, why.empty() ? "" : "; ", why));
+  }
+  const std::vector<internal::PlacementCandidate> candidates = internal::RankDevices(daemons);
+  if (candidates.empty()) {
+    std::string why = internal::DescribeUnavailable(daemons);
+    return absl::UnavailableError(absl::StrFormat(
+        "no daemon can take a new session%s%s", why.empty() ? "" : ": ", why));
+  }
+  absl::Status last;
+  std::vector<std::string> tried;
+  for (const internal::PlacementCandidate& candidate : candidates) {
+    const DaemonStatus& daemon = daemons[candidate.daemon];
+    absl::StatusOr<Session> session =
+        OpenSessionOn(channel_of(daemon), daemon.target, candidate.ordinal, client_label);
+    if (session.ok()) return session;
+    last = session.status();
+    if (!absl::IsUnavailable(last) && !absl::IsResourceExhausted(last) &&
+        !absl::IsDeadlineExceeded(last)) {
+      return last;
+    }
+    tried.push_back(absl::StrFormat("%s device %d: %s", daemon.target, candidate.ordinal,
+                                    last.message()));
+  }
+  return absl::Status(last.code(), absl::StrCat("no device took the session (tried ",
+                                                absl::StrJoin(tried, "; "), ")"));
 }
 
 absl::StatusOr<v1::GetServerInfoResponse> Client::GetServerInfo() const {
@@ -337,6 +417,10 @@ Session::~Session() {
 }
 
 uint64_t Session::id() const { return core_ == nullptr ? 0 : core_->id(); }
+const std::string& Session::daemon_target() const {
+  static const std::string kNone;
+  return core_ == nullptr ? kNone : core_->target();
+}
 const v1::DeviceInfo& Session::device() const {
   static const v1::DeviceInfo kNone;
   return core_ == nullptr ? kNone : core_->device();

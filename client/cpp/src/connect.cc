@@ -23,6 +23,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "client/cpp/src/daemons.h"
 #include "client/cpp/src/session_core.h"
 #include "common/grpc_status.h"
 #include "common/limits.h"
@@ -220,6 +221,27 @@ grpc::Status CallListDevices(const std::shared_ptr<grpc::Channel>& channel, absl
 
 }  // namespace
 
+namespace internal {
+
+std::shared_ptr<grpc::Channel> ChannelFactory::Make(const std::string& target,
+                                                    const std::string& tls_name) const {
+  grpc::ChannelArguments channel_args = args;
+  // An http_proxy in the environment must not capture loopback traffic.
+  if (IsLoopbackTarget(target)) channel_args.SetInt(GRPC_ARG_ENABLE_HTTP_PROXY, 0);
+  if (!tls_name.empty()) {
+    // An address a dns:/// name resolved to: the daemon is still that name to TLS and HTTP/2.
+    if (tls && !name_overridden) channel_args.SetSslTargetNameOverride(tls_name);
+    channel_args.SetString(GRPC_ARG_DEFAULT_AUTHORITY, tls_name);
+  }
+  if (token.empty()) return grpc::CreateCustomChannel(target, credentials, channel_args);
+  std::vector<std::unique_ptr<grpc::experimental::ClientInterceptorFactoryInterface>> factories;
+  factories.push_back(std::make_unique<TokenInterceptorFactory>(token));
+  return grpc::experimental::CreateCustomChannelWithInterceptors(target, credentials, channel_args,
+                                                                 std::move(factories));
+}
+
+}  // namespace internal
+
 std::vector<std::string> DefaultSocketPaths() {
   std::vector<std::string> paths;
   if (const char* xdg = std::getenv("XDG_RUNTIME_DIR"); xdg != nullptr && *xdg != '\0') {
@@ -256,6 +278,34 @@ absl::StatusOr<std::string> ResolveAddress(const std::string& address, bool use_
       "no gpurpcd address given and no daemon socket found at ", absl::StrJoin(paths, ", "),
       " (GPURPC_ADDRESS is not set): set GPURPC_ADDRESS (e.g. gpubox:50051 or "
       "unix:/path/to/gpurpcd.sock) or pass an address"));
+}
+
+absl::StatusOr<Client> Client::ConnectSeveral(std::vector<internal::TargetSpec> specs,
+                                              internal::ChannelFactory factory,
+                                              absl::Duration timeout, absl::Duration call_timeout,
+                                              bool tls, bool has_credentials) {
+  auto daemons = std::make_shared<internal::Daemons>(std::move(specs), std::move(factory));
+  const std::vector<DaemonStatus> found = daemons->Probe(timeout);
+  for (const DaemonStatus& daemon : found) {
+    if (daemon.status.ok()) {
+      std::shared_ptr<grpc::Channel> channel = daemons->ChannelFor(daemon.target);
+      return Client(std::move(channel), daemon.target, call_timeout, std::move(daemons));
+    }
+  }
+  // None answered. Credentials refused anywhere is the likelier mistake to report.
+  for (const DaemonStatus& daemon : found) {
+    if (absl::IsUnauthenticated(daemon.status)) {
+      return absl::UnauthenticatedError(absl::StrCat(
+          "gpurpcd at ", daemon.target, " refused the connection's credentials: ",
+          daemon.status.message(),
+          has_credentials ? "" : " (no credentials were given: set ConnectOptions::token or "
+                                 "GPURPC_TOKEN / GPURPC_TOKEN_FILE, or use a TLS client "
+                                 "certificate)"));
+    }
+  }
+  return absl::UnavailableError(absl::StrFormat("cannot reach any of the %d gpurpcd addresses%s: %s",
+                                                found.size(), tls ? " over TLS" : "",
+                                                internal::DescribeUnavailable(found)));
 }
 
 absl::StatusOr<Client> Client::Connect(const std::string& address, absl::Duration timeout) {
@@ -295,35 +345,42 @@ absl::StatusOr<Client> Client::Connect(const ConnectOptions& options) {
   std::string server_name = options.server_name_override;
   if (server_name.empty()) server_name = Env("GPURPC_TLS_SERVER_NAME", env_tls);
 
-  grpc::ChannelArguments args;
-  args.SetMaxReceiveMessageSize(kMaxMessageBytes);
-  args.SetMaxSendMessageSize(kMaxMessageBytes);
+  internal::ChannelFactory factory;
+  factory.args.SetMaxReceiveMessageSize(kMaxMessageBytes);
+  factory.args.SetMaxSendMessageSize(kMaxMessageBytes);
   // Reconnect soon after the daemon comes back (gRPC's default backoff grows to 120 s): a
   // session's watch must re-attach within the daemon's grace.
-  args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
-  args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 2000);
-  // An http_proxy in the environment must not capture loopback traffic.
-  if (IsLoopbackTarget(*target)) args.SetInt(GRPC_ARG_ENABLE_HTTP_PROXY, 0);
-  std::shared_ptr<grpc::ChannelCredentials> credentials;
+  factory.args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
+  factory.args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 2000);
+  factory.token = *token;
+  factory.tls = tls;
   if (tls) {
     grpc::SslCredentialsOptions ssl;
     ssl.pem_root_certs = *roots;
     ssl.pem_cert_chain = *cert;
     ssl.pem_private_key = *key;
-    credentials = grpc::SslCredentials(ssl);
-    if (!server_name.empty()) args.SetSslTargetNameOverride(server_name);
+    factory.credentials = grpc::SslCredentials(ssl);
+    if (!server_name.empty()) {
+      factory.args.SetSslTargetNameOverride(server_name);
+      factory.name_overridden = true;
+    }
   } else {
-    credentials = grpc::InsecureChannelCredentials();
+    factory.credentials = grpc::InsecureChannelCredentials();
   }
-  std::shared_ptr<grpc::Channel> channel;
-  if (token->empty()) {
-    channel = grpc::CreateCustomChannel(*target, credentials, args);
-  } else {
-    std::vector<std::unique_ptr<grpc::experimental::ClientInterceptorFactoryInterface>> factories;
-    factories.push_back(std::make_unique<TokenInterceptorFactory>(*token));
-    channel = grpc::experimental::CreateCustomChannelWithInterceptors(*target, credentials, args,
-                                                                      std::move(factories));
+
+  // Several daemons: a list, or a dns:/// name with several addresses.
+  absl::StatusOr<std::vector<internal::TargetSpec>> specs = internal::ParseTargets(*target);
+  if (!specs.ok()) return specs.status();
+  bool several = specs->size() > 1;
+  if (!several && specs->front().resolve) {
+    absl::StatusOr<std::vector<std::string>> addresses =
+        internal::ResolveAll(specs->front().host, specs->front().port);
+    several = addresses.ok() && addresses->size() > 1;
   }
+  if (several) return ConnectSeveral(*std::move(specs), std::move(factory), options.timeout,
+                                     *call_timeout, tls, !token->empty() || !cert->empty());
+
+  std::shared_ptr<grpc::Channel> channel = factory.Make(*target);
 
   // Wait for the connection; a failed TLS handshake ends the wait at once (retrying cannot
   // fix a certificate), anything else (e.g. a daemon still starting) is retried until the

@@ -83,6 +83,9 @@ class SessionCore {
 
   uint64_t id() const { return id_; }
   const v1::DeviceInfo& device() const { return device_; }
+  // The daemon holding the session (set once, before the core is shared).
+  const std::string& target() const { return target_; }
+  void set_target(std::string target) { target_ = std::move(target); }
   bool closed() const { return closed_.load(); }
 
   absl::Duration call_timeout() const;
@@ -157,6 +160,7 @@ class SessionCore {
   const std::string id_string_;
   const std::string instance_;
   const v1::DeviceInfo device_;
+  std::string target_;
   std::unique_ptr<v1::SessionService::Stub> sessions_;
   std::unique_ptr<v1::MemoryService::Stub> memory_;
   std::unique_ptr<v1::ModuleService::Stub> modules_;

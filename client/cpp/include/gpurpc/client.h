@@ -115,6 +115,9 @@ class KernelArg;
 namespace internal {
 class SessionCore;
 struct ModuleHandle;
+class Daemons;
+struct TargetSpec;
+struct ChannelFactory;
 }  // namespace internal
 
 struct Dim3 {
@@ -140,6 +143,13 @@ struct ConnectOptions {
   // gRPC target: "host:port", "dns:///host:port", "unix:/path/to.sock" or an absolute socket
   // path. Empty: $GPURPC_ADDRESS, else the first existing default socket (see
   // DefaultSocketPaths()), else Connect fails with UNAVAILABLE naming the places looked at.
+  //
+  // Several daemons: a comma-separated list of targets ("gpu1:50051,gpu2:50051"), and a
+  // "dns:///NAME:PORT" target (a Kubernetes headless Service) stands for every address NAME
+  // resolves to, resolved anew whenever a session is placed; over TLS the daemons'
+  // certificates are then checked against NAME unless server_name_override says otherwise.
+  // Addresses that reach one daemon (same daemon_instance) count once. See "Several daemons"
+  // at Client.
   std::string address;
 
   // Bearer token, sent as "authorization: Bearer <token>" metadata on every call the client
@@ -194,7 +204,34 @@ std::vector<std::string> DefaultSocketPaths();
 absl::StatusOr<std::string> ResolveAddress(const std::string& address = "",
                                            bool use_environment = true);
 
-// A connection to a gpurpcd. Copyable (copies share the channel).
+// Client::OpenSession's device_ordinal for "place the session": on the device, of any of the
+// client's daemons, with the most free memory and then the fewest sessions.
+inline constexpr int kAnyDevice = -1;
+
+// One daemon of a Client as Client::Daemons() found it.
+struct DaemonStatus {
+  // The gRPC target (a dns:/// name's addresses become "ipv4:A.B.C.D:PORT"/"ipv6:[..]:PORT").
+  std::string target;
+  // OK when it answered ListDevices; else why not (down, refused the credentials, ...).
+  absl::Status status;
+  // Its devices with their load, daemon_instance and accepting_sessions (when it answered).
+  v1::ListDevicesResponse devices;
+};
+
+// A connection to one gpurpcd, or to several. Copyable (copies share the channels).
+//
+// Several daemons (ConnectOptions::address lists several, or a dns:/// name resolves to
+// several addresses): Connect succeeds when at least one daemon answers. OpenSession
+// (kAnyDevice) places each new session: it asks every daemon for its devices' load at once
+// (ListDevices, at most 5 s), passes over daemons that do not answer or are draining, and
+// opens the session on the device with the most free memory (in steps of 256 MiB), then the
+// fewest sessions, then the first in order; when that open fails with UNAVAILABLE,
+// RESOURCE_EXHAUSTED or DEADLINE_EXCEEDED it tries the next device, and any other error is
+// returned at once. OpenSession(n) with n >= 0 numbers the devices of all answering daemons
+// in one list: the daemons in the order given (a dns:/// name's addresses sorted), each
+// daemon's devices in ordinal order. A session stays on the daemon that holds it: all of its
+// calls go there. ListDevices, GetServerInfo and the admin calls go to the first daemon
+// that answered at Connect (target()); Daemons() reports every daemon.
 class Client {
  public:
   // Resolves the address and the credentials, connects, and checks with ListDevices that the
@@ -210,9 +247,15 @@ class Client {
 
   absl::StatusOr<v1::ListDevicesResponse> ListDevices() const;
   // Opens a session (one worker process with one context) on a device; its calls use this
-  // client's call timeout.
+  // client's call timeout. kAnyDevice places it (see "Several daemons" above; with one daemon
+  // among its devices). Errors: NOT_FOUND for an ordinal no daemon serves; UNAVAILABLE when
+  // no daemon answers or accepts sessions (naming each and why).
   absl::StatusOr<Session> OpenSession(int device_ordinal = 0,
                                       const std::string& client_label = "") const;
+  // Every daemon of the client, in order, each with its devices and their load or why it did
+  // not answer (at most min(call timeout, 5 s)); a dns:/// name is resolved anew, and a
+  // daemon reached again under another address is listed once.
+  std::vector<DaemonStatus> Daemons() const;
   // The daemon as the caller sees it: tenant, how it was authenticated, admin or not,
   // quota and current use, compile sandbox.
   absl::StatusOr<v1::GetServerInfoResponse> GetServerInfo() const;
@@ -223,19 +266,34 @@ class Client {
   // Closes any tenant's session; NOT_FOUND for an unknown id.
   absl::StatusOr<v1::AdminCloseSessionResponse> AdminCloseSession(uint64_t session_id) const;
 
-  // The gRPC target connected to (after resolution).
+  // The gRPC target connected to (after resolution); with several daemons, the first that
+  // answered at Connect.
   const std::string& target() const { return target_; }
+  // True when the client has several daemons (see "Several daemons" above).
+  bool multi_daemon() const { return daemons_ != nullptr; }
   // The deadline of this client's calls and of its sessions' (ConnectOptions::call_timeout).
   absl::Duration call_timeout() const { return call_timeout_; }
   // The channel, for calling the proto API directly; it adds the token to every call.
   const std::shared_ptr<grpc::Channel>& channel() const { return channel_; }
 
  private:
-  Client(std::shared_ptr<grpc::Channel> channel, std::string target, absl::Duration call_timeout)
-      : channel_(std::move(channel)), target_(std::move(target)), call_timeout_(call_timeout) {}
+  Client(std::shared_ptr<grpc::Channel> channel, std::string target, absl::Duration call_timeout,
+         std::shared_ptr<internal::Daemons> daemons = nullptr)
+      : channel_(std::move(channel)),
+        target_(std::move(target)),
+        call_timeout_(call_timeout),
+        daemons_(std::move(daemons)) {}
+  static absl::StatusOr<Client> ConnectSeveral(std::vector<internal::TargetSpec> specs,
+                                               internal::ChannelFactory factory,
+                                               absl::Duration timeout, absl::Duration call_timeout,
+                                               bool tls, bool has_credentials);
+  absl::StatusOr<Session> OpenSessionOn(const std::shared_ptr<grpc::Channel>& channel,
+                                        const std::string& target, int device_ordinal,
+                                        const std::string& client_label) const;
   std::shared_ptr<grpc::Channel> channel_;
   std::string target_;
   absl::Duration call_timeout_;
+  std::shared_ptr<internal::Daemons> daemons_;  // null with one daemon
 };
 
 // Where device memory is addressed: a buffer plus an offset, or a raw address inside a
@@ -597,6 +655,8 @@ class Session {
 
   // Same-host regions (HostRegion). Creates a memfd of `size_bytes`, seals and maps it,
   // registers it with the session and attaches it on the daemon's region socket
+  // The daemon holding the session (its gRPC target); every call of the session goes there.
+  const std::string& daemon_target() const;
   // ($GPURPC_REGION_SOCKET overrides the path the daemon names). FAILED_PRECONDITION when
   // the daemon serves no region socket; UNAVAILABLE when its region socket cannot be reached
   // (this client is not on the daemon's host); RESOURCE_EXHAUSTED past the session's or the

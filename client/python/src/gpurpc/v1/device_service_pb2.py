@@ -15,7 +15,7 @@ _sym_db = _symbol_database.Default()
 from gpurpc.v1 import common_pb2 as gpurpc_dot_v1_dot_common__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1egpurpc/v1/device_service.proto\x12\tgpurpc.v1\x1a\x16gpurpc/v1/common.proto\"\x14\n\x12ListDevicesRequest\"\x96\x01\n\x13ListDevicesResponse\x12&\n\x07\x64\x65vices\x18\x01 \x03(\x0b\x32\x15.gpurpc.v1.DeviceInfo\x12\x0f\n\x07\x62\x61\x63kend\x18\x02 \x01(\t\x12\x16\n\x0e\x64river_version\x18\x03 \x01(\x05\x12\x15\n\rnvrtc_version\x18\x04 \x01(\x05\x12\x17\n\x0f\x63ompile_sandbox\x18\x05 \x01(\t\"\x16\n\x14GetServerInfoRequest\"\x81\x02\n\x0bTenantQuota\x12\x14\n\x0cmax_sessions\x18\x01 \x01(\r\x12\x1f\n\x17max_device_memory_bytes\x18\x02 \x01(\x04\x12\x1f\n\x17max_streams_per_session\x18\x03 \x01(\r\x12\x1e\n\x16max_events_per_session\x18\x04 \x01(\r\x12\x1f\n\x17max_modules_per_session\x18\x05 \x01(\r\x12\x1f\n\x17max_concurrent_compiles\x18\x06 \x01(\r\x12\x19\n\x11kernel_timeout_ms\x18\x07 \x01(\x04\x12\x1d\n\x15max_host_region_bytes\x18\x08 \x01(\x04\"\x82\x02\n\x15GetServerInfoResponse\x12\x0f\n\x07version\x18\x01 \x01(\t\x12\x0e\n\x06tenant\x18\x02 \x01(\t\x12\x13\n\x0b\x61uth_method\x18\x03 \x01(\t\x12\r\n\x05\x61\x64min\x18\x04 \x01(\x08\x12%\n\x05quota\x18\x05 \x01(\x0b\x32\x16.gpurpc.v1.TenantQuota\x12\x15\n\rsessions_open\x18\x06 \x01(\r\x12\x1b\n\x13\x64\x65vice_memory_bytes\x18\x07 \x01(\x04\x12\x17\n\x0f\x63ompile_sandbox\x18\x08 \x01(\t\x12\x17\n\x0f\x64\x61\x65mon_instance\x18\t \x01(\t\x12\x17\n\x0fstarted_unix_ms\x18\n \x01(\x03\"#\n\x10GetDeviceRequest\x12\x0f\n\x07ordinal\x18\x01 \x01(\x05\":\n\x11GetDeviceResponse\x12%\n\x06\x64\x65vice\x18\x01 \x01(\x0b\x32\x15.gpurpc.v1.DeviceInfo\"\x99\x04\n\nDeviceInfo\x12\x0f\n\x07ordinal\x18\x01 \x01(\x05\x12\x0c\n\x04name\x18\x02 \x01(\t\x12 \n\x18\x63ompute_capability_major\x18\x03 \x01(\x05\x12 \n\x18\x63ompute_capability_minor\x18\x04 \x01(\x05\x12\x1a\n\x12total_memory_bytes\x18\x05 \x01(\x04\x12\x1c\n\x14multiprocessor_count\x18\x06 \x01(\x05\x12\x1d\n\x15max_threads_per_block\x18\x07 \x01(\x05\x12&\n\rmax_block_dim\x18\x08 \x01(\x0b\x32\x0f.gpurpc.v1.Dim3\x12%\n\x0cmax_grid_dim\x18\t \x01(\x0b\x32\x0f.gpurpc.v1.Dim3\x12)\n!max_shared_memory_per_block_bytes\x18\n \x01(\x05\x12/\n\'max_shared_memory_per_block_optin_bytes\x18\x0b \x01(\x05\x12\x11\n\twarp_size\x18\x0c \x01(\x05\x12\x12\n\npci_bus_id\x18\r \x01(\t\x12\x39\n\nattributes\x18\x0e \x03(\x0b\x32%.gpurpc.v1.DeviceInfo.AttributesEntry\x12\x0f\n\x07is_fake\x18\x0f \x01(\x08\x1a\x31\n\x0f\x41ttributesEntry\x12\x0b\n\x03key\x18\x01 \x01(\x05\x12\r\n\x05value\x18\x02 \x01(\x03:\x02\x38\x01\x32\xf9\x01\n\rDeviceService\x12L\n\x0bListDevices\x12\x1d.gpurpc.v1.ListDevicesRequest\x1a\x1e.gpurpc.v1.ListDevicesResponse\x12\x46\n\tGetDevice\x12\x1b.gpurpc.v1.GetDeviceRequest\x1a\x1c.gpurpc.v1.GetDeviceResponse\x12R\n\rGetServerInfo\x12\x1f.gpurpc.v1.GetServerInfoRequest\x1a .gpurpc.v1.GetServerInfoResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1egpurpc/v1/device_service.proto\x12\tgpurpc.v1\x1a\x16gpurpc/v1/common.proto\"\x14\n\x12ListDevicesRequest\"\xcb\x01\n\x13ListDevicesResponse\x12&\n\x07\x64\x65vices\x18\x01 \x03(\x0b\x32\x15.gpurpc.v1.DeviceInfo\x12\x0f\n\x07\x62\x61\x63kend\x18\x02 \x01(\t\x12\x16\n\x0e\x64river_version\x18\x03 \x01(\x05\x12\x15\n\rnvrtc_version\x18\x04 \x01(\x05\x12\x17\n\x0f\x63ompile_sandbox\x18\x05 \x01(\t\x12\x17\n\x0f\x64\x61\x65mon_instance\x18\x06 \x01(\t\x12\x1a\n\x12\x61\x63\x63\x65pting_sessions\x18\x07 \x01(\x08\"\x16\n\x14GetServerInfoRequest\"\x81\x02\n\x0bTenantQuota\x12\x14\n\x0cmax_sessions\x18\x01 \x01(\r\x12\x1f\n\x17max_device_memory_bytes\x18\x02 \x01(\x04\x12\x1f\n\x17max_streams_per_session\x18\x03 \x01(\r\x12\x1e\n\x16max_events_per_session\x18\x04 \x01(\r\x12\x1f\n\x17max_modules_per_session\x18\x05 \x01(\r\x12\x1f\n\x17max_concurrent_compiles\x18\x06 \x01(\r\x12\x19\n\x11kernel_timeout_ms\x18\x07 \x01(\x04\x12\x1d\n\x15max_host_region_bytes\x18\x08 \x01(\x04\"\x82\x02\n\x15GetServerInfoResponse\x12\x0f\n\x07version\x18\x01 \x01(\t\x12\x0e\n\x06tenant\x18\x02 \x01(\t\x12\x13\n\x0b\x61uth_method\x18\x03 \x01(\t\x12\r\n\x05\x61\x64min\x18\x04 \x01(\x08\x12%\n\x05quota\x18\x05 \x01(\x0b\x32\x16.gpurpc.v1.TenantQuota\x12\x15\n\rsessions_open\x18\x06 \x01(\r\x12\x1b\n\x13\x64\x65vice_memory_bytes\x18\x07 \x01(\x04\x12\x17\n\x0f\x63ompile_sandbox\x18\x08 \x01(\t\x12\x17\n\x0f\x64\x61\x65mon_instance\x18\t \x01(\t\x12\x17\n\x0fstarted_unix_ms\x18\n \x01(\x03\"#\n\x10GetDeviceRequest\x12\x0f\n\x07ordinal\x18\x01 \x01(\x05\":\n\x11GetDeviceResponse\x12%\n\x06\x64\x65vice\x18\x01 \x01(\x0b\x32\x15.gpurpc.v1.DeviceInfo\"\xbe\x04\n\nDeviceInfo\x12\x0f\n\x07ordinal\x18\x01 \x01(\x05\x12\x0c\n\x04name\x18\x02 \x01(\t\x12 \n\x18\x63ompute_capability_major\x18\x03 \x01(\x05\x12 \n\x18\x63ompute_capability_minor\x18\x04 \x01(\x05\x12\x1a\n\x12total_memory_bytes\x18\x05 \x01(\x04\x12\x1c\n\x14multiprocessor_count\x18\x06 \x01(\x05\x12\x1d\n\x15max_threads_per_block\x18\x07 \x01(\x05\x12&\n\rmax_block_dim\x18\x08 \x01(\x0b\x32\x0f.gpurpc.v1.Dim3\x12%\n\x0cmax_grid_dim\x18\t \x01(\x0b\x32\x0f.gpurpc.v1.Dim3\x12)\n!max_shared_memory_per_block_bytes\x18\n \x01(\x05\x12/\n\'max_shared_memory_per_block_optin_bytes\x18\x0b \x01(\x05\x12\x11\n\twarp_size\x18\x0c \x01(\x05\x12\x12\n\npci_bus_id\x18\r \x01(\t\x12\x39\n\nattributes\x18\x0e \x03(\x0b\x32%.gpurpc.v1.DeviceInfo.AttributesEntry\x12\x0f\n\x07is_fake\x18\x0f \x01(\x08\x12#\n\x04load\x18\x10 \x01(\x0b\x32\x15.gpurpc.v1.DeviceLoad\x1a\x31\n\x0f\x41ttributesEntry\x12\x0b\n\x03key\x18\x01 \x01(\x05\x12\r\n\x05value\x18\x02 \x01(\x03:\x02\x38\x01\"R\n\nDeviceLoad\x12\x10\n\x08sessions\x18\x01 \x01(\r\x12\x17\n\x0f\x61llocated_bytes\x18\x02 \x01(\x04\x12\x19\n\x11\x66ree_memory_bytes\x18\x03 \x01(\x04\x32\xf9\x01\n\rDeviceService\x12L\n\x0bListDevices\x12\x1d.gpurpc.v1.ListDevicesRequest\x1a\x1e.gpurpc.v1.ListDevicesResponse\x12\x46\n\tGetDevice\x12\x1b.gpurpc.v1.GetDeviceRequest\x1a\x1c.gpurpc.v1.GetDeviceResponse\x12R\n\rGetServerInfo\x12\x1f.gpurpc.v1.GetServerInfoRequest\x1a .gpurpc.v1.GetServerInfoResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -27,21 +27,23 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_LISTDEVICESREQUEST']._serialized_start=69
   _globals['_LISTDEVICESREQUEST']._serialized_end=89
   _globals['_LISTDEVICESRESPONSE']._serialized_start=92
-  _globals['_LISTDEVICESRESPONSE']._serialized_end=242
-  _globals['_GETSERVERINFOREQUEST']._serialized_start=244
-  _globals['_GETSERVERINFOREQUEST']._serialized_end=266
-  _globals['_TENANTQUOTA']._serialized_start=269
-  _globals['_TENANTQUOTA']._serialized_end=526
-  _globals['_GETSERVERINFORESPONSE']._serialized_start=529
-  _globals['_GETSERVERINFORESPONSE']._serialized_end=787
-  _globals['_GETDEVICEREQUEST']._serialized_start=789
-  _globals['_GETDEVICEREQUEST']._serialized_end=824
-  _globals['_GETDEVICERESPONSE']._serialized_start=826
-  _globals['_GETDEVICERESPONSE']._serialized_end=884
-  _globals['_DEVICEINFO']._serialized_start=887
-  _globals['_DEVICEINFO']._serialized_end=1424
-  _globals['_DEVICEINFO_ATTRIBUTESENTRY']._serialized_start=1375
-  _globals['_DEVICEINFO_ATTRIBUTESENTRY']._serialized_end=1424
-  _globals['_DEVICESERVICE']._serialized_start=1427
-  _globals['_DEVICESERVICE']._serialized_end=1676
+  _globals['_LISTDEVICESRESPONSE']._serialized_end=295
+  _globals['_GETSERVERINFOREQUEST']._serialized_start=297
+  _globals['_GETSERVERINFOREQUEST']._serialized_end=319
+  _globals['_TENANTQUOTA']._serialized_start=322
+  _globals['_TENANTQUOTA']._serialized_end=579
+  _globals['_GETSERVERINFORESPONSE']._serialized_start=582
+  _globals['_GETSERVERINFORESPONSE']._serialized_end=840
+  _globals['_GETDEVICEREQUEST']._serialized_start=842
+  _globals['_GETDEVICEREQUEST']._serialized_end=877
+  _globals['_GETDEVICERESPONSE']._serialized_start=879
+  _globals['_GETDEVICERESPONSE']._serialized_end=937
+  _globals['_DEVICEINFO']._serialized_start=940
+  _globals['_DEVICEINFO']._serialized_end=1514
+  _globals['_DEVICEINFO_ATTRIBUTESENTRY']._serialized_start=1465
+  _globals['_DEVICEINFO_ATTRIBUTESENTRY']._serialized_end=1514
+  _globals['_DEVICELOAD']._serialized_start=1516
+  _globals['_DEVICELOAD']._serialized_end=1598
+  _globals['_DEVICESERVICE']._serialized_start=1601
+  _globals['_DEVICESERVICE']._serialized_end=1850
 # @@protoc_insertion_point(module_scope)

@@ -11,18 +11,22 @@ class ListDevicesRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class ListDevicesResponse(_message.Message):
-    __slots__ = ("devices", "backend", "driver_version", "nvrtc_version", "compile_sandbox")
+    __slots__ = ("devices", "backend", "driver_version", "nvrtc_version", "compile_sandbox", "daemon_instance", "accepting_sessions")
     DEVICES_FIELD_NUMBER: _ClassVar[int]
     BACKEND_FIELD_NUMBER: _ClassVar[int]
     DRIVER_VERSION_FIELD_NUMBER: _ClassVar[int]
     NVRTC_VERSION_FIELD_NUMBER: _ClassVar[int]
     COMPILE_SANDBOX_FIELD_NUMBER: _ClassVar[int]
+    DAEMON_INSTANCE_FIELD_NUMBER: _ClassVar[int]
+    ACCEPTING_SESSIONS_FIELD_NUMBER: _ClassVar[int]
     devices: _containers.RepeatedCompositeFieldContainer[DeviceInfo]
     backend: str
     driver_version: int
     nvrtc_version: int
     compile_sandbox: str
-    def __init__(self, devices: _Optional[_Iterable[_Union[DeviceInfo, _Mapping]]] = ..., backend: _Optional[str] = ..., driver_version: _Optional[int] = ..., nvrtc_version: _Optional[int] = ..., compile_sandbox: _Optional[str] = ...) -> None: ...
+    daemon_instance: str
+    accepting_sessions: bool
+    def __init__(self, devices: _Optional[_Iterable[_Union[DeviceInfo, _Mapping]]] = ..., backend: _Optional[str] = ..., driver_version: _Optional[int] = ..., nvrtc_version: _Optional[int] = ..., compile_sandbox: _Optional[str] = ..., daemon_instance: _Optional[str] = ..., accepting_sessions: bool = ...) -> None: ...
 
 class GetServerInfoRequest(_message.Message):
     __slots__ = ()
@@ -85,7 +89,7 @@ class GetDeviceResponse(_message.Message):
     def __init__(self, device: _Optional[_Union[DeviceInfo, _Mapping]] = ...) -> None: ...
 
 class DeviceInfo(_message.Message):
-    __slots__ = ("ordinal", "name", "compute_capability_major", "compute_capability_minor", "total_memory_bytes", "multiprocessor_count", "max_threads_per_block", "max_block_dim", "max_grid_dim", "max_shared_memory_per_block_bytes", "max_shared_memory_per_block_optin_bytes", "warp_size", "pci_bus_id", "attributes", "is_fake")
+    __slots__ = ("ordinal", "name", "compute_capability_major", "compute_capability_minor", "total_memory_bytes", "multiprocessor_count", "max_threads_per_block", "max_block_dim", "max_grid_dim", "max_shared_memory_per_block_bytes", "max_shared_memory_per_block_optin_bytes", "warp_size", "pci_bus_id", "attributes", "is_fake", "load")
     class AttributesEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -108,6 +112,7 @@ class DeviceInfo(_message.Message):
     PCI_BUS_ID_FIELD_NUMBER: _ClassVar[int]
     ATTRIBUTES_FIELD_NUMBER: _ClassVar[int]
     IS_FAKE_FIELD_NUMBER: _ClassVar[int]
+    LOAD_FIELD_NUMBER: _ClassVar[int]
     ordinal: int
     name: str
     compute_capability_major: int
@@ -123,4 +128,15 @@ class DeviceInfo(_message.Message):
     pci_bus_id: str
     attributes: _containers.ScalarMap[int, int]
     is_fake: bool
-    def __init__(self, ordinal: _Optional[int] = ..., name: _Optional[str] = ..., compute_capability_major: _Optional[int] = ..., compute_capability_minor: _Optional[int] = ..., total_memory_bytes: _Optional[int] = ..., multiprocessor_count: _Optional[int] = ..., max_threads_per_block: _Optional[int] = ..., max_block_dim: _Optional[_Union[_common_pb2.Dim3, _Mapping]] = ..., max_grid_dim: _Optional[_Union[_common_pb2.Dim3, _Mapping]] = ..., max_shared_memory_per_block_bytes: _Optional[int] = ..., max_shared_memory_per_block_optin_bytes: _Optional[int] = ..., warp_size: _Optional[int] = ..., pci_bus_id: _Optional[str] = ..., attributes: _Optional[_Mapping[int, int]] = ..., is_fake: bool = ...) -> None: ...
+    load: DeviceLoad
+    def __init__(self, ordinal: _Optional[int] = ..., name: _Optional[str] = ..., compute_capability_major: _Optional[int] = ..., compute_capability_minor: _Optional[int] = ..., total_memory_bytes: _Optional[int] = ..., multiprocessor_count: _Optional[int] = ..., max_threads_per_block: _Optional[int] = ..., max_block_dim: _Optional[_Union[_common_pb2.Dim3, _Mapping]] = ..., max_grid_dim: _Optional[_Union[_common_pb2.Dim3, _Mapping]] = ..., max_shared_memory_per_block_bytes: _Optional[int] = ..., max_shared_memory_per_block_optin_bytes: _Optional[int] = ..., warp_size: _Optional[int] = ..., pci_bus_id: _Optional[str] = ..., attributes: _Optional[_Mapping[int, int]] = ..., is_fake: bool = ..., load: _Optional[_Union[DeviceLoad, _Mapping]] = ...) -> None: ...
+
+class DeviceLoad(_message.Message):
+    __slots__ = ("sessions", "allocated_bytes", "free_memory_bytes")
+    SESSIONS_FIELD_NUMBER: _ClassVar[int]
+    ALLOCATED_BYTES_FIELD_NUMBER: _ClassVar[int]
+    FREE_MEMORY_BYTES_FIELD_NUMBER: _ClassVar[int]
+    sessions: int
+    allocated_bytes: int
+    free_memory_bytes: int
+    def __init__(self, sessions: _Optional[int] = ..., allocated_bytes: _Optional[int] = ..., free_memory_bytes: _Optional[int] = ...) -> None: ...
