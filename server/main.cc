@@ -32,5 +32,6 @@ int main(int argc, char** argv) {
   // Everything a helper needs comes over its socket (fd 3), from its worker.
   if (options->internal_compile_helper) return gpurpc::compiler::CompileHelperMain();
   if (options->internal_worker) return gpurpc::worker::WorkerMain(*options);
-  return gpurpc::frontend::FrontendMain(*options);
+  return gpurpc::frontend::FrontendMain(
+      *options, [argc, argv]() { return gpurpc::ParseDaemonOptions(argc, argv); });
 }

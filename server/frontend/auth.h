@@ -26,9 +26,11 @@
 #include <set>
 #include <string>
 #include <unordered_map>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "absl/synchronization/mutex.h"
 #include "grpcpp/security/auth_metadata_processor.h"
 #include "grpcpp/server_context.h"
 #include "server/options.h"
@@ -92,7 +94,15 @@ class Authenticator {
       const grpc::AuthContext* auth,
       const std::multimap<grpc::string_ref, grpc::string_ref>& metadata) const;
 
-  bool IsAdmin(const std::string& tenant) const { return admins_.count(tenant) > 0; }
+  bool IsAdmin(const std::string& tenant) const ABSL_LOCKS_EXCLUDED(admins_mu_) {
+    absl::MutexLock lock(&admins_mu_);
+    return admins_.count(tenant) > 0;
+  }
+  // SIGHUP: the admin tenants from the reloaded configuration, from the next call on.
+  void SetAdmins(const std::vector<std::string>& tenants) ABSL_LOCKS_EXCLUDED(admins_mu_) {
+    absl::MutexLock lock(&admins_mu_);
+    admins_ = std::set<std::string>(tenants.begin(), tenants.end());
+  }
 
  private:
   struct UnixPeer {
@@ -107,7 +117,8 @@ class Authenticator {
       const std::multimap<grpc::string_ref, grpc::string_ref>& metadata) const;
 
   const DaemonOptions options_;
-  const std::set<std::string> admins_;
+  mutable absl::Mutex admins_mu_;
+  std::set<std::string> admins_ ABSL_GUARDED_BY(admins_mu_);
 
   mutable std::mutex mu_;
   std::shared_ptr<const TokenTable> tokens_;  // guarded by mu_

@@ -13,8 +13,8 @@
 #include <sstream>
 
 #include "absl/strings/str_cat.h"
-#include "absl/synchronization/mutex.h"
 #include "absl/strings/str_join.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "common/limits.h"
@@ -28,8 +28,8 @@
 #include "server/frontend/metrics.h"
 #include "server/frontend/proxy.h"
 #include "server/frontend/services.h"
-#include "server/frontend/session_manager.h"
 #include "server/frontend/region_listener.h"
+#include "server/frontend/session_manager.h"
 #include "server/frontend/unix_listener.h"
 #include "server/log_format.h"
 #include "server/metrics/http_server.h"
@@ -38,6 +38,71 @@
 
 namespace gpurpc::frontend {
 namespace {
+
+// The settings a restart is needed for, by name, that differ between `now` and `fresh`.
+std::vector<std::string> NeedRestart(const DaemonOptions& now, const DaemonOptions& fresh) {
+  std::vector<std::string> changed;
+  auto check = [&changed](bool differs, const char* name) {
+    if (differs) changed.push_back(name);
+  };
+  check(now.listen != fresh.listen, "listen");
+  check(now.unix_socket != fresh.unix_socket, "unix_socket");
+  check(now.unix_socket_mode != fresh.unix_socket_mode, "unix_socket_mode");
+  check(now.region_socket != fresh.region_socket, "region_socket");
+  check(now.max_host_region_bytes != fresh.max_host_region_bytes, "max_host_region_bytes");
+  check(now.health_listen != fresh.health_listen, "health_listen");
+  check(now.metrics_listen != fresh.metrics_listen, "metrics_listen");
+  check(now.tokens_file != fresh.tokens_file, "tokens_file");
+  check(now.tls_cert != fresh.tls_cert, "tls_cert");
+  check(now.tls_key != fresh.tls_key, "tls_key");
+  check(now.tls_client_ca != fresh.tls_client_ca, "tls_client_ca");
+  check(now.insecure != fresh.insecure, "insecure");
+  check(now.backend != fresh.backend, "backend");
+  check(now.session_idle_timeout != fresh.session_idle_timeout, "session_idle_timeout");
+  check(now.session_grace != fresh.session_grace, "session_grace");
+  check(now.drain_timeout != fresh.drain_timeout, "drain_timeout");
+  check(now.warm_workers != fresh.warm_workers, "warm_workers");
+  check(now.log_format != fresh.log_format, "log_format");
+  check(now.cache_dir != fresh.cache_dir, "cache_dir");
+  check(now.cache_key_file != fresh.cache_key_file, "cache_key_file");
+  check(now.cache_max_bytes != fresh.cache_max_bytes, "cache_max_bytes");
+  check(now.fake_memory_bytes != fresh.fake_memory_bytes, "fake_memory_bytes");
+  check(now.cuda_include_dir != fresh.cuda_include_dir, "cuda_include_dir");
+  check(now.compile_sandbox != fresh.compile_sandbox, "compile_sandbox");
+  check(now.allow_unsandboxed_compile != fresh.allow_unsandboxed_compile,
+        "allow_unsandboxed_compile");
+  check(now.compile_timeout != fresh.compile_timeout, "compile_timeout");
+  check(now.compile_cpu_seconds != fresh.compile_cpu_seconds, "compile_cpu_seconds");
+  check(now.compile_memory_bytes != fresh.compile_memory_bytes, "compile_memory_bytes");
+  return changed;
+}
+
+// SIGHUP: the tokens, then the configuration (see FrontendMain in the header).
+void Reload(Authenticator& auth, SessionManager& sessions, const DaemonOptions& started,
+            const ReloadOptions& reload) {
+  if (absl::Status status = auth.ReloadTokens(); !status.ok()) {
+    spdlog::error("SIGHUP: keeping the tokens in force: {}", std::string(status.message()));
+  }
+  if (!reload) return;
+  absl::StatusOr<DaemonOptions> fresh = reload();
+  if (!fresh.ok()) {
+    spdlog::error("SIGHUP: the configuration does not parse, keeping the settings in force: {}",
+                  std::string(fresh.status().message()));
+    return;
+  }
+  const auto level = spdlog::level::from_str(fresh->log_level);
+  sessions.SetLimits(*fresh);
+  auth.SetAdmins(fresh->admin_tenants);
+  spdlog::set_level(level);
+  spdlog::info("SIGHUP: reloaded the tenant quotas ({} per-tenant), max_sessions {}, {} admin "
+               "tenant(s) and log level {}",
+               fresh->tenant_quotas.size(), fresh->max_sessions, fresh->admin_tenants.size(),
+               fresh->log_level);
+  if (const std::vector<std::string> changed = NeedRestart(started, *fresh); !changed.empty()) {
+    spdlog::warn("SIGHUP: these settings changed but take effect only at a restart: {}",
+                 absl::StrJoin(changed, ", "));
+  }
+}
 
 std::string SelfExe() {
   char path[PATH_MAX];
@@ -126,7 +191,7 @@ constexpr int kMaxConcurrentStreamsPerConnection = 256;
 
 }  // namespace
 
-int FrontendMain(const DaemonOptions& options) {
+int FrontendMain(const DaemonOptions& options, ReloadOptions reload) {
   // Debian's Abseil is built with absl::Mutex's deadlock detection on, which makes every
   // lock ~3x dearer; the unit tests keep it on to catch lock-order inversions.
   absl::SetMutexDeadlockDetectionMode(absl::OnDeadlockCycle::kIgnore);
@@ -302,9 +367,7 @@ int FrontendMain(const DaemonOptions& options) {
     int signal_number = 0;
     sigwait(&signals, &signal_number);
     if (signal_number == SIGHUP) {
-      if (absl::Status status = auth.ReloadTokens(); !status.ok()) {
-        spdlog::error("SIGHUP: keeping the tokens in force: {}", std::string(status.message()));
-      }
+      Reload(auth, sessions, options, reload);
       continue;
     }
     spdlog::info("{}: draining", strsignal(signal_number));
@@ -313,7 +376,7 @@ int FrontendMain(const DaemonOptions& options) {
   // Draining: health says NOT_SERVING at once (load balancers and Kubernetes stop sending
   // new clients), new sessions are refused, and the open ones may go on (their clients keep
   // every listener) until they close or --drain-timeout ends them. A second SIGTERM or
-  // SIGINT stops at once; SIGHUP still reloads the tokens.
+  // SIGINT stops at once; SIGHUP still reloads.
   if (health_server != nullptr) health_server->GetHealthCheckService()->SetServingStatus(false);
   sessions.StartDraining();
   const absl::Time drain_deadline = absl::Now() + options.drain_timeout;
@@ -332,9 +395,7 @@ int FrontendMain(const DaemonOptions& options) {
     const timespec wait = absl::ToTimespec(std::min(left, absl::Milliseconds(100)));
     const int signal_number = sigtimedwait(&signals, nullptr, &wait);
     if (signal_number == SIGHUP) {
-      if (absl::Status status = auth.ReloadTokens(); !status.ok()) {
-        spdlog::error("SIGHUP: keeping the tokens in force: {}", std::string(status.message()));
-      }
+      Reload(auth, sessions, options, reload);
     } else if (signal_number > 0) {
       spdlog::warn("{} while draining: stopping the workers of {} open session(s) now",
                    strsignal(signal_number), sessions.session_count());

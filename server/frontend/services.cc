@@ -60,7 +60,7 @@ grpc::ServerUnaryReactor* DeviceServiceImpl::GetServerInfo(grpc::CallbackServerC
   response->set_tenant(identity->tenant);
   response->set_auth_method(identity->method);
   response->set_admin(auth_->IsAdmin(identity->tenant));
-  *response->mutable_quota() = sessions_->options().QuotaFor(identity->tenant);
+  *response->mutable_quota() = sessions_->QuotaFor(identity->tenant);
   const TenantUsage usage = sessions_->Usage(identity->tenant);
   response->set_sessions_open(usage.sessions);
   response->set_device_memory_bytes(usage.device_memory_bytes);

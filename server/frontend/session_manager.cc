@@ -182,6 +182,7 @@ void SessionRecord::NotifyWatchers() {
 
 SessionManager::SessionManager(DaemonOptions options, std::string exe, FrontendMetrics* metrics)
     : options_(std::move(options)),
+      limits_(options_),
       exe_(std::move(exe)),
       metrics_(metrics),
       instance_(NewInstanceId()) {}
@@ -317,7 +318,7 @@ absl::Status SessionManager::BindWorker(WorkerProcess& worker, uint64_t session_
   internal::v1::BindRequest request;
   request.set_session_id(session_id);
   request.set_tenant(tenant);
-  *request.mutable_quota() = options_.QuotaFor(tenant);
+  *request.mutable_quota() = QuotaFor(tenant);
   request.set_max_host_region_bytes_per_session(options_.max_host_region_bytes);
   internal::v1::BindResponse response;
   const grpc::Status status = stub.Bind(&context, request, &response);
@@ -343,7 +344,7 @@ absl::StatusOr<std::shared_ptr<SessionRecord>> SessionManager::Open(int device_o
                                                                     const std::string& client_label,
                                                                     const std::string& tenant,
                                                                     const std::string& peer) {
-  const v1::TenantQuota quota = options_.QuotaFor(tenant);
+  const v1::TenantQuota quota = QuotaFor(tenant);
   if (draining()) {
     return absl::UnavailableError(
         "gpurpcd is shutting down (draining: its open sessions may finish, no new one "
@@ -358,10 +359,9 @@ absl::StatusOr<std::shared_ptr<SessionRecord>> SessionManager::Open(int device_o
           "no device with ordinal %d (this daemon serves %d)", device_ordinal,
           inventory_.devices_size()));
     }
-    if (total_slots_ >= static_cast<uint32_t>(options_.max_sessions)) {
-      return absl::ResourceExhaustedError(
-          absl::StrFormat("the daemon's limit of %d open sessions (--max-sessions) is reached",
-                          options_.max_sessions));
+    if (const int max = max_sessions(); total_slots_ >= static_cast<uint32_t>(max)) {
+      return absl::ResourceExhaustedError(absl::StrFormat(
+          "the daemon's limit of %d open sessions (--max-sessions) is reached", max));
     }
     uint32_t& held = tenant_slots_[tenant];
     if (quota.max_sessions() != 0 && held >= quota.max_sessions()) {
@@ -592,7 +592,7 @@ uint64_t SessionManager::TenantMemoryLocked(const std::string& tenant) const {
 
 absl::Status SessionManager::AddMemoryLocked(SessionRecord& session, uint64_t bytes,
                                              absl::string_view what) {
-  const uint64_t limit = options_.QuotaFor(session.tenant()).max_device_memory_bytes();
+  const uint64_t limit = QuotaFor(session.tenant()).max_device_memory_bytes();
   if (limit != 0) {
     const uint64_t used = TenantMemoryLocked(session.tenant());
     if (bytes > limit || used > limit - bytes) {
@@ -641,7 +641,7 @@ void SessionManager::ReleaseBuffer(SessionRecord& session, uint64_t buffer_id) {
 absl::Status SessionManager::ReserveHostRegion(SessionRecord& session, uint64_t bytes) {
   absl::MutexLock lock(&mu_);
   if (session.memory_gone_) return absl::OkStatus();  // the worker will answer
-  const uint64_t limit = options_.QuotaFor(session.tenant()).max_host_region_bytes();
+  const uint64_t limit = QuotaFor(session.tenant()).max_host_region_bytes();
   if (limit != 0) {
     uint64_t used = 0;
     for (const auto& [id, other] : sessions_) {
@@ -817,7 +817,7 @@ void SessionManager::CommitContextLimit(SessionRecord& session, int slot, uint64
 }
 
 absl::Status SessionManager::BeginCompile(const std::string& tenant) {
-  const uint32_t limit = options_.QuotaFor(tenant).max_concurrent_compiles();
+  const uint32_t limit = QuotaFor(tenant).max_concurrent_compiles();
   absl::MutexLock lock(&mu_);
   uint32_t& running = tenant_compiles_[tenant];
   if (limit != 0 && running >= limit) {
@@ -867,6 +867,23 @@ SessionsSnapshot SessionManager::Snapshot() const {
     snapshot.warm_workers[device] = running;
   }
   return snapshot;
+}
+
+v1::TenantQuota SessionManager::QuotaFor(const std::string& tenant) const {
+  absl::MutexLock lock(&limits_mu_);
+  return limits_.QuotaFor(tenant);
+}
+
+int SessionManager::max_sessions() const {
+  absl::MutexLock lock(&limits_mu_);
+  return limits_.max_sessions;
+}
+
+void SessionManager::SetLimits(const DaemonOptions& fresh) {
+  absl::MutexLock lock(&limits_mu_);
+  limits_.default_quota = fresh.default_quota;
+  limits_.tenant_quotas = fresh.tenant_quotas;
+  limits_.max_sessions = fresh.max_sessions;
 }
 
 std::map<int, SessionManager::DeviceLoad> SessionManager::DeviceLoads() const {

@@ -11,7 +11,7 @@
 // and per tenant) before a worker is started, so that the caps hold under any number of
 // concurrent opens; it accounts the device memory of every buffer (reserved before the
 // worker allocates, released on Free or when the session ends) and the compiles running
-// per tenant. Quotas come from DaemonOptions::QuotaFor.
+// per tenant. Quotas come from DaemonOptions::QuotaFor, as last (re)loaded (SetLimits).
 //
 // Restarts: every run of the daemon has an instance id (16 hex digits). A call that names a
 // session unknown to this run and an instance that is not this run's is answered NOT_FOUND
@@ -264,6 +264,14 @@ class SessionManager {
   void StartDraining() { draining_.store(true, std::memory_order_release); }
   bool draining() const { return draining_.load(std::memory_order_acquire); }
   const DaemonOptions& options() const { return options_; }
+  // The limits SIGHUP may change (frontend_main.cc): the tenants' quotas and --max-sessions.
+  // The tenant-wide quotas (sessions, device memory, host regions, concurrent compiles)
+  // apply from the next check; a session's own (streams, events, modules per session) are
+  // fixed when it opens. Lowering a limit ends nothing that is open.
+  v1::TenantQuota QuotaFor(const std::string& tenant) const ABSL_LOCKS_EXCLUDED(limits_mu_);
+  int max_sessions() const ABSL_LOCKS_EXCLUDED(limits_mu_);
+  // Takes default_quota, tenant_quotas and max_sessions from `fresh`.
+  void SetLimits(const DaemonOptions& fresh) ABSL_LOCKS_EXCLUDED(limits_mu_);
   TenantUsage Usage(const std::string& tenant) const;
   // Device memory `session` accounts for now.
   uint64_t MemoryBytes(const SessionRecord& session) const;
@@ -336,6 +344,10 @@ class SessionManager {
   void BlockingLoop();
 
   DaemonOptions options_;
+  // Only default_quota, tenant_quotas and max_sessions are read from it (SetLimits). A leaf
+  // lock: taken inside mu_, never the other way round.
+  mutable absl::Mutex limits_mu_;
+  DaemonOptions limits_ ABSL_GUARDED_BY(limits_mu_);
   const std::string exe_;
   FrontendMetrics* const metrics_;
   const std::string instance_;
