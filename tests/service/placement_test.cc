@@ -3,7 +3,10 @@
 // address list and dns:/// names, placement by free memory then sessions, daemons that are
 // down or draining passed over, one daemon under two addresses counted once, one device list
 // over all daemons, and a session's calls staying on its daemon. The ranking and the
-// address parsing are also tested alone.
+// address parsing are also tested alone. Built twice: label `service` with the fake backend
+// (three daemons), label `gpu` with the CUDA backend (GPURPC_TEST_BACKEND): two daemons
+// sharing one real GPU, where the placement and memory tests run and the tests of client
+// logic alone (down, draining, duplicate addresses, bad lists) skip.
 #include <signal.h>
 #include <sys/stat.h>
 
@@ -33,6 +36,12 @@ using ::gpurpc::testing::TestDaemon;
 using ::testing::ElementsAre;
 using ::testing::HasSubstr;
 
+#ifndef GPURPC_TEST_BACKEND
+#define GPURPC_TEST_BACKEND "fake"
+#endif
+constexpr char kBackend[] = GPURPC_TEST_BACKEND;
+bool OnFake() { return std::string(kBackend) == "fake"; }
+
 constexpr uint64_t kGiB = uint64_t{1} << 30;
 constexpr absl::Duration kEventually = absl::Seconds(20);
 
@@ -52,6 +61,7 @@ DaemonStatus Answered(const std::string& target, std::vector<std::pair<uint64_t,
                       bool accepting = true) {
   DaemonStatus daemon;
   daemon.target = target;
+  daemon.devices.set_daemon_instance("instance-" + target);
   daemon.devices.set_accepting_sessions(accepting);
   int ordinal = 0;
   for (const auto& [free, sessions] : devices) {
@@ -97,6 +107,12 @@ TEST(RankDevicesTest, PassesOverDownAndDrainingDaemons) {
   const std::string why = internal::DescribeUnavailable(daemons);
   EXPECT_THAT(why, HasSubstr("down: connection refused"));
   EXPECT_THAT(why, HasSubstr("draining: draining"));
+  // A daemon from before load reporting (no instance, no load) may take sessions.
+  DaemonStatus old_daemon;
+  old_daemon.target = "old";
+  old_daemon.devices.add_devices()->set_ordinal(0);
+  daemons.push_back(old_daemon);
+  EXPECT_THAT(Order(daemons), ElementsAre("up/0", "old/0"));
 }
 
 TEST(ParseTargetsTest, ListsAndDnsNames) {
@@ -136,10 +152,16 @@ TEST(ParseTargetsTest, ResolvesLoopbackName) {
 class PlacementTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    for (int i = 0; i < 3; ++i) {
+    if (!OnFake()) {
+      if (absl::Status cuda = testing::CudaAvailable(); !cuda.ok()) {
+        GTEST_SKIP() << "skipping placement on GPUs: " << cuda;
+      }
+    }
+    for (int i = 0; i < (OnFake() ? 3 : 2); ++i) {
       TestDaemon::Options options;
-      options.extra_flags = {absl::StrCat("--fake-memory-bytes=", 4 * kGiB),
-                             "--drain-timeout=60s"};
+      options.backend = kBackend;
+      options.extra_flags = {"--drain-timeout=60s"};
+      if (OnFake()) options.extra_flags.push_back(absl::StrCat("--fake-memory-bytes=", 4 * kGiB));
       options.warm_workers = 0;
       auto daemon = TestDaemon::Start(std::move(options));
       ASSERT_THAT(daemon, IsOk());
@@ -172,22 +194,29 @@ class PlacementTest : public ::testing::Test {
   std::vector<std::unique_ptr<TestDaemon>> daemons_;
 };
 
+// The tests of the client's own logic need no GPU: the fake run covers them.
+#define SKIP_ON_GPU()                                                              \
+  if (!OnFake()) GTEST_SKIP() << "client logic alone: the fake backend's run covers it"
+
 TEST_F(PlacementTest, SpreadsSessionsOverThreeDaemons) {
   auto client = Connect(List());
   ASSERT_THAT(client, IsOk());
   EXPECT_TRUE(client->multi_daemon());
   std::vector<Session> sessions;
   std::map<int, int> per_daemon;
-  for (int i = 0; i < 6; ++i) {
+  const int count = static_cast<int>(daemons_.size());
+  for (int i = 0; i < 2 * count; ++i) {
     auto session = client->OpenSession(kAnyDevice, "placement");
     ASSERT_THAT(session, IsOk());
     ++per_daemon[DaemonOf(*session)];
     sessions.push_back(*std::move(session));
   }
-  EXPECT_EQ(per_daemon, (std::map<int, int>{{0, 2}, {1, 2}, {2, 2}}));
+  std::map<int, int> expected;
+  for (int i = 0; i < count; ++i) expected[i] = 2;
+  EXPECT_EQ(per_daemon, expected);
   // Every daemon reports its two sessions in its device's load.
   const std::vector<DaemonStatus> found = client->Daemons();
-  ASSERT_EQ(found.size(), 3u);
+  ASSERT_EQ(found.size(), daemons_.size());
   for (const DaemonStatus& daemon : found) {
     ASSERT_THAT(daemon.status, IsOk());
     EXPECT_TRUE(daemon.devices.accepting_sessions());
@@ -208,16 +237,15 @@ TEST_F(PlacementTest, FreeMemorySteersPlacementAndCallsStayOnTheirDaemon) {
   ASSERT_THAT(buffer, IsOk());
   std::vector<uint8_t> bytes(4096, 0x5a);
   ASSERT_THAT(buffer->Upload(bytes), IsOk());
-  // Daemon 0 now has 1 GiB less free: the next two sessions go to the others, though daemon 0
+  // Daemon 0 now has 1 GiB less free: the next sessions go to the others, though daemon 0
   // has no more sessions than they will.
   std::vector<Session> others;
-  for (int i = 0; i < 2; ++i) {
+  for (size_t i = 0; i < daemons_.size(); ++i) {
     auto session = client->OpenSession(kAnyDevice);
     ASSERT_THAT(session, IsOk());
     EXPECT_NE(DaemonOf(*session), busy);
     others.push_back(*std::move(session));
   }
-  EXPECT_NE(DaemonOf(others[0]), DaemonOf(others[1]));
   // The buffer's bytes come back from the daemon that holds them, and only that daemon's
   // ledger counts them.
   auto back = buffer->Download(0, bytes.size());
@@ -228,7 +256,8 @@ TEST_F(PlacementTest, FreeMemorySteersPlacementAndCallsStayOnTheirDaemon) {
     const uint64_t allocated = daemon.devices.devices(0).load().allocated_bytes();
     if (daemon.target == daemons_[busy]->address()) {
       EXPECT_GE(allocated, kGiB);
-      EXPECT_EQ(daemon.devices.devices(0).load().free_memory_bytes(), 4 * kGiB - allocated);
+      EXPECT_EQ(daemon.devices.devices(0).load().free_memory_bytes(),
+                daemon.devices.devices(0).total_memory_bytes() - allocated);
     } else {
       EXPECT_LT(allocated, kGiB) << daemon.target;
     }
@@ -236,6 +265,7 @@ TEST_F(PlacementTest, FreeMemorySteersPlacementAndCallsStayOnTheirDaemon) {
 }
 
 TEST_F(PlacementTest, DaemonsThatAreDownArePassedOver) {
+  SKIP_ON_GPU();
   const std::string list = List();
   const std::string down = daemons_[1]->address();
   daemons_[1].reset();  // stopped: its socket refuses
@@ -268,6 +298,7 @@ TEST_F(PlacementTest, DaemonsThatAreDownArePassedOver) {
 }
 
 TEST_F(PlacementTest, DrainingDaemonIsPassedOver) {
+  SKIP_ON_GPU();
   auto client = Connect(List());
   ASSERT_THAT(client, IsOk());
   auto held = client->OpenSession(0);  // keeps daemon 0 draining rather than gone
@@ -288,6 +319,7 @@ TEST_F(PlacementTest, DrainingDaemonIsPassedOver) {
 }
 
 TEST_F(PlacementTest, OneDaemonUnderTwoAddressesCountsOnce) {
+  SKIP_ON_GPU();
   // The same daemon twice by its socket path, and by an equivalent spelling of it.
   const std::string path = daemons_[2]->address().substr(5);  // strip "unix:"
   auto client = Connect(absl::StrCat(daemons_[2]->address(), ",", path, ",unix://", path));
@@ -302,6 +334,7 @@ TEST_F(PlacementTest, OneDaemonUnderTwoAddressesCountsOnce) {
 }
 
 TEST_F(PlacementTest, BadAddressListsAreRefusedWithTheEntry) {
+  SKIP_ON_GPU();
   EXPECT_THAT(Connect(absl::StrCat(daemons_[0]->address(), ",,", daemons_[1]->address())),
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("empty entry (entry 2)")));
   EXPECT_THAT(Connect(absl::StrCat(daemons_[0]->address(), ",dns:///nohostport")),
@@ -313,6 +346,7 @@ TEST_F(PlacementTest, BadAddressListsAreRefusedWithTheEntry) {
 }
 
 TEST(PlacementDnsTest, DnsNameReachesTheDaemonBehindIt) {
+  SKIP_ON_GPU();
   absl::StatusOr<testing::TestToken> token = testing::MakeToken("dns-user");
   ASSERT_THAT(token, IsOk());
   char tmpl[] = "/tmp/gpurpc-placement-XXXXXX";

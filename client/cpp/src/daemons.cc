@@ -23,6 +23,11 @@
 
 namespace gpurpc::internal {
 
+bool Accepting(const DaemonStatus& daemon) {
+  // A daemon from before load reporting names no instance: it may well accept.
+  return daemon.devices.accepting_sessions() || daemon.devices.daemon_instance().empty();
+}
+
 absl::StatusOr<std::vector<TargetSpec>> ParseTargets(const std::string& list) {
   std::vector<TargetSpec> specs;
   int index = 0;
@@ -95,7 +100,7 @@ absl::StatusOr<std::vector<std::string>> ResolveAll(const std::string& host,
 std::vector<PlacementCandidate> RankDevices(const std::vector<DaemonStatus>& daemons) {
   std::vector<PlacementCandidate> candidates;
   for (size_t i = 0; i < daemons.size(); ++i) {
-    if (!daemons[i].status.ok() || !daemons[i].devices.accepting_sessions()) continue;
+    if (!daemons[i].status.ok() || !Accepting(daemons[i])) continue;
     for (const v1::DeviceInfo& device : daemons[i].devices.devices()) {
       candidates.push_back(PlacementCandidate{i, device.ordinal(),
                                               device.load().free_memory_bytes(),
@@ -117,7 +122,7 @@ std::string DescribeUnavailable(const std::vector<DaemonStatus>& daemons) {
   for (const DaemonStatus& daemon : daemons) {
     if (!daemon.status.ok()) {
       parts.push_back(absl::StrCat(daemon.target, ": ", daemon.status.message()));
-    } else if (!daemon.devices.accepting_sessions()) {
+    } else if (!Accepting(daemon)) {
       parts.push_back(absl::StrCat(daemon.target, ": draining (accepts no new session)"));
     } else if (daemon.devices.devices_size() == 0) {
       parts.push_back(absl::StrCat(daemon.target, ": serves no device"));

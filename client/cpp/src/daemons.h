@@ -63,6 +63,10 @@ struct PlacementCandidate {
   uint32_t sessions = 0;
 };
 
+// Whether the daemon accepts new sessions (not draining). A daemon from before the load
+// fields (no daemon_instance) counts as accepting; its devices then rank as all free.
+bool Accepting(const DaemonStatus& daemon);
+
 // The devices of the daemons that answered and accept sessions, best first: most free
 // memory (in kPlacementMemoryStepShift steps), then fewest sessions, then daemon order,
 // then ordinal.
