@@ -3,8 +3,12 @@
 // end, and on a same-host session's direct channel to its worker), asynchronous
 // launches per second through the command stream, NVRTC compile cold and cached, and a
 // 100-kernel CUDA graph replayed with one command against the same 100 kernels launched one
-// by one (through gpurpcd, and locally with cuLaunchKernel and cuGraphLaunch).
+// by one (through gpurpcd, and locally with cuLaunchKernel and cuGraphLaunch). On a daemon
+// with several devices, also the aggregate launch rate of one session per device at once
+// against one device alone.
 #include <algorithm>
+#include <memory>
+#include <thread>
 #include <cstring>
 #include <functional>
 #include <optional>
@@ -191,6 +195,60 @@ int Main(int argc, char** argv) {
   Check(session->Synchronize(), "sync");
   const double daemon_launch_rate = launches / Seconds(start);
 
+  // Every device at once: one session per device, each driven by its own thread over its own
+  // connection, against the same setup on one device alone (same run).
+  auto inventory = client->ListDevices();
+  Check(inventory.status(), "list devices");
+  const int device_count = inventory->devices_size();
+  double one_device_rate = 0, all_devices_rate = 0;
+  if (device_count > 1) {
+    struct Driver {
+      std::optional<Client> client;
+      std::optional<Session> session;
+      std::optional<Function> function;
+      std::optional<Buffer> buffer;
+      double seconds = 0;
+    };
+    std::vector<std::unique_ptr<Driver>> drivers;
+    for (int d = 0; d < device_count; ++d) {
+      auto driver = std::make_unique<Driver>();
+      auto own = Client::Connect(address);
+      Check(own.status(), "connect (per device)");
+      driver->client.emplace(*std::move(own));
+      auto opened = driver->client->OpenSession(inventory->devices(d).ordinal(), "bench devices");
+      Check(opened.status(), "open a session per device");
+      driver->session.emplace(*std::move(opened));
+      auto compiled = driver->session->Compile(compile_options);
+      Check(compiled.status(), "compile (per device)");
+      auto got = compiled->module.GetFunction(kKernelName);
+      Check(got.status(), "get function (per device)");
+      driver->function.emplace(*std::move(got));
+      auto allocated = driver->session->Allocate(1024);
+      Check(allocated.status(), "allocate (per device)");
+      driver->buffer.emplace(*std::move(allocated));
+      for (int i = 0; i < 1000; ++i) {
+        Check(driver->function->LaunchAsync(config, *driver->buffer, n), "warm up (per device)");
+      }
+      Check(driver->session->Synchronize(), "sync (per device)");
+      drivers.push_back(std::move(driver));
+    }
+    auto run = [&](Driver& driver) {
+      const auto begin = std::chrono::steady_clock::now();
+      for (int i = 0; i < launches; ++i) {
+        Check(driver.function->LaunchAsync(config, *driver.buffer, n), "launch (per device)");
+      }
+      Check(driver.session->Synchronize(), "sync (per device)");
+      driver.seconds = Seconds(begin);
+    };
+    run(*drivers[0]);
+    one_device_rate = launches / drivers[0]->seconds;
+    std::vector<std::thread> threads;
+    const auto begin = std::chrono::steady_clock::now();
+    for (auto& driver : drivers) threads.emplace_back(run, std::ref(*driver));
+    for (std::thread& thread : threads) thread.join();
+    all_devices_rate = static_cast<double>(launches) * device_count / Seconds(begin);
+  }
+
   // CUDA graphs: kGraphKernels launches captured once and replayed with one command, against
   // the same launches sent one by one through the command stream. Each iteration ends with a
   // synchronize, so both are round trips of the same work; rounds interleave the two.
@@ -360,6 +418,16 @@ int Main(int argc, char** argv) {
     std::printf("%-55s %12.0f/s %12.0f/s %9.2fx %8s\n",
                 "async launches per second vs cuLaunchKernel", daemon_launch_rate,
                 direct_launch_rate, daemon_launch_rate / direct_launch_rate, ">=150k/s");
+  }
+  if (device_count > 1) {
+    char label[96];
+    std::snprintf(label, sizeof(label), "async launches/s, %d devices at once vs one device",
+                  device_count);
+    std::printf("%-55s %12.0f/s %12.0f/s %9.2fx %8s\n", label, all_devices_rate,
+                one_device_rate, all_devices_rate / one_device_rate, "-");
+  } else {
+    std::printf("%-55s %14s %14s %10s %8s   (the daemon serves one device)\n",
+                "async launches/s, every device at once vs one device", "n/a", "-", "-", "-");
   }
   std::printf("%-55s %11.1f us %11.1f us %9.2fx %8s\n",
               "100 kernels+sync: graph vs 100 launches (stream)", graph_replay_us,
