@@ -35,7 +35,9 @@
 #include "gpurpc/client.h"
 #include "gtest/gtest.h"
 #include "tests/testing/daemon.h"
+#include "tests/testing/eventually.h"
 #include "tests/testing/fake_kernels.h"
+#include "tests/testing/fake_kernels_module.h"
 #include "tests/testing/status_matchers.h"
 
 extern char** environ;
@@ -43,6 +45,8 @@ extern char** environ;
 namespace gpurpc {
 namespace {
 
+using ::gpurpc::testing::CompileFakeKernels;
+using ::gpurpc::testing::Eventually;
 using ::gpurpc::testing::IsOk;
 using ::gpurpc::testing::StatusIs;
 using ::gpurpc::testing::TestDaemon;
@@ -50,9 +54,6 @@ using ::testing::AllOf;
 using ::testing::AnyOf;
 using ::testing::HasSubstr;
 
-// How long something that must happen (a reclaim, a fault report) may take, and the bound of
-// anything that must not hang: generous, for a loaded two-core machine.
-constexpr absl::Duration kEventually = absl::Seconds(30);
 constexpr absl::Duration kMustNotHang = absl::Seconds(30);
 
 // Environment of the child process of KilledClientsSessionIsReclaimedAfterTheGrace.
@@ -61,27 +62,6 @@ constexpr char kChildOutputEnv[] = "GPURPC_RELIABILITY_CHILD_OUTPUT";
 
 // The fake backend's built-in kernels as real CUDA (tests/testing/fake_kernels.h).
 constexpr const char* kFakeKernels = ::gpurpc::testing::kFakeKernelsSource;
-
-// Polls `condition` every 50 ms until it holds (true) or `timeout` passed (false).
-bool Eventually(absl::Duration timeout, const std::function<bool()>& condition) {
-  const absl::Time deadline = absl::Now() + timeout;
-  for (;;) {
-    if (condition()) return true;
-    if (absl::Now() > deadline) return false;
-    absl::SleepFor(absl::Milliseconds(50));
-  }
-}
-
-absl::StatusOr<Module> CompileFakeKernels(const Session& session) {
-  CompileOptions options;
-  options.source = kFakeKernels;
-  absl::StatusOr<CompileResult> result = session.Compile(options);
-  if (!result.ok()) return result.status();
-  if (!result->success()) {
-    return absl::InternalError(absl::StrCat("the fake kernels do not compile: ", result->log()));
-  }
-  return std::move(result->module);
-}
 
 // A client of `address` with only what is set here (GPURPC_* of the test's environment must
 // not change how the test talks to its daemon).
@@ -123,7 +103,7 @@ class Stopped {
   explicit Stopped(pid_t pid) : pid_(pid) {
     if (pid_ <= 0 || kill(pid_, SIGSTOP) != 0) return;
     sent_ = true;
-    ok_ = Eventually(absl::Seconds(10), [&] { return AllThreadsStopped(pid_); });
+    ok_ = Eventually([&] { return AllThreadsStopped(pid_); }, absl::Seconds(10));
   }
   ~Stopped() {
     if (sent_) kill(pid_, SIGCONT);
@@ -295,7 +275,7 @@ TEST_F(ClientReliabilityTest, CloseReturnsWhenTheDaemonWasKilled) {
   ASSERT_OK(session.MemsetAsync(buffer.at(), 0, 4, 256));
   ASSERT_OK(session.Synchronize());
   ASSERT_EQ(kill(daemon_->pid(), SIGKILL), 0);
-  ASSERT_TRUE(Eventually(kEventually, [&] { return !daemon_->CheckRunning().ok(); }));
+  ASSERT_TRUE(Eventually([&] { return !daemon_->CheckRunning().ok(); }));
   // The calls fail (the daemon is gone) without hanging.
   absl::Status status;
   EXPECT_LT(Timed([&] { status = session.Synchronize(); }), kMustNotHang);
@@ -358,11 +338,13 @@ TEST_F(ClientReliabilityTest, KilledClientsSessionIsReclaimedAfterTheGrace) {
   };
 
   uint64_t session_id = 0;
-  const bool started = Eventually(absl::Seconds(60), [&] {
-    std::ifstream in(output);
-    std::string line;
-    return std::getline(in, line) && absl::SimpleAtoi(line, &session_id);
-  });
+  const bool started = Eventually(
+      [&] {
+        std::ifstream in(output);
+        std::string line;
+        return std::getline(in, line) && absl::SimpleAtoi(line, &session_id);
+      },
+      absl::Seconds(60));
   if (!started) {
     kill(child, SIGKILL);
     waitpid(child, nullptr, 0);
@@ -374,13 +356,12 @@ TEST_F(ClientReliabilityTest, KilledClientsSessionIsReclaimedAfterTheGrace) {
   ASSERT_EQ(kill(child, SIGKILL), 0);
   ASSERT_EQ(waitpid(child, nullptr, 0), child);
   uint32_t open = 1;
-  EXPECT_TRUE(Eventually(kEventually,
-                         [&] {
-                           absl::StatusOr<v1::GetServerInfoResponse> info = client.GetServerInfo();
-                           open = info.ok() ? info->sessions_open() : 1;
-                           return open == 0;
-                         }))
-      << "session " << session_id << " of the killed client is still open";
+  EXPECT_TRUE(Eventually([&] {
+    absl::StatusOr<v1::GetServerInfoResponse> info = client.GetServerInfo();
+    open = info.ok() ? info->sessions_open() : 1;
+    return open == 0;
+  })) << "session "
+      << session_id << " of the killed client is still open";
 }
 
 TEST_F(ClientReliabilityTest, AnIdleClientKeepsItsSessionByWatchingIt) {
@@ -409,8 +390,7 @@ TEST_F(ClientReliabilityTest, TheWatchDeliversAFaultAndTheNextCallReportsItAtOnc
   EXPECT_THAT(session.Synchronize(),
               StatusIs(absl::StatusCode::kAborted, HasSubstr("CUDA_ERROR_ILLEGAL_ADDRESS")));
   // The watch reports it, without a call.
-  ASSERT_TRUE(
-      Eventually(kEventually, [&] { return session.state() == v1::SESSION_STATE_FAULTED; }));
+  ASSERT_TRUE(Eventually([&] { return session.state() == v1::SESSION_STATE_FAULTED; }));
   const auto faulted =
       StatusIs(absl::StatusCode::kFailedPrecondition,
                AllOf(HasSubstr("FAULTED"), HasSubstr("CUDA_ERROR_ILLEGAL_ADDRESS")));
@@ -444,8 +424,7 @@ TEST_F(ClientReliabilityTest, TheKernelWatchdogsFaultIsTheDaemonsDeadlineExceede
   ASSERT_OK(session.Flush());
   // The watchdog ends the worker after 1 s; the watch reports the fault, with the code every
   // call answers now: DEADLINE_EXCEEDED from the daemon, naming the kernel.
-  ASSERT_TRUE(
-      Eventually(kEventually, [&] { return session.state() == v1::SESSION_STATE_FAULTED; }));
+  ASSERT_TRUE(Eventually([&] { return session.state() == v1::SESSION_STATE_FAULTED; }));
   const auto watchdog = StatusIs(absl::StatusCode::kDeadlineExceeded,
                                  AllOf(HasSubstr("FAULTED"), HasSubstr("spin_us")));
   EXPECT_THAT(session.fault(), watchdog);
@@ -481,20 +460,20 @@ TEST_F(ClientReliabilityTest, AfterADaemonRestartTheSessionIsLostAndTheClientOpe
   ASSERT_OK_AND_ASSIGN(Buffer old_buffer, old_session.Allocate(64));
 
   ASSERT_EQ(kill((*first)->pid(), SIGKILL), 0);
-  ASSERT_TRUE(Eventually(kEventually, [&] { return !(*first)->CheckRunning().ok(); }));
+  ASSERT_TRUE(Eventually([&] { return !(*first)->CheckRunning().ok(); }));
   auto second = TestDaemon::Start(options);
   ASSERT_OK(second.status());
   ASSERT_EQ((*second)->address(), address);
 
   // Once the channel is back, the old session's calls answer NOT_FOUND saying why.
   absl::Status old_call;
-  ASSERT_TRUE(Eventually(kEventually, [&] {
+  ASSERT_TRUE(Eventually([&] {
     old_call = old_session.GetMemInfo().status();
     return !absl::IsUnavailable(old_call);
   })) << old_call;
   EXPECT_THAT(old_call, StatusIs(absl::StatusCode::kNotFound, HasSubstr("restarted")));
   // The watch learns it too, and then every call answers so at once.
-  ASSERT_TRUE(Eventually(kEventually, [&] { return absl::IsNotFound(old_session.fault()); }))
+  ASSERT_TRUE(Eventually([&] { return absl::IsNotFound(old_session.fault()); }))
       << old_session.fault();
   EXPECT_THAT(old_session.fault(), StatusIs(absl::StatusCode::kNotFound, HasSubstr("restarted")));
   EXPECT_EQ(old_session.state(), v1::SESSION_STATE_UNSPECIFIED);

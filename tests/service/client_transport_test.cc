@@ -29,11 +29,13 @@
 #include "gtest/gtest.h"
 #include "tests/testing/daemon.h"
 #include "tests/testing/fake_kernels.h"
+#include "tests/testing/fake_kernels_module.h"
 #include "tests/testing/status_matchers.h"
 
 namespace gpurpc {
 namespace {
 
+using ::gpurpc::testing::CompileFakeKernels;
 using ::gpurpc::testing::StatusIs;
 using ::gpurpc::testing::TestDaemon;
 using ::testing::HasSubstr;
@@ -70,15 +72,6 @@ absl::StatusOr<Client> Connect(const std::string& address,
   options.use_environment = false;
   options.call_timeout = call_timeout;
   return Client::Connect(options);
-}
-
-absl::StatusOr<Module> CompileFakeKernels(const Session& session) {
-  CompileOptions options;
-  options.source = ::gpurpc::testing::kFakeKernelsSource;
-  absl::StatusOr<CompileResult> result = session.Compile(options);
-  if (!result.ok()) return result.status();
-  if (!result->success()) return absl::InternalError(result->log());
-  return std::move(result->module);
 }
 
 // True once every thread of `pid` is stopped.

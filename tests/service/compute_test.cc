@@ -42,11 +42,13 @@
 #include "gtest/gtest.h"
 #include "tests/testing/daemon.h"
 #include "tests/testing/fake_kernels.h"
+#include "tests/testing/fake_kernels_module.h"
 #include "tests/testing/status_matchers.h"
 
 namespace gpurpc {
 namespace {
 
+using ::gpurpc::testing::CompileFakeKernels;
 using ::gpurpc::testing::IsOk;
 using ::gpurpc::testing::IsOkAndHolds;
 using ::gpurpc::testing::StatusIs;
@@ -276,16 +278,6 @@ std::optional<std::filesystem::path> FindCacheFile(const std::string& dir,
     }
   }
   return std::nullopt;
-}
-
-// The fake kernels, compiled and loaded in `session`.
-absl::StatusOr<Module> CompileFakeKernels(const Session& session) {
-  absl::StatusOr<CompileResult> result = session.Compile(Source(kFakeKernels));
-  if (!result.ok()) return result.status();
-  if (!result->success()) {
-    return absl::InternalError(absl::StrCat("the fake kernels do not compile: ", result->log()));
-  }
-  return std::move(result->module);
 }
 
 class ComputeTest : public ::testing::Test {

@@ -26,11 +26,13 @@
 #include "gtest/gtest.h"
 #include "tests/testing/daemon.h"
 #include "tests/testing/fake_kernels.h"
+#include "tests/testing/fake_kernels_module.h"
 #include "tests/testing/status_matchers.h"
 
 namespace gpurpc {
 namespace {
 
+using ::gpurpc::testing::CompileFakeKernels;
 using ::gpurpc::testing::IsOkAndHolds;
 using ::gpurpc::testing::StatusIs;
 using ::gpurpc::testing::TestDaemon;
@@ -46,16 +48,6 @@ constexpr uint64_t kFakeResidentThreads = 4 * 2048;
 // maximum (fake_backend.cc).
 constexpr uint32_t kDefaultDynamicShared = 48 * 1024;
 constexpr int kOptinShared = 232448;
-
-// The fake kernels (tests/testing/fake_kernels.h), compiled and loaded in `session`.
-absl::StatusOr<Module> CompileFakeKernels(const Session& session) {
-  CompileOptions options;
-  options.source = ::gpurpc::testing::kFakeKernelsSource;
-  absl::StatusOr<CompileResult> result = session.Compile(options);
-  if (!result.ok()) return result.status();
-  if (!result->success()) return absl::InternalError(result->log());
-  return std::move(result->module);
-}
 
 // The raw ModuleService of one session.
 class RawModules {
@@ -231,7 +223,8 @@ TEST_F(ContextLimitsTest, SetLimitsRoundTripAndReportTheReservation) {
   ASSERT_OK_AND_ASSIGN(v1::SetContextLimitResponse stack,
                        raw_->SetLimit(v1::LIMIT_STACK_SIZE, 16 * kKiB));
   EXPECT_EQ(stack.value(), 16 * kKiB);
-  EXPECT_EQ(stack.reserved_device_bytes(), 16 * kKiB * kFakeResidentThreads + 8 * kMiB + 256 * kMiB);
+  EXPECT_EQ(stack.reserved_device_bytes(),
+            16 * kKiB * kFakeResidentThreads + 8 * kMiB + 256 * kMiB);
 
   EXPECT_OK(raw_->SetLimit(v1::LIMIT_DEV_RUNTIME_SYNC_DEPTH, 4).status());
   EXPECT_THAT(raw_->GetLimit(v1::LIMIT_DEV_RUNTIME_SYNC_DEPTH), IsOkAndHolds(4u));
@@ -267,9 +260,9 @@ TEST_F(ContextLimitsTest, TheClientsCallsRoundTrip) {
   ASSERT_OK(fill_.SetAttribute(v1::FUNCTION_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, 64 * 1024));
   EXPECT_EQ(fill_.attributes().max_dynamic_shared_size_bytes(), 64 * 1024);
   EXPECT_OK(LaunchFill(60 * 1024));
-  EXPECT_THAT(fill_.SetAttribute(v1::FUNCTION_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
-                                 kOptinShared + 1),
-              StatusIs(absl::StatusCode::kInvalidArgument));
+  EXPECT_THAT(
+      fill_.SetAttribute(v1::FUNCTION_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, kOptinShared + 1),
+      StatusIs(absl::StatusCode::kInvalidArgument));
   EXPECT_OK(fill_.SetCacheConfig(v1::CACHE_CONFIG_PREFER_L1));
   ExpectUsable();
 }
@@ -277,10 +270,9 @@ TEST_F(ContextLimitsTest, TheClientsCallsRoundTrip) {
 TEST_F(ContextLimitsTest, UnknownLimitsAreRefusedByNumber) {
   for (int limit : {7, 8, 9, 10, 1000, -1}) {
     SCOPED_TRACE(limit);
-    EXPECT_THAT(raw_->SetLimit(limit, 1),
-                StatusIs(absl::StatusCode::kInvalidArgument,
-                         AllOf(HasSubstr(absl::StrCat("limit ", limit)),
-                               HasSubstr("is not a ContextLimit"))));
+    EXPECT_THAT(raw_->SetLimit(limit, 1), StatusIs(absl::StatusCode::kInvalidArgument,
+                                                   AllOf(HasSubstr(absl::StrCat("limit ", limit)),
+                                                         HasSubstr("is not a ContextLimit"))));
     EXPECT_THAT(raw_->GetLimit(limit),
                 StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("is not a ContextLimit")));
   }
@@ -367,15 +359,13 @@ TEST_F(ContextLimitsTest, MaxDynamicSharedSizeGatesLaunchesOnTheFake) {
 
   ASSERT_OK_AND_ASSIGN(
       v1::FunctionAttributes raised,
-      raw_->SetAttribute(fill_.id(), v1::FUNCTION_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
-                         100000));
+      raw_->SetAttribute(fill_.id(), v1::FUNCTION_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, 100000));
   EXPECT_EQ(raised.max_dynamic_shared_size_bytes(), 100000);
   EXPECT_OK(LaunchFill(100000));
   EXPECT_THAT(LaunchFill(100001), StatusIs(absl::StatusCode::kInvalidArgument,
                                            HasSubstr("CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED")));
   // GetFunction reports the value now in force.
-  ASSERT_OK_AND_ASSIGN(v1::GetFunctionResponse again,
-                       raw_->GetFunction(module_.id(), "fill_u32"));
+  ASSERT_OK_AND_ASSIGN(v1::GetFunctionResponse again, raw_->GetFunction(module_.id(), "fill_u32"));
   EXPECT_EQ(again.function_id(), fill_.id());
   EXPECT_EQ(again.attributes().max_dynamic_shared_size_bytes(), 100000);
 
@@ -385,9 +375,9 @@ TEST_F(ContextLimitsTest, MaxDynamicSharedSizeGatesLaunchesOnTheFake) {
                 .status());
   EXPECT_OK(LaunchFill(kOptinShared));
   // Lowered again, launches above it fail again.
-  EXPECT_OK(raw_->SetAttribute(fill_.id(), v1::FUNCTION_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
-                               1024)
-                .status());
+  EXPECT_OK(
+      raw_->SetAttribute(fill_.id(), v1::FUNCTION_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, 1024)
+          .status());
   EXPECT_THAT(LaunchFill(2048), StatusIs(absl::StatusCode::kInvalidArgument));
   ExpectUsable();
 }
@@ -401,8 +391,8 @@ TEST_F(ContextLimitsTest, FunctionAttributesAreBoundedAndReadOnlyOnesRefused) {
   } cases[] = {
       {v1::FUNCTION_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, kOptinShared + 1,
        absl::StatusCode::kInvalidArgument, "is outside 0..232448"},
-      {v1::FUNCTION_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, -1,
-       absl::StatusCode::kInvalidArgument, "MAX_DYNAMIC_SHARED_SIZE_BYTES = -1"},
+      {v1::FUNCTION_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, -1, absl::StatusCode::kInvalidArgument,
+       "MAX_DYNAMIC_SHARED_SIZE_BYTES = -1"},
       {v1::FUNCTION_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, INT64_MAX,
        absl::StatusCode::kInvalidArgument, "is outside 0..232448"},
       {v1::FUNCTION_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT, 101,
@@ -449,10 +439,10 @@ TEST(ContextLimitsQuotaTest, ReservationsMustFitTheTenantsDeviceMemoryQuota) {
   ASSERT_OK_AND_ASSIGN(v1::SetContextLimitResponse heap,
                        raw.SetLimit(v1::LIMIT_MALLOC_HEAP_SIZE, 40 * kMiB));
   EXPECT_EQ(heap.reserved_device_bytes(), 8 * kMiB + 1 * kMiB + 40 * kMiB);
-  EXPECT_THAT(raw.SetLimit(v1::LIMIT_MALLOC_HEAP_SIZE, 60 * kMiB),
-              StatusIs(absl::StatusCode::kResourceExhausted,
-                       AllOf(HasSubstr("LIMIT_MALLOC_HEAP_SIZE"),
-                             HasSubstr("max_device_memory_bytes"))));
+  EXPECT_THAT(
+      raw.SetLimit(v1::LIMIT_MALLOC_HEAP_SIZE, 60 * kMiB),
+      StatusIs(absl::StatusCode::kResourceExhausted,
+               AllOf(HasSubstr("LIMIT_MALLOC_HEAP_SIZE"), HasSubstr("max_device_memory_bytes"))));
   // 4 KiB of stack for 8192 threads is 32 MiB: with 41 MiB more, over 64 MiB.
   EXPECT_THAT(raw.SetLimit(v1::LIMIT_STACK_SIZE, 4 * kKiB),
               StatusIs(absl::StatusCode::kResourceExhausted, HasSubstr("LIMIT_STACK_SIZE")));
@@ -480,10 +470,10 @@ TEST(ContextLimitsQuotaTest, ReservationsAreChargedWithBuffersAndAcrossSessions)
   EXPECT_THAT(first.Allocate(30 * kMiB),
               StatusIs(absl::StatusCode::kResourceExhausted, HasSubstr("max_device_memory_bytes")));
   // Across sessions of the tenant, too.
-  EXPECT_THAT(raw_second.SetLimit(v1::LIMIT_MALLOC_HEAP_SIZE, 30 * kMiB),
-              StatusIs(absl::StatusCode::kResourceExhausted,
-                       AllOf(HasSubstr("LIMIT_MALLOC_HEAP_SIZE"),
-                             HasSubstr("max_device_memory_bytes"))));
+  EXPECT_THAT(
+      raw_second.SetLimit(v1::LIMIT_MALLOC_HEAP_SIZE, 30 * kMiB),
+      StatusIs(absl::StatusCode::kResourceExhausted,
+               AllOf(HasSubstr("LIMIT_MALLOC_HEAP_SIZE"), HasSubstr("max_device_memory_bytes"))));
   // A value the worker refuses (beyond gpurpc's bound) is not charged.
   EXPECT_THAT(raw_second.SetLimit(v1::LIMIT_PRINTF_FIFO_SIZE, 65 * kMiB),
               StatusIs(absl::StatusCode::kInvalidArgument));

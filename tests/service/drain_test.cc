@@ -22,28 +22,17 @@
 #include "grpcpp/grpcpp.h"
 #include "gtest/gtest.h"
 #include "tests/testing/daemon.h"
+#include "tests/testing/eventually.h"
 #include "tests/testing/status_matchers.h"
 
 namespace gpurpc {
 namespace {
 
+using ::gpurpc::testing::Eventually;
 using ::gpurpc::testing::IsOk;
 using ::gpurpc::testing::StatusIs;
 using ::gpurpc::testing::TestDaemon;
 using ::testing::HasSubstr;
-
-// Bounds of waiting for something that must happen; never a measure of how fast it does.
-constexpr absl::Duration kEventually = absl::Seconds(20);
-
-template <typename Predicate>
-bool Eventually(Predicate predicate, absl::Duration limit = kEventually) {
-  const absl::Time deadline = absl::Now() + limit;
-  while (!predicate()) {
-    if (absl::Now() > deadline) return false;
-    absl::SleepFor(absl::Milliseconds(20));
-  }
-  return true;
-}
 
 class DrainTest : public ::testing::Test {
  protected:
@@ -120,8 +109,8 @@ TEST_F(DrainTest, OpenSessionsFinishNewOnesAreRefusedAndTheDaemonExitsWhenTheyCl
   ASSERT_TRUE(Eventually([&] { return NewSessionsRefused(); }))
       << "OpenSession was not refused after SIGTERM";
   auto refused = client_->OpenSession(0, "drain test, too late");
-  EXPECT_THAT(refused.status(), StatusIs(absl::StatusCode::kUnavailable,
-                                         HasSubstr("another daemon")));
+  EXPECT_THAT(refused.status(),
+              StatusIs(absl::StatusCode::kUnavailable, HasSubstr("another daemon")));
   EXPECT_EQ(Health(), 2);  // NOT_SERVING while the open session goes on
 
   // The open session works as before: new memory, its old bytes, a new connection of the
@@ -176,8 +165,8 @@ TEST_F(DrainTest, TheDrainTimeoutFlagIsChecked) {
     TestDaemon::Options options;
     options.extra_flags = {bad};
     auto daemon = TestDaemon::Start(std::move(options));
-    EXPECT_THAT(daemon.status(), StatusIs(absl::StatusCode::kUnavailable,
-                                          HasSubstr("--drain-timeout")))
+    EXPECT_THAT(daemon.status(),
+                StatusIs(absl::StatusCode::kUnavailable, HasSubstr("--drain-timeout")))
         << bad;
   }
 }

@@ -31,11 +31,13 @@
 #include "gtest/gtest.h"
 #include "tests/testing/daemon.h"
 #include "tests/testing/fake_kernels.h"
+#include "tests/testing/fake_kernels_module.h"
 #include "tests/testing/status_matchers.h"
 
 namespace gpurpc {
 namespace {
 
+using ::gpurpc::testing::CompileFakeKernels;
 using ::gpurpc::testing::IsOkAndHolds;
 using ::gpurpc::testing::StatusIs;
 using ::gpurpc::testing::TestDaemon;
@@ -68,16 +70,6 @@ LaunchConfig Linear(uint32_t grid, uint32_t block, const Stream* stream = nullpt
   config.block.x = block;
   config.stream = stream;
   return config;
-}
-
-// The fake kernels (tests/testing/fake_kernels.h), compiled and loaded in `session`.
-absl::StatusOr<Module> CompileFakeKernels(const Session& session) {
-  CompileOptions options;
-  options.source = ::gpurpc::testing::kFakeKernelsSource;
-  absl::StatusOr<CompileResult> result = session.Compile(options);
-  if (!result.ok()) return result.status();
-  if (!result->success()) return absl::InternalError(result->log());
-  return std::move(result->module);
 }
 
 // The raw ExecutionService of one session, for requests the client does not make.

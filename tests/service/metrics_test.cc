@@ -42,28 +42,18 @@
 #include "grpcpp/grpcpp.h"
 #include "gtest/gtest.h"
 #include "tests/testing/daemon.h"
+#include "tests/testing/eventually.h"
 #include "tests/testing/fake_kernels.h"
 #include "tests/testing/status_matchers.h"
 
 namespace gpurpc {
 namespace {
 
+using ::gpurpc::testing::Eventually;
 using ::gpurpc::testing::IsOk;
 using ::gpurpc::testing::StatusIs;
 using ::gpurpc::testing::TestDaemon;
 using ::testing::HasSubstr;
-
-constexpr absl::Duration kEventually = absl::Seconds(30);
-
-template <typename Predicate>
-bool Eventually(Predicate predicate, absl::Duration limit = kEventually) {
-  const absl::Time deadline = absl::Now() + limit;
-  while (!predicate()) {
-    if (absl::Now() > deadline) return false;
-    absl::SleepFor(absl::Milliseconds(50));
-  }
-  return true;
-}
 
 // ------------------------------------------------------------------------- raw HTTP
 
@@ -233,8 +223,8 @@ absl::StatusOr<Exposition> ParseExposition(const std::string& text) {
           out.help[name] = words.size() > 3 ? words[3] : "";
         } else {
           if (words.size() != 4) return bad("TYPE without a type");
-          static const std::set<std::string> kTypes = {"counter", "gauge", "histogram",
-                                                       "summary", "untyped"};
+          static const std::set<std::string> kTypes = {"counter", "gauge", "histogram", "summary",
+                                                       "untyped"};
           if (kTypes.count(words[3]) == 0) return bad("unknown type");
           if (out.types.count(name) != 0) return bad("a second TYPE");
           if (out.samples.count(name) != 0) return bad("TYPE after samples of its family");
@@ -293,7 +283,8 @@ absl::StatusOr<Exposition> ParseExposition(const std::string& text) {
     if (absl::Status s = enter(family); !s.ok()) return s;
     const std::string& type = out.types[family];
     if (type == "counter" && !(value >= 0)) return bad("a negative or NaN counter");
-    if (absl::EndsWith(name, "_bucket") && labels.count("le") == 0) return bad("a bucket without le");
+    if (absl::EndsWith(name, "_bucket") && labels.count("le") == 0)
+      return bad("a bucket without le");
     if (!absl::EndsWith(name, "_bucket") && labels.count("le") != 0 && type == "histogram") {
       return bad("le outside a bucket");
     }
@@ -345,13 +336,13 @@ absl::StatusOr<Exposition> ParseExposition(const std::string& text) {
 // The parser itself refuses what it must.
 TEST(ExpositionParserTest, RefusesMalformedText) {
   EXPECT_THAT(ParseExposition("# TYPE a counter\na 1\n"), IsOk());
-  EXPECT_THAT(ParseExposition("a 1\n"), StatusIs(absl::StatusCode::kInvalidArgument,
-                                                  HasSubstr("no declared TYPE")));
+  EXPECT_THAT(ParseExposition("a 1\n"),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("no declared TYPE")));
   EXPECT_THAT(ParseExposition("# TYPE a counter\na -1\n").status(),
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("negative")));
-  EXPECT_THAT(ParseExposition("# TYPE a gauge\na{x=\"1\"} 1\n# TYPE b gauge\nb 1\na{x=\"2\"} 1\n")
-                  .status(),
-              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("not together")));
+  EXPECT_THAT(
+      ParseExposition("# TYPE a gauge\na{x=\"1\"} 1\n# TYPE b gauge\nb 1\na{x=\"2\"} 1\n").status(),
+      StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("not together")));
   EXPECT_THAT(ParseExposition("# TYPE a gauge\na{x=\"1\",x=\"2\"} 1\n").status(),
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("twice")));
   EXPECT_THAT(ParseExposition("# TYPE a gauge\na{x=\"\\q\"} 1\n").status(),
@@ -360,11 +351,11 @@ TEST(ExpositionParserTest, RefusesMalformedText) {
                               "1\nh_sum 1\nh_count 1\n")
                   .status(),
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("cumulative")));
-  EXPECT_THAT(ParseExposition("# TYPE h histogram\nh_bucket{le=\"+Inf\"} 2\nh_sum 1\nh_count 1\n")
-                  .status(),
-              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("_count")));
-  auto parsed = ParseExposition(
-      "# HELP a A \\\\ help\n# TYPE a gauge\na{x=\"q\\\"\\\\\\n\"} 2.5\n");
+  EXPECT_THAT(
+      ParseExposition("# TYPE h histogram\nh_bucket{le=\"+Inf\"} 2\nh_sum 1\nh_count 1\n").status(),
+      StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("_count")));
+  auto parsed =
+      ParseExposition("# HELP a A \\\\ help\n# TYPE a gauge\na{x=\"q\\\"\\\\\\n\"} 2.5\n");
   ASSERT_THAT(parsed, IsOk());
   EXPECT_EQ(parsed->Find("a", {{"x", "q\"\\\n"}}), 2.5);
 }
@@ -459,15 +450,26 @@ TEST_F(MetricsTest, CountersMoveByExactlyWhatTheClientDid) {
   ASSERT_NO_FATAL_FAILURE(Start({"--fake-memory-bytes=4294967296"}));
   const Exposition before = Scrape();
   // Every family is declared with a help text.
-  for (const char* family :
-       {"gpurpc_rpcs_total", "gpurpc_rpc_duration_seconds", "gpurpc_relayed_bytes_total",
-        "gpurpc_sessions", "gpurpc_sessions_opened_total", "gpurpc_sessions_ended_total",
-        "gpurpc_worker_processes", "gpurpc_session_faults_total", "gpurpc_watchdog_kills_total",
-        "gpurpc_compile_cache_hits_total", "gpurpc_compile_cache_misses_total",
-        "gpurpc_compile_cache_disk_bytes", "gpurpc_compile_cache_disk_files",
-        "gpurpc_device_memory_total_bytes", "gpurpc_device_memory_accounted_bytes",
-        "gpurpc_tenant_device_memory_bytes", "gpurpc_tenant_host_region_bytes",
-        "gpurpc_device_info", "gpurpc_build_info", "gpurpc_draining"}) {
+  for (const char* family : {"gpurpc_rpcs_total",
+                             "gpurpc_rpc_duration_seconds",
+                             "gpurpc_relayed_bytes_total",
+                             "gpurpc_sessions",
+                             "gpurpc_sessions_opened_total",
+                             "gpurpc_sessions_ended_total",
+                             "gpurpc_worker_processes",
+                             "gpurpc_session_faults_total",
+                             "gpurpc_watchdog_kills_total",
+                             "gpurpc_compile_cache_hits_total",
+                             "gpurpc_compile_cache_misses_total",
+                             "gpurpc_compile_cache_disk_bytes",
+                             "gpurpc_compile_cache_disk_files",
+                             "gpurpc_device_memory_total_bytes",
+                             "gpurpc_device_memory_accounted_bytes",
+                             "gpurpc_tenant_device_memory_bytes",
+                             "gpurpc_tenant_host_region_bytes",
+                             "gpurpc_device_info",
+                             "gpurpc_build_info",
+                             "gpurpc_draining"}) {
     EXPECT_EQ(before.types.count(family), 1u) << family;
     EXPECT_FALSE(before.help.count(family) == 0 || before.help.at(family).empty()) << family;
   }
@@ -481,9 +483,8 @@ TEST_F(MetricsTest, CountersMoveByExactlyWhatTheClientDid) {
   EXPECT_EQ(before.Find("gpurpc_compile_cache_max_bytes"), 1073741824.0);
   EXPECT_FALSE(before.Find("gpurpc_sessions", {{"tenant", tenant_}, {"state", "active"}}));
   // The client's Connect and GetServerInfo were counted.
-  EXPECT_GE(before.Counter("gpurpc_rpcs_total",
-                           Rpc("/gpurpc.v1.DeviceService/GetServerInfo", "OK")),
-            1);
+  EXPECT_GE(
+      before.Counter("gpurpc_rpcs_total", Rpc("/gpurpc.v1.DeviceService/GetServerInfo", "OK")), 1);
 
   constexpr size_t kBytes = 256 * 1024;
   ASSERT_OK_AND_ASSIGN(Session session, client_->OpenSession(0, "metrics test"));
@@ -556,13 +557,13 @@ TEST_F(MetricsTest, CountersMoveByExactlyWhatTheClientDid) {
   for (const char* method : {kOpen, kClose, kAllocate, kUpload, kDownload, kCompile, kLoadModule}) {
     double calls = 0;
     for (const auto& [labels, value] : after.samples.at("gpurpc_rpcs_total")) {
-      if (labels.at("method") == method) calls += value - before.Counter("gpurpc_rpcs_total", labels);
+      if (labels.at("method") == method)
+        calls += value - before.Counter("gpurpc_rpcs_total", labels);
     }
     EXPECT_EQ(Delta(before, after, "gpurpc_rpc_duration_seconds_count", {{"method", method}}),
               calls)
         << method;
-    EXPECT_GT(after.Counter("gpurpc_rpc_duration_seconds_sum", {{"method", method}}), 0)
-        << method;
+    EXPECT_GT(after.Counter("gpurpc_rpc_duration_seconds_sum", {{"method", method}}), 0) << method;
   }
   // The bytes the relay carried: the upload's data plus a few bytes of its message.
   const double up = Delta(before, after, "gpurpc_relayed_bytes_total",
@@ -599,7 +600,8 @@ TEST_F(MetricsTest, CountersMoveByExactlyWhatTheClientDid) {
     cache = Scrape();
     return cache.Find("gpurpc_compile_cache_disk_files") == files &&
            cache.Find("gpurpc_compile_cache_disk_bytes") == bytes;
-  })) << "the cache folder holds " << files << " files, " << bytes << " bytes; the gauges say "
+  })) << "the cache folder holds "
+      << files << " files, " << bytes << " bytes; the gauges say "
       << cache.Counter("gpurpc_compile_cache_disk_files") << ", "
       << cache.Counter("gpurpc_compile_cache_disk_bytes");
   EXPECT_THAT(daemon_->CheckRunning(), IsOk());
@@ -632,8 +634,7 @@ TEST_F(MetricsTest, TheWatchdogsKillIsAFaultOfItsCause) {
   EXPECT_EQ(faulted.Find("gpurpc_sessions", {{"tenant", tenant_}, {"state", "faulted"}}), 1.0);
   EXPECT_FALSE(faulted.Find("gpurpc_sessions", {{"tenant", tenant_}, {"state", "active"}}));
   // Its worker is gone.
-  EXPECT_EQ(faulted.Find("gpurpc_worker_processes", {{"device", "0"}, {"role", "session"}}),
-            0.0);
+  EXPECT_EQ(faulted.Find("gpurpc_worker_processes", {{"device", "0"}, {"role", "session"}}), 0.0);
   ASSERT_OK(session.Close());
   const Exposition closed = Scrape();
   EXPECT_FALSE(closed.Find("gpurpc_sessions", {{"tenant", tenant_}, {"state", "faulted"}}));
@@ -647,10 +648,8 @@ TEST_F(MetricsTest, HostileHttpClientsLeaveTheDaemonServing) {
     ASSERT_THAT(reply, IsOk()) << request.substr(0, 100);
     EXPECT_EQ(reply->status, status) << request.substr(0, 100) << "\n" << reply->head;
   };
-  expect_status("POST /metrics HTTP/1.1\r\nHost: t\r\nContent-Length: 11\r\n\r\nhello=world",
-                405);
-  expect_status("POST /metrics HTTP/1.1\r\nHost: t\r\nContent-Length: 2000000000\r\n\r\nabc",
-                405);
+  expect_status("POST /metrics HTTP/1.1\r\nHost: t\r\nContent-Length: 11\r\n\r\nhello=world", 405);
+  expect_status("POST /metrics HTTP/1.1\r\nHost: t\r\nContent-Length: 2000000000\r\n\r\nabc", 405);
   expect_status("PUT /metrics HTTP/1.1\r\nHost: t\r\n\r\n", 405);
   expect_status("DELETE / HTTP/1.1\r\nHost: t\r\n\r\n", 405);
   expect_status(HttpGet("/"), 404);
@@ -719,9 +718,9 @@ TEST(MetricsStartTest, AnAddressInUseStopsTheDaemonNamingIt) {
   auto daemon = TestDaemon::Start(std::move(options));
   close(holder);
   ASSERT_FALSE(daemon.ok()) << "the daemon started without its metrics endpoint";
-  EXPECT_THAT(std::string(daemon.status().message()),
-              ::testing::AllOf(HasSubstr("cannot serve metrics"), HasSubstr(taken),
-                               HasSubstr("in use")));
+  EXPECT_THAT(
+      std::string(daemon.status().message()),
+      ::testing::AllOf(HasSubstr("cannot serve metrics"), HasSubstr(taken), HasSubstr("in use")));
 }
 
 }  // namespace

@@ -25,11 +25,13 @@
 #include "gpurpc/client.h"
 #include "gtest/gtest.h"
 #include "tests/testing/daemon.h"
+#include "tests/testing/eventually.h"
 #include "tests/testing/status_matchers.h"
 
 namespace gpurpc {
 namespace {
 
+using ::gpurpc::testing::Eventually;
 using ::gpurpc::testing::IsOk;
 using ::gpurpc::testing::StatusIs;
 using ::gpurpc::testing::TestDaemon;
@@ -43,18 +45,6 @@ constexpr char kBackend[] = GPURPC_TEST_BACKEND;
 bool OnFake() { return std::string(kBackend) == "fake"; }
 
 constexpr uint64_t kGiB = uint64_t{1} << 30;
-constexpr absl::Duration kEventually = absl::Seconds(20);
-
-template <typename Predicate>
-bool Eventually(Predicate predicate, absl::Duration limit = kEventually) {
-  const absl::Time deadline = absl::Now() + limit;
-  while (!predicate()) {
-    if (absl::Now() > deadline) return false;
-    absl::SleepFor(absl::Milliseconds(20));
-  }
-  return true;
-}
-
 // ------------------------------------------------------------------ ranking and parsing
 
 DaemonStatus Answered(const std::string& target, std::vector<std::pair<uint64_t, uint32_t>> devices,
@@ -195,7 +185,7 @@ class PlacementTest : public ::testing::Test {
 };
 
 // The tests of the client's own logic need no GPU: the fake run covers them.
-#define SKIP_ON_GPU()                                                              \
+#define SKIP_ON_GPU() \
   if (!OnFake()) GTEST_SKIP() << "client logic alone: the fake backend's run covers it"
 
 TEST_F(PlacementTest, SpreadsSessionsOverThreeDaemons) {
@@ -286,8 +276,8 @@ TEST_F(PlacementTest, DaemonsThatAreDownArePassedOver) {
     ASSERT_THAT(second, IsOk());
     EXPECT_EQ(DaemonOf(*second), 2);
   }
-  EXPECT_THAT(client->OpenSession(2), StatusIs(absl::StatusCode::kNotFound,
-                                               HasSubstr("serve 2 devices")));
+  EXPECT_THAT(client->OpenSession(2),
+              StatusIs(absl::StatusCode::kNotFound, HasSubstr("serve 2 devices")));
   // All down: Connect names each.
   daemons_[0].reset();
   daemons_[2].reset();
@@ -341,8 +331,8 @@ TEST_F(PlacementTest, BadAddressListsAreRefusedWithTheEntry) {
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("dns:///nohostport")));
   auto client = Connect(List());
   ASSERT_THAT(client, IsOk());
-  EXPECT_THAT(client->OpenSession(-2), StatusIs(absl::StatusCode::kInvalidArgument,
-                                                HasSubstr("kAnyDevice")));
+  EXPECT_THAT(client->OpenSession(-2),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("kAnyDevice")));
 }
 
 TEST(PlacementDnsTest, DnsNameReachesTheDaemonBehindIt) {

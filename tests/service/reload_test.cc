@@ -18,27 +18,17 @@
 #include "gpurpc/client.h"
 #include "gtest/gtest.h"
 #include "tests/testing/daemon.h"
+#include "tests/testing/eventually.h"
 #include "tests/testing/status_matchers.h"
 
 namespace gpurpc {
 namespace {
 
+using ::gpurpc::testing::Eventually;
 using ::gpurpc::testing::IsOk;
 using ::gpurpc::testing::StatusIs;
 using ::gpurpc::testing::TestDaemon;
 using ::testing::HasSubstr;
-
-constexpr absl::Duration kEventually = absl::Seconds(20);
-
-template <typename Predicate>
-bool Eventually(Predicate predicate, absl::Duration limit = kEventually) {
-  const absl::Time deadline = absl::Now() + limit;
-  while (!predicate()) {
-    if (absl::Now() > deadline) return false;
-    absl::SleepFor(absl::Milliseconds(20));
-  }
-  return true;
-}
 
 class ReloadTest : public ::testing::Test {
  protected:
@@ -85,8 +75,8 @@ TEST_F(ReloadTest, QuotasMaxSessionsAndAdminsChangeOnSighup) {
   const std::string tenant = info->tenant();
   auto first = client_->OpenSession();
   ASSERT_THAT(first, IsOk());
-  EXPECT_THAT(client_->OpenSession(), StatusIs(absl::StatusCode::kResourceExhausted,
-                                               HasSubstr("max_sessions")));
+  EXPECT_THAT(client_->OpenSession(),
+              StatusIs(absl::StatusCode::kResourceExhausted, HasSubstr("max_sessions")));
   EXPECT_THAT(client_->AdminListSessions(), StatusIs(absl::StatusCode::kPermissionDenied));
 
   // More sessions for everyone, this tenant an admin, and a setting only a restart applies.
@@ -106,11 +96,10 @@ TEST_F(ReloadTest, QuotasMaxSessionsAndAdminsChangeOnSighup) {
   // The daemon-wide cap, lowered below what is open: open sessions stay, new ones wait.
   Write("default_quota { max_sessions: 3 }\nmax_sessions: 2\n");
   Hangup();
-  ASSERT_TRUE(Eventually([&] {
-    return absl::StrContains(daemon_->Log(), "max_sessions 2,");
-  })) << daemon_->Log();
-  EXPECT_THAT(client_->OpenSession(), StatusIs(absl::StatusCode::kResourceExhausted,
-                                               HasSubstr("--max-sessions")));
+  ASSERT_TRUE(Eventually([&] { return absl::StrContains(daemon_->Log(), "max_sessions 2,"); }))
+      << daemon_->Log();
+  EXPECT_THAT(client_->OpenSession(),
+              StatusIs(absl::StatusCode::kResourceExhausted, HasSubstr("--max-sessions")));
   EXPECT_THAT(first->Allocate(4096), IsOk());
   EXPECT_THAT(client_->AdminListSessions(), StatusIs(absl::StatusCode::kPermissionDenied));
 }

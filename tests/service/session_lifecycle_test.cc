@@ -39,6 +39,7 @@
 #include <mutex>
 #include <optional>
 #include <string>
+#include <tuple>
 #include <thread>
 #include <utility>
 #include <vector>
@@ -64,13 +65,16 @@
 #include "grpcpp/grpcpp.h"
 #include "gtest/gtest.h"
 #include "tests/testing/daemon.h"
+#include "tests/testing/eventually.h"
 #include "tests/testing/fake_kernels.h"
 #include "tests/testing/status_matchers.h"
 
 namespace gpurpc {
 namespace {
 
+using ::gpurpc::testing::Eventually;
 using ::gpurpc::testing::IsOk;
+using ::gpurpc::testing::kEventually;
 using ::gpurpc::testing::StatusIs;
 using ::gpurpc::testing::TestDaemon;
 using ::testing::AllOf;
@@ -79,9 +83,6 @@ using ::testing::Not;
 
 constexpr uint64_t kMiB = 1ull << 20;
 constexpr absl::Duration kCallTimeout = absl::Seconds(60);
-// How long something that must happen (a reclaim, a fault) may take: generous, for a loaded
-// two-core machine.
-constexpr absl::Duration kEventually = absl::Seconds(30);
 constexpr int32_t kFailedPrecondition = static_cast<int32_t>(absl::StatusCode::kFailedPrecondition);
 constexpr int32_t kDeadlineExceeded = static_cast<int32_t>(absl::StatusCode::kDeadlineExceeded);
 
@@ -91,16 +92,6 @@ constexpr const char* kFakeKernels = ::gpurpc::testing::kFakeKernelsSource;
 std::string CurrentUser() {
   struct passwd* pw = getpwuid(geteuid());
   return pw != nullptr ? pw->pw_name : absl::StrCat("uid-", geteuid());
-}
-
-// Polls `condition` every 100 ms until it holds (true) or `timeout` passed (false).
-bool Eventually(absl::Duration timeout, const std::function<bool()>& condition) {
-  const absl::Time deadline = absl::Now() + timeout;
-  for (;;) {
-    if (condition()) return true;
-    if (absl::Now() > deadline) return false;
-    absl::SleepFor(absl::Milliseconds(100));
-  }
 }
 
 // Checks `condition` every 100 ms for `duration`: false at the first time it does not hold.
@@ -624,22 +615,28 @@ class SessionLifecycleTest : public ::testing::Test {
 
   // The tenant's (open sessions, device memory) reach `sessions` and 0 bytes within the bound.
   ::testing::AssertionResult UsageDropsTo(const Caller& caller, uint32_t sessions) {
-    std::optional<std::pair<uint32_t, uint64_t>> usage;
-    const bool dropped = Eventually(kEventually, [&] {
-      usage = caller.Usage();
-      return usage.has_value() && usage->first == sessions && usage->second == 0;
+    // Plain values, not the optional itself: GCC 12 sees it as maybe uninitialized once the
+    // poll is inlined.
+    bool answered = false;
+    uint32_t open = 0;
+    uint64_t bytes = 0;
+    const bool dropped = Eventually([&] {
+      const std::optional<std::pair<uint32_t, uint64_t>> usage = caller.Usage();
+      answered = usage.has_value();
+      if (answered) std::tie(open, bytes) = *usage;
+      return answered && open == sessions && bytes == 0;
     });
     if (dropped) return ::testing::AssertionSuccess();
     return ::testing::AssertionFailure()
            << "after " << kEventually << " the tenant still has "
-           << (usage ? absl::StrCat(usage->first, " sessions and ", usage->second, " bytes")
-                     : std::string("no GetServerInfo answer"));
+           << (answered ? absl::StrCat(open, " sessions and ", bytes, " bytes")
+                        : std::string("no GetServerInfo answer"));
   }
 
   // The worker `pid` is gone and only the warm pool's workers are left.
   ::testing::AssertionResult WorkerGone(int64_t pid, size_t warm_workers = 1) {
     std::vector<pid_t> workers;
-    const bool gone = Eventually(kEventually, [&] {
+    const bool gone = Eventually([&] {
       workers = daemon_->WorkerPids();
       return workers.size() == warm_workers &&
              std::find(workers.begin(), workers.end(), pid) == workers.end();
@@ -732,7 +729,7 @@ TEST_F(SessionLifecycleTest, WatchIsBoundedPerSessionAndNotFoundForOtherTenants)
   watches.back()->Cancel();
   ASSERT_TRUE(watches.back()->WaitForEnd().has_value());
   watches.pop_back();
-  bool admitted = Eventually(kEventually, [&] {
+  bool admitted = Eventually([&] {
     auto again = std::make_unique<Watch>(*alice_, id);
     if (!IsActive(again->FirstEvent())) return false;
     watches.push_back(std::move(again));
@@ -1003,7 +1000,7 @@ TEST(SessionLifecycleRestartTest, SessionOfAnEarlierRunIsNotFoundSayingTheDaemon
   ASSERT_THAT(b.status(), IsOk());
   // The same channel reconnects to B (waiting for the reconnection, whatever its backoff).
   absl::StatusOr<v1::GetServerInfoResponse> info_b;
-  ASSERT_TRUE(Eventually(kEventually, [&] {
+  ASSERT_TRUE(Eventually([&] {
     info_b = local.Info();
     return info_b.ok();
   })) << info_b.status();
@@ -1096,7 +1093,7 @@ TEST_F(SessionLifecycleTest, KernelWatchdogFaultsOnlyTheSessionOfTheHungKernel) 
   JoinOnExit join_waiter(waiter);
 
   absl::StatusOr<v1::KeepAliveResponse> alive;
-  const bool faulted = Eventually(kEventually, [&] {
+  const bool faulted = Eventually([&] {
     alive = alice_->KeepAlive(id);
     return alive.ok() && alive->state() == v1::SESSION_STATE_FAULTED;
   });
@@ -1118,7 +1115,7 @@ TEST_F(SessionLifecycleTest, KernelWatchdogFaultsOnlyTheSessionOfTheHungKernel) 
   EXPECT_EQ(event->fault_code(), kDeadlineExceeded);
   EXPECT_THAT(event->fault_cause(), HasSubstr("spin_us"));
   // The worker is gone, and its memory with it.
-  EXPECT_TRUE(Eventually(kEventually, [&] {
+  EXPECT_TRUE(Eventually([&] {
     std::optional<std::pair<uint32_t, uint64_t>> usage = alice_->Usage();
     return usage.has_value() && usage->second == 0;
   }));
@@ -1164,7 +1161,7 @@ tenant_quotas { key: "alice" value { kernel_timeout_ms: 500 } }
       alice_->Launch(alices.session_id(), alice_kernels.spin_us, 0, 30'000'000);
   EXPECT_TRUE(launched.ok() || absl::IsDeadlineExceeded(launched)) << launched;
   absl::StatusOr<v1::KeepAliveResponse> alive;
-  ASSERT_TRUE(Eventually(kEventually, [&] {
+  ASSERT_TRUE(Eventually([&] {
     alive = alice_->KeepAlive(alices.session_id());
     return alive.ok() && alive->state() == v1::SESSION_STATE_FAULTED;
   })) << (alive.ok() ? alive->DebugString() : alive.status().ToString());
