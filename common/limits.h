@@ -31,6 +31,12 @@ inline constexpr uint64_t kMaxStackReservationBytes = uint64_t{4} << 30;
 inline constexpr uint64_t kMaxPrintfFifoBytes = uint64_t{64} << 20;
 inline constexpr uint64_t kMaxMallocHeapBytes = uint64_t{1} << 30;
 
+// Bounds of ModuleService.LinkModule (module_service.proto): inputs of one link, how many
+// of them are sources (each may be an NVRTC compile), and the length of a data input's name.
+inline constexpr int kMaxLinkInputs = 64;
+inline constexpr int kMaxLinkSources = 16;
+inline constexpr int kMaxLinkInputNameBytes = 256;
+
 }  // namespace gpurpc
 
 #endif  // GPURPC_COMMON_LIMITS_H_

@@ -69,6 +69,7 @@ constexpr char kAllocateMethod[] = "/gpurpc.v1.MemoryService/Allocate";
 constexpr char kFreeMethod[] = "/gpurpc.v1.MemoryService/Free";
 constexpr char kCompileMethod[] = "/gpurpc.v1.ModuleService/Compile";
 constexpr char kLoadModuleMethod[] = "/gpurpc.v1.ModuleService/LoadModule";
+constexpr char kLinkModuleMethod[] = "/gpurpc.v1.ModuleService/LinkModule";
 constexpr char kUnloadModuleMethod[] = "/gpurpc.v1.ModuleService/UnloadModule";
 constexpr char kGetFunctionMethod[] = "/gpurpc.v1.ModuleService/GetFunction";
 constexpr char kSetContextLimitMethod[] = "/gpurpc.v1.ModuleService/SetContextLimit";
@@ -82,6 +83,7 @@ enum class Ledger {
   kFree,
   kCompile,
   kLoadModule,
+  kLinkModule,
   kUnloadModule,
   kGetFunction,
   kRegisterRegion,
@@ -94,6 +96,7 @@ Ledger LedgerFor(const std::string& method) {
   if (method == kFreeMethod) return Ledger::kFree;
   if (method == kCompileMethod) return Ledger::kCompile;
   if (method == kLoadModuleMethod) return Ledger::kLoadModule;
+  if (method == kLinkModuleMethod) return Ledger::kLinkModule;
   if (method == kUnloadModuleMethod) return Ledger::kUnloadModule;
   if (method == kGetFunctionMethod) return Ledger::kGetFunction;
   if (method == kRegisterRegionMethod) return Ledger::kRegisterRegion;
@@ -156,7 +159,8 @@ class RejectReactor final : public grpc::ServerGenericBidiReactor {
 // when both halves are done.
 class RelayReactor final : public grpc::ServerGenericBidiReactor {
  public:
-  // For Ledger::kCompile the caller has taken a compile slot of the session's tenant,
+  // For Ledger::kCompile and kLinkModule the caller has taken a compile slot of the
+  // session's tenant,
   // which this relay gives back when the call ends.
   // `metrics` may be null.
   RelayReactor(grpc::GenericCallbackServerContext* context, SessionManager* sessions,
@@ -549,9 +553,9 @@ class RelayReactor final : public grpc::ServerGenericBidiReactor {
   }
 
   // Reads the worker's answer of a ledger call before it goes on to the client: commits an
-  // Allocate's reservation to its buffer, charges the globals of a module that LoadModule or
-  // Compile loaded (unloading it when they are over quota) and the local memory of a kernel
-  // that GetFunction found. False when the answer is refused (refusal_ says why).
+  // Allocate's reservation to its buffer, charges the globals of a module that LoadModule,
+  // LinkModule or Compile loaded (unloading it when they are over quota) and the local memory of a
+  // kernel that GetFunction found. False when the answer is refused (refusal_ says why).
   bool LedgerOnAnswerLocked() {
     switch (ledger_) {
       case Ledger::kAllocate: {
@@ -581,6 +585,16 @@ class RelayReactor final : public grpc::ServerGenericBidiReactor {
         if (!ParseRelayed(from_worker_, &response)) return true;
         // Every answered compile looked the cache up first: a miss ran NVRTC.
         if (metrics_ != nullptr) metrics_->CompileAnswered(response.cache_hit());
+        return ChargeModuleLocked(response.module_id(), response.device_memory_bytes());
+      }
+      case Ledger::kLinkModule: {
+        v1::LinkModuleResponse response;
+        if (!ParseRelayed(from_worker_, &response)) return true;
+        if (metrics_ != nullptr) {
+          for (const v1::LinkSourceResult& source : response.sources()) {
+            metrics_->CompileAnswered(source.cache_hit());
+          }
+        }
         return ChargeModuleLocked(response.module_id(), response.device_memory_bytes());
       }
       case Ledger::kRegisterRegion: {
@@ -644,6 +658,7 @@ class RelayReactor final : public grpc::ServerGenericBidiReactor {
         reserved_bytes_ = 0;
         break;
       case Ledger::kCompile:
+      case Ledger::kLinkModule:
         sessions_->EndCompile(session_->tenant());
         break;
       case Ledger::kUnloadModule:
@@ -746,7 +761,8 @@ grpc::ServerGenericBidiReactor* SessionProxy::CreateReactor(
     return new RejectReactor(ToGrpcStatus(usable));
   }
   const Ledger ledger = LedgerFor(context->method());
-  if (ledger == Ledger::kCompile) {
+  // A link may run NVRTC for its sources: it holds a compile slot like Compile.
+  if (ledger == Ledger::kCompile || ledger == Ledger::kLinkModule) {
     if (absl::Status slot = sessions_->BeginCompile(identity->tenant); !slot.ok()) {
       return new RejectReactor(ToGrpcStatus(slot));
     }

@@ -6,8 +6,9 @@
 // Some calls are also read on the way through, for the tenant's ledger: Allocate (the
 // size is reserved against max_device_memory_bytes before the worker sees the request,
 // and the answer's buffer id is recorded), Free (the buffer's bytes are released once the
-// worker confirms), Compile (a slot of max_concurrent_compiles is held while it runs),
-// Compile and LoadModule (the loaded module's globals, as the worker reports them, are
+// worker confirms), Compile and LinkModule (a slot of max_concurrent_compiles is held while
+// it runs), Compile, LoadModule and LinkModule (the loaded module's globals, as the worker
+// reports them, are
 // charged; a module over quota is unloaded and the call answers RESOURCE_EXHAUSTED) and
 // UnloadModule (its globals are released) and GetFunction (the local memory the driver will
 // reserve to launch the kernel is charged, the largest per session; over quota the call

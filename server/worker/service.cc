@@ -333,6 +333,12 @@ class ModuleServiceImpl final : public v1::ModuleService::Service {
     });
   }
 
+  grpc::Status LinkModule(grpc::ServerContext*, const v1::LinkModuleRequest* request,
+                          v1::LinkModuleResponse* response) override {
+    return Answer(session_->LinkModule(*request),
+                  [&](v1::LinkModuleResponse& result) { *response = std::move(result); });
+  }
+
   grpc::Status UnloadModule(grpc::ServerContext*, const v1::UnloadModuleRequest* request,
                             v1::UnloadModuleResponse*) override {
     return ToGrpcStatus(session_->UnloadModule(request->module_id()));

@@ -1,16 +1,23 @@
 #include "server/worker/session.h"
 
-#include "server/worker/device_output.h"
-
 #include <algorithm>
 #include <cstring>
+#include <deque>
+#include <optional>
+#include <set>
 #include <utility>
 #include <vector>
 
+#include "absl/strings/ascii.h"
+#include "absl/strings/escaping.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/strip.h"
 #include "common/grpc_status.h"
 #include "common/status_macros.h"
+#include "server/worker/compiler/cuda_libraries.h"
+#include "server/worker/device_output.h"
 
 namespace gpurpc::worker {
 namespace {
@@ -603,6 +610,12 @@ absl::StatusOr<uint64_t> Session::LoadModule(const std::string& image,
                           Check(context_->LoadModule(absl::Span<const uint8_t>(
                               reinterpret_cast<const uint8_t*>(image.data()), image.size()))));
   const uint64_t footprint = module->device_memory_bytes();
+  GPURPC_ASSIGN_OR_RETURN(const uint64_t id, AddModule(std::move(module)));
+  if (device_memory_bytes != nullptr) *device_memory_bytes = footprint;
+  return id;
+}
+
+absl::StatusOr<uint64_t> Session::AddModule(std::unique_ptr<backend::Module> module) {
   auto entry = std::make_shared<ModuleEntry>();
   entry->module = std::move(module);
   absl::MutexLock lock(&mu_);
@@ -611,8 +624,250 @@ absl::StatusOr<uint64_t> Session::LoadModule(const std::string& image,
       CheckCountLocked("modules", modules_.size(), limits_.max_modules, "max_modules_per_session"));
   const uint64_t id = NewIdLocked();
   modules_[id] = std::move(entry);
-  if (device_memory_bytes != nullptr) *device_memory_bytes = footprint;
   return id;
+}
+
+namespace {
+
+// The CUDA linker's input type of a wire one; nullopt for one that is not a LinkInputType
+// (or is unspecified).
+std::optional<backend::LinkInputType> ToBackendInputType(int type) {
+  switch (type) {
+    case v1::LINK_INPUT_TYPE_CUBIN:
+      return backend::LinkInputType::kCubin;
+    case v1::LINK_INPUT_TYPE_PTX:
+      return backend::LinkInputType::kPtx;
+    case v1::LINK_INPUT_TYPE_FATBINARY:
+      return backend::LinkInputType::kFatbinary;
+    case v1::LINK_INPUT_TYPE_OBJECT:
+      return backend::LinkInputType::kObject;
+    case v1::LINK_INPUT_TYPE_LIBRARY:
+      return backend::LinkInputType::kLibrary;
+    default:
+      return std::nullopt;
+  }
+}
+
+// Whether a source's options already ask for relocatable device code: true for
+// "-rdc=true" and its spellings, INVALID_ARGUMENT for one that turns it off.
+absl::StatusOr<bool> HasRelocatableDeviceCode(
+    int index, const google::protobuf::RepeatedPtrField<std::string>& options) {
+  bool has = false;
+  for (int i = 0; i < options.size(); ++i) {
+    absl::string_view option = absl::StripLeadingAsciiWhitespace(options.Get(i));
+    absl::string_view value;
+    if (absl::ConsumePrefix(&option, "--relocatable-device-code") ||
+        absl::ConsumePrefix(&option, "-rdc")) {
+      if (absl::ConsumePrefix(&option, "=")) {
+        value = option;
+      } else if (option.empty() && i + 1 < options.size()) {
+        value = options.Get(i + 1);
+      } else if (!option.empty()) {
+        continue;  // another option that starts alike
+      }
+      if (value == "true") {
+        has = true;
+      } else {
+        return absl::InvalidArgumentError(absl::StrFormat(
+            "LinkModule: input %d: option '%s' turns relocatable device code off; linked "
+            "sources are compiled with --relocatable-device-code=true",
+            index, absl::CHexEscape(options.Get(i).substr(0, 256))));
+      }
+    }
+  }
+  return has;
+}
+
+// "sm_90" -> "compute_90" (the device's virtual architecture: PTX, which the linker
+// compiles for the device); anything else as it is.
+std::string VirtualArchitecture(const std::string& target) {
+  if (absl::StartsWith(target, "sm_")) return absl::StrCat("compute_", target.substr(3));
+  return target;
+}
+
+}  // namespace
+
+absl::StatusOr<v1::LinkModuleResponse> Session::LinkModule(const v1::LinkModuleRequest& request) {
+  GPURPC_RETURN_IF_ERROR(fault());
+  const int count = request.inputs_size();
+  if (count == 0) {
+    return absl::InvalidArgumentError(
+        "LinkModule: no inputs; give sources, data or standard libraries to link");
+  }
+  if (count > kMaxLinkInputs) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "LinkModule: %d inputs, more than the %d one link may have", count, kMaxLinkInputs));
+  }
+  // Every input is checked before anything is compiled, read or linked.
+  int sources = 0;
+  std::vector<bool> add_rdc(count, false);
+  std::set<std::string> libraries;
+  for (int i = 0; i < count; ++i) {
+    const v1::LinkInput& input = request.inputs(i);
+    switch (input.input_case()) {
+      case v1::LinkInput::kSource: {
+        ++sources;
+        if (input.source().source().empty()) {
+          return absl::InvalidArgumentError(
+              absl::StrFormat("LinkModule: input %d: the source is empty", i));
+        }
+        GPURPC_ASSIGN_OR_RETURN(const bool has_rdc,
+                                HasRelocatableDeviceCode(i, input.source().options()));
+        add_rdc[i] = !has_rdc;
+        break;
+      }
+      case v1::LinkInput::kData: {
+        const v1::LinkData& data = input.data();
+        if (!ToBackendInputType(data.type())) {
+          return absl::InvalidArgumentError(
+              absl::StrFormat("LinkModule: input %d has unknown input type %d; it must be one of "
+                              "LINK_INPUT_TYPE_CUBIN, _PTX, _FATBINARY, _OBJECT or _LIBRARY",
+                              i, static_cast<int>(data.type())));
+        }
+        if (data.data().empty()) {
+          return absl::InvalidArgumentError(
+              absl::StrFormat("LinkModule: input %d: the data is empty", i));
+        }
+        if (data.name().size() > static_cast<size_t>(kMaxLinkInputNameBytes)) {
+          return absl::InvalidArgumentError(
+              absl::StrFormat("LinkModule: input %d: the name is %d bytes long, more than %d", i,
+                              data.name().size(), kMaxLinkInputNameBytes));
+        }
+        if (data.name().find('\0') != std::string::npos) {
+          return absl::InvalidArgumentError(
+              absl::StrFormat("LinkModule: input %d: the name contains a NUL byte", i));
+        }
+        break;
+      }
+      case v1::LinkInput::kStandardLibrary: {
+        const std::string& name = input.standard_library();
+        if (name != "cudadevrt") {
+          return absl::InvalidArgumentError(absl::StrFormat(
+              "LinkModule: input %d: unknown standard library '%s'; the server links only "
+              "'cudadevrt' (the device runtime) by name",
+              i, absl::CHexEscape(name.substr(0, kMaxLinkInputNameBytes))));
+        }
+        if (!libraries.insert(name).second) {
+          return absl::InvalidArgumentError(absl::StrFormat(
+              "LinkModule: input %d: standard library '%s' is named twice", i, name));
+        }
+        break;
+      }
+      case v1::LinkInput::INPUT_NOT_SET:
+        return absl::InvalidArgumentError(absl::StrFormat(
+            "LinkModule: input %d sets none of source, data and standard_library", i));
+    }
+  }
+  if (sources > kMaxLinkSources) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "LinkModule: %d sources, more than the %d one link may compile", sources, kMaxLinkSources));
+  }
+  if (sources > 0 && compiler_ == nullptr) {
+    return absl::UnavailableError(absl::StrCat(
+        "LinkModule: NVRTC is not available on this server: ", compiler_status_.message()));
+  }
+  {
+    absl::MutexLock lock(&mu_);
+    GPURPC_RETURN_IF_ERROR(CheckCountLocked("modules", modules_.size(), limits_.max_modules,
+                                            "max_modules_per_session"));
+  }
+
+  v1::LinkModuleResponse response;
+  // Compiled images and library files, kept until the link is done (a deque: its elements
+  // stay where they are as it grows).
+  std::deque<std::string> owned;
+  std::vector<backend::LinkInput> inputs(count);
+  const std::string include_dir =
+      compiler_ != nullptr ? compiler_->cuda_include_dir() : "/usr/local/cuda/include";
+  for (int i = 0; i < count; ++i) {
+    const v1::LinkInput& input = request.inputs(i);
+    backend::LinkInput& linked = inputs[i];
+    const auto span_of = [](const std::string& bytes) {
+      return absl::Span<const uint8_t>(reinterpret_cast<const uint8_t*>(bytes.data()),
+                                       bytes.size());
+    };
+    switch (input.input_case()) {
+      case v1::LinkInput::kSource: {
+        const v1::LinkSource& source = input.source();
+        compiler::CompileRequest creq;
+        creq.source = source.source();
+        creq.program_name = source.program_name();
+        creq.options.assign(source.options().begin(), source.options().end());
+        if (add_rdc[i]) creq.options.emplace_back("--relocatable-device-code=true");
+        for (const v1::Header& header : source.headers()) {
+          creq.headers.push_back(compiler::Header{header.name(), header.content()});
+        }
+        creq.name_expressions.assign(source.name_expressions().begin(),
+                                     source.name_expressions().end());
+        creq.target = VirtualArchitecture(context_->CompileTarget());
+        creq.tenant = tenant();
+        GPURPC_RETURN_IF_ERROR(BeginCompile());
+        absl::StatusOr<compiler::CompileResult> compiled = compiler_->Compile(creq);
+        EndCompile();
+        if (!compiled.ok()) {
+          return absl::Status(
+              compiled.status().code(),
+              absl::StrFormat("LinkModule: input %d: %s", i, compiled.status().message()));
+        }
+        v1::LinkSourceResult* result = response.add_sources();
+        result->set_input_index(i);
+        result->set_success(compiled->success);
+        result->set_log(std::move(compiled->log));
+        result->set_cache_hit(compiled->cache_hit);
+        result->set_arch(compiled->arch);
+        for (auto& option : compiled->effective_options) result->add_effective_options(option);
+        for (auto& [expression, lowered] : compiled->lowered_names) {
+          v1::LoweredName* name = result->add_lowered_names();
+          name->set_name_expression(expression);
+          name->set_lowered_name(lowered);
+        }
+        if (!compiled->success) {
+          response.set_success(false);
+          return response;
+        }
+        owned.emplace_back(compiled->image.begin(), compiled->image.end());
+        linked.type = absl::StartsWith(compiled->arch, "sm_") ? backend::LinkInputType::kCubin
+                                                              : backend::LinkInputType::kPtx;
+        linked.name = source.program_name().empty() ? "kernel.cu" : source.program_name();
+        linked.data = span_of(owned.back());
+        break;
+      }
+      case v1::LinkInput::kData:
+        linked.type = *ToBackendInputType(input.data().type());
+        linked.name = input.data().name().empty() ? absl::StrCat("input", i) : input.data().name();
+        linked.data = span_of(input.data().data());
+        break;
+      case v1::LinkInput::kStandardLibrary: {
+        absl::StatusOr<std::string> library =
+            compiler::ReadStandardLibrary(input.standard_library(), include_dir);
+        if (!library.ok()) {
+          return absl::Status(
+              library.status().code(),
+              absl::StrFormat("LinkModule: input %d: %s", i, library.status().message()));
+        }
+        owned.push_back(*std::move(library));
+        linked.type = backend::LinkInputType::kLibrary;
+        linked.name = absl::StrCat("lib", input.standard_library(), ".a");
+        linked.data = span_of(owned.back());
+        break;
+      }
+      case v1::LinkInput::INPUT_NOT_SET:
+        break;  // refused above
+    }
+  }
+  absl::StatusOr<backend::LinkedModule> linked =
+      Check(context_->LinkModule(inputs, request.log_verbose()));
+  if (!linked.ok()) {
+    return absl::Status(linked.status().code(),
+                        absl::StrCat("LinkModule: ", linked.status().message()));
+  }
+  const uint64_t footprint = linked->module->device_memory_bytes();
+  GPURPC_ASSIGN_OR_RETURN(const uint64_t id, AddModule(std::move(linked->module)));
+  response.set_success(true);
+  response.set_log(std::move(linked->info_log));
+  response.set_module_id(id);
+  response.set_device_memory_bytes(footprint);
+  return response;
 }
 
 absl::Status Session::UnloadModule(uint64_t module_id) {

@@ -174,6 +174,14 @@ class Session {
   // device_memory_bytes: UINT64_MAX when unbounded), for LoadModuleResponse.
   absl::StatusOr<uint64_t> LoadModule(const std::string& image,
                                       uint64_t* device_memory_bytes = nullptr);
+  // Links the request's inputs into one loaded module (ModuleService.LinkModule: its
+  // contract, codes and bounds, common/limits.h). Sources compile as Compile compiles them
+  // (same compiler, cache and compile slots) with relocatable device code, for the device's
+  // virtual architecture unless their options name one; standard libraries are read from
+  // the toolkit (compiler/cuda_libraries.h); the backend links and loads. Every input is
+  // checked before anything is compiled or linked. A source that fails to compile is OK
+  // with success = false and nothing linked.
+  absl::StatusOr<v1::LinkModuleResponse> LinkModule(const v1::LinkModuleRequest& request);
   absl::Status UnloadModule(uint64_t module_id);
   // INVALID_ARGUMENT for a bad name (see the file comment) and for a kernel whose parameter
   // layout, as the driver reports it, cannot be packed (an empty parameter, parameters that
@@ -414,6 +422,10 @@ class Session {
   uint64_t NewIdLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // RESOURCE_EXHAUSTED naming the quota when `count` objects of a kind already reach
   // `limit` (0 = none).
+  // Registers a loaded module (LoadModule, LinkModule): RESOURCE_EXHAUSTED at the session's
+  // module bound, when the module is dropped (unloaded).
+  absl::StatusOr<uint64_t> AddModule(std::unique_ptr<backend::Module> module)
+      ABSL_LOCKS_EXCLUDED(mu_);
   absl::Status CheckCountLocked(const char* what, size_t count, uint32_t limit,
                                 const char* quota_name) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Compile's slot: RESOURCE_EXHAUSTED when the session's compiles at once are at their

@@ -19,17 +19,6 @@
 #include "grpcpp/grpcpp.h"
 
 namespace gpurpc {
-namespace internal {
-
-// Keeps a module loaded while a Module or any Function from it exists.
-struct ModuleHandle {
-  std::shared_ptr<SessionCore> core;
-  uint64_t id = 0;
-  ~ModuleHandle();
-};
-
-}  // namespace internal
-
 namespace {
 
 using internal::SessionCore;

@@ -194,6 +194,14 @@ class SessionCore {
   uint64_t sent_through_ = 0;
 };
 
+// Keeps a module loaded while a Module or any Function from it exists (Compile, LoadModule
+// and Session::Link make them; the destructor, in client.cc, unloads the module).
+struct ModuleHandle {
+  std::shared_ptr<SessionCore> core;
+  uint64_t id = 0;
+  ~ModuleHandle();
+};
+
 }  // namespace gpurpc::internal
 
 #endif  // GPURPC_CLIENT_CPP_SRC_SESSION_CORE_H_

@@ -178,6 +178,27 @@ class Module {
   virtual uint64_t device_memory_bytes() const = 0;
 };
 
+// An input of Context::LinkModule. The values are the driver's CUjitInputType.
+enum class LinkInputType : int {
+  kCubin = 0,      // a cubin, relocatable or not
+  kPtx = 1,        // PTX text
+  kFatbinary = 2,  // a fatbin
+  kObject = 3,     // a relocatable device object
+  kLibrary = 4,    // an ar archive of device objects (libcudadevrt.a)
+};
+struct LinkInput {
+  LinkInputType type = LinkInputType::kPtx;
+  // For the linker's messages; no NUL.
+  std::string name;
+  // Valid for the duration of the LinkModule call.
+  absl::Span<const uint8_t> data;
+};
+// What LinkModule made: the loaded module and the linker's info log.
+struct LinkedModule {
+  std::unique_ptr<Module> module;
+  std::string info_log;
+};
+
 // One context on one device. `stream == nullptr` everywhere means the context's default
 // stream (the legacy NULL stream).
 class Context {
@@ -229,6 +250,20 @@ class Context {
   // modules have only the kernels the image defines that it implements on the host.
   virtual absl::StatusOr<std::unique_ptr<Module>> LoadModule(
       absl::Span<const uint8_t> image) = 0;
+
+  // Links `inputs` (at least one; the caller has bounded their number and sizes) with the
+  // driver's JIT linker (cuLinkCreate, cuLinkAddData per input in order, cuLinkComplete)
+  // for this context's device, then loads the linked image as LoadModule does (its
+  // footprint, the same refusals). `log_verbose` asks for CU_JIT_LOG_VERBOSE. An input the
+  // linker rejects, or a link that fails (undefined or duplicate symbols, a type that does
+  // not match the bytes), is INVALID_ARGUMENT naming the input and with the linker's error
+  // log. The fake links without a driver: it checks each input as LoadModule checks an
+  // image of that type (a library must be an ar archive), refuses a kernel or global
+  // defined twice and an external function of a PTX input that no input defines (library
+  // archives' symbol tables count), and its module has the kernels and globals of every
+  // input. Answers UNIMPLEMENTED unless the backend overrides it.
+  virtual absl::StatusOr<LinkedModule> LinkModule(absl::Span<const LinkInput> inputs,
+                                                  bool log_verbose);
 
   // Enqueues a kernel. `packed_args` is laid out as function->params() describes (the
   // caller has checked it). Returns once enqueued. Dynamic shared memory above the
@@ -316,6 +351,9 @@ class Context {
                                               absl::Span<const uint8_t> packed_args);
 };
 
+inline absl::StatusOr<LinkedModule> Context::LinkModule(absl::Span<const LinkInput>, bool) {
+  return absl::UnimplementedError("this backend cannot link modules");
+}
 inline absl::Status Context::SetLimit(ContextLimit, uint64_t) {
   return absl::UnimplementedError("this backend cannot set context limits");
 }

@@ -143,6 +143,10 @@ class Compiler {
   // Thread-safe: any number of compiles may run at once.
   absl::StatusOr<CompileResult> Compile(const CompileRequest& request);
 
+  // The toolkit include folder compiles use (CompilerOptions::cuda_include_dir); standard
+  // libraries are looked up beside it (cuda_libraries.h).
+  const std::string& cuda_include_dir() const { return options_.cuda_include_dir; }
+
   // NVRTC's version as major * 1000 + minor * 10 (13.0 -> 13000).
   int nvrtc_version() const;
 

@@ -616,6 +616,33 @@ struct CompileResult {
   std::string LoweredName(const std::string& name_expression) const;
 };
 
+// What Session::Link links (ModuleService.LinkModule), in the order added. The adders return
+// *this; nothing is checked before Link.
+struct LinkOptions {
+  // CUDA C++, compiled on the daemon as Compile compiles it, plus relocatable device code.
+  LinkOptions& AddSource(const CompileOptions& source);
+  // PTX or binary bytes (v1::LINK_INPUT_TYPE_PTX, _CUBIN, _FATBINARY, _OBJECT, _LIBRARY);
+  // `name` appears in the linker's messages.
+  LinkOptions& AddData(v1::LinkInputType type, std::string data, std::string name = "");
+  // A standard library of the daemon's toolkit: "cudadevrt" (dynamic parallelism).
+  LinkOptions& AddStandardLibrary(std::string name);
+  // CU_JIT_LOG_VERBOSE.
+  bool log_verbose = false;
+  v1::LinkModuleRequest request;
+};
+
+// The result of a link: a source that fails to compile is not an error, it has success()
+// false and the sources' logs in response.sources().
+struct LinkResult {
+  v1::LinkModuleResponse response;
+  Module module;  // loaded when response.success()
+  bool success() const { return response.success(); }
+  // The linker's info log.
+  const std::string& log() const { return response.log(); }
+  // The lowered name of a name expression of any source, or "" if it was not requested.
+  std::string LoweredName(const std::string& name_expression) const;
+};
+
 // A session: one worker process holding one context on one device. Move-only; closed on
 // destruction. While the object exists its WatchSession stream keeps it alive and reports
 // faults (see "Liveness and faults").
@@ -628,6 +655,8 @@ class Session {
 
   uint64_t id() const;
   const v1::DeviceInfo& device() const;
+  // The daemon holding the session (its gRPC target); every call of the session goes there.
+  const std::string& daemon_target() const;
 
   // Memory.
   absl::StatusOr<Buffer> Allocate(uint64_t size_bytes) const;
@@ -655,8 +684,6 @@ class Session {
 
   // Same-host regions (HostRegion). Creates a memfd of `size_bytes`, seals and maps it,
   // registers it with the session and attaches it on the daemon's region socket
-  // The daemon holding the session (its gRPC target); every call of the session goes there.
-  const std::string& daemon_target() const;
   // ($GPURPC_REGION_SOCKET overrides the path the daemon names). FAILED_PRECONDITION when
   // the daemon serves no region socket; UNAVAILABLE when its region socket cannot be reached
   // (this client is not on the daemon's host); RESOURCE_EXHAUSTED past the session's or the
@@ -678,6 +705,11 @@ class Session {
   // Modules.
   absl::StatusOr<CompileResult> Compile(const CompileOptions& options) const;
   absl::StatusOr<Module> LoadModule(const std::string& image) const;
+  // Links sources, data and standard libraries into one loaded module (LinkModule in
+  // module_service.proto: codes and bounds). Link errors (undefined or duplicate symbols)
+  // are INVALID_ARGUMENT with the linker's log; a missing standard library is
+  // FAILED_PRECONDITION. Implemented in linker.cc.
+  absl::StatusOr<LinkResult> Link(const LinkOptions& options) const;
 
   // Streams and events.
   absl::StatusOr<Stream> CreateStream(bool non_blocking = false) const;

@@ -19,6 +19,9 @@ __all__ = [
     "limit",
     "capture_mode",
     "capture_status",
+    "jit_option",
+    "jit_input_type",
+    "jit_fallback",
 ]
 
 
@@ -268,3 +271,41 @@ class capture_status(enum.IntEnum):  # noqa: N801
     NONE = 0
     ACTIVE = 1
     INVALIDATED = 2
+
+
+class jit_option(enum.IntEnum):  # noqa: N801
+    """``CUjit_option`` (PyCUDA's ``jit_option``). Accepted by :class:`Linker` and
+    :func:`module_from_buffer` and ignored: the daemon picks the JIT options."""
+
+    MAX_REGISTERS = 0
+    THREADS_PER_BLOCK = 1
+    WALL_TIME = 2
+    INFO_LOG_BUFFER = 3
+    INFO_LOG_BUFFER_SIZE_BYTES = 4
+    ERROR_LOG_BUFFER = 5
+    ERROR_LOG_BUFFER_SIZE_BYTES = 6
+    OPTIMIZATION_LEVEL = 7
+    TARGET_FROM_CUCONTEXT = 8
+    TARGET = 9
+    FALLBACK_STRATEGY = 10
+    GENERATE_DEBUG_INFO = 11
+    LOG_VERBOSE = 12
+    GENERATE_LINE_INFO = 13
+    CACHE_MODE = 14
+
+
+class jit_input_type(enum.IntEnum):  # noqa: N801
+    """``CUjitInputType`` (PyCUDA's ``jit_input_type``): what :meth:`Linker.add_data` gets."""
+
+    CUBIN = 0
+    PTX = 1
+    FATBINARY = 2
+    OBJECT = 3
+    LIBRARY = 4
+
+
+class jit_fallback(enum.IntEnum):  # noqa: N801
+    """``CUjit_fallback`` (PyCUDA's ``jit_fallback``)."""
+
+    PREFER_PTX = 0
+    PREFER_BINARY = 1

@@ -14,6 +14,12 @@ Differences from PyCUDA (which runs nvcc locally):
   prints its name, like PyCUDA's ``*** compiler output in ...``.
 * A failed compile raises :class:`CompileError` whose ``str()`` has PyCUDA's layout, with
   the NVRTC options as ``command_line`` and the NVRTC log as ``stderr``.
+* ``DynamicModule`` / ``DynamicSourceModule`` link on the daemon (``ModuleService.LinkModule``,
+  the driver's ``cuLink*`` there): ``add_source`` sends the source, which the daemon compiles
+  with relocatable device code (``-rdc=true``) through the same NVRTC, cache and checks as
+  ``SourceModule``; ``add_stdlib("cudadevrt")`` names the device runtime of the daemon's
+  toolkit (``cuda_libdir`` is ignored: the library is found on the daemon's machine).
+  Nothing is sent before ``link()``; compile and link errors surface there.
 """
 from __future__ import annotations
 
@@ -27,7 +33,8 @@ from . import driver as _drv
 from ._errors import CompileError, LogicError
 from .v1 import module_service_pb2 as _mod
 
-__all__ = ["SourceModule", "compile", "DEFAULT_NVCC_FLAGS", "CompileError", "collect_headers"]
+__all__ = ["SourceModule", "DynamicModule", "DynamicSourceModule", "compile",
+           "DEFAULT_NVCC_FLAGS", "CompileError", "collect_headers"]
 
 #: Options used when ``options=None`` (from ``$GPURPC_DEFAULT_NVCC_FLAGS``, else
 #: ``$PYCUDA_DEFAULT_NVCC_FLAGS``, split like a shell would).
@@ -210,9 +217,128 @@ class SourceModule:
         return self.module.get_surfref(name)
 
 
+class DynamicModule:
+    """PyCUDA's ``DynamicModule``: sources, PTX/binary data and standard libraries linked into
+    one module (JIT linking; with ``cudadevrt``, dynamic parallelism).
+
+    ``add_source``/``add_data``/``add_file``/``add_stdlib`` return ``self`` and only collect;
+    :meth:`link` sends everything in one call, after which ``get_function``/``get_global``
+    work as on :class:`SourceModule`. ``nvcc``, ``link_options``, ``cache_dir`` and
+    ``cuda_libdir`` are accepted and ignored; ``keep`` is ignored too. ``message_handler`` and
+    ``log_verbose`` are :class:`gpurpc.driver.Linker`'s.
+
+    :raises CompileError: from :meth:`link`, when a source does not compile.
+    :raises LogicError: from :meth:`link`, for a failed link (undefined or duplicate
+        symbols: the message has the linker's log), an unknown standard library, or one the
+        daemon's machine does not have.
+    """
+
+    def __init__(self, nvcc: str = "nvcc", link_options: Optional[Sequence] = None,
+                 keep: bool = False, no_extern_c: bool = False, arch: Optional[str] = None,
+                 code: Optional[str] = None, cache_dir: Any = None,
+                 include_dirs: Sequence[str] = (),
+                 message_handler: Optional[Any] = None, log_verbose: bool = False,
+                 cuda_libdir: Optional[str] = None) -> None:
+        self._linker: Optional[_drv.Linker] = _drv.Linker(message_handler, link_options,
+                                                          log_verbose)
+        self._no_extern_c = no_extern_c
+        self._arch = arch
+        self._code = code
+        self._include_dirs = list(include_dirs or ())
+        self.module: Optional[_drv.Module] = None
+        #: The linker's info log, after :meth:`link`.
+        self.link_log = ""
+        #: Per source, after :meth:`link`: whether the daemon's compile cache answered.
+        self.cache_hits: List[bool] = []
+        #: Per source, after :meth:`link`: the NVRTC options used.
+        self.effective_options: List[List[str]] = []
+
+    def _open_linker(self) -> _drv.Linker:
+        if self._linker is None:
+            raise LogicError("DynamicModule: link() was already called; make a new module")
+        return self._linker
+
+    def add_source(self, source: str, nvcc_options: Optional[Sequence[str]] = None,
+                   name: str = "kernel.cu") -> "DynamicModule":
+        """Adds CUDA source, compiled on the daemon with ``-rdc=true`` when linked."""
+        linker = self._open_linker()
+        request = _compile_request(source, nvcc_options, self._no_extern_c, self._arch,
+                                   self._code, self._include_dirs, False)
+        linker._add_input(_mod.LinkInput(source=_mod.LinkSource(
+            source=request.source, program_name=name, options=list(request.options),
+            headers=list(request.headers))))
+        return self
+
+    def add_data(self, data: Any, input_type: Any, name: str = "unknown") -> "DynamicModule":
+        """Adds PTX or binary bytes of a :class:`gpurpc.driver.jit_input_type`."""
+        self._open_linker().add_data(data, input_type, name)
+        return self
+
+    def add_file(self, filename: str, input_type: Any) -> "DynamicModule":
+        """Reads a file here and adds it (see :meth:`add_data`)."""
+        self._open_linker().add_file(filename, input_type)
+        return self
+
+    def add_stdlib(self, libname: str) -> "DynamicModule":
+        """Adds a standard library of the daemon's CUDA toolkit by name: ``"cudadevrt"``."""
+        self._open_linker()._add_input(_mod.LinkInput(standard_library=str(libname)))
+        return self
+
+    def link(self) -> "DynamicModule":
+        """Links everything added on the daemon and loads the result."""
+        linker = self._open_linker()
+        reply = linker._link()
+        self._linker = None
+        self.module = _drv.Module(linker._core, reply.module_id)
+        self.link_log = reply.log
+        self.cache_hits = [source.cache_hit for source in reply.sources]
+        self.effective_options = [list(source.effective_options) for source in reply.sources]
+        return self
+
+    def _linked(self) -> _drv.Module:
+        if self.module is None:
+            raise LogicError("DynamicModule: call link() before looking up kernels or globals")
+        return self.module
+
+    def get_function(self, name: str) -> _drv.Function:
+        """The kernel ``name`` of the linked module."""
+        return self._linked().get_function(name)
+
+    def get_global(self, name: str) -> Tuple[int, int]:
+        """``(device_address, size_bytes)`` of a global of the linked module."""
+        return self._linked().get_global(name)
+
+    def get_texref(self, name: str) -> Any:
+        """Not available: raises LogicError."""
+        return self._linked().get_texref(name)
+
+    def get_surfref(self, name: str) -> Any:
+        """Not available: raises LogicError."""
+        return self._linked().get_surfref(name)
+
+
+class DynamicSourceModule(DynamicModule):
+    """PyCUDA's ``DynamicSourceModule``: a :class:`SourceModule` compiled with ``-rdc=true`` and
+    linked with ``cudadevrt``, so that its kernels may launch kernels (dynamic parallelism)."""
+
+    def __init__(self, source: str, nvcc: str = "nvcc", options: Optional[Sequence[str]] = None,
+                 keep: bool = False, no_extern_c: bool = False, arch: Optional[str] = None,
+                 code: Optional[str] = None, cache_dir: Any = None,
+                 include_dirs: Sequence[str] = (), cuda_libdir: Optional[str] = None) -> None:
+        super().__init__(nvcc=nvcc, link_options=None, keep=keep, no_extern_c=no_extern_c,
+                         arch=arch, code=code, cache_dir=cache_dir, include_dirs=include_dirs,
+                         cuda_libdir=cuda_libdir)
+        if options is None:
+            options = DEFAULT_NVCC_FLAGS
+        if isinstance(options, str):
+            options = shlex.split(options)
+        options = list(options)
+        if not any(o.startswith(("-rdc", "--relocatable-device-code")) for o in options):
+            options.append("-rdc=true")
+        self.add_source(source, nvcc_options=options)
+        self.add_stdlib("cudadevrt")
+        self.link()
+
+
 def __getattr__(name: str) -> Any:
-    if name in ("DynamicModule", "DynamicSourceModule"):
-        raise AttributeError(
-            f"gpurpc.compiler.{name} is not available: JIT linking with cudadevrt (dynamic "
-            "parallelism) is not served by gpurpcd yet; SourceModule compiles whole programs")
     raise AttributeError(f"module 'gpurpc.compiler' has no attribute {name!r}")

@@ -59,9 +59,11 @@ What differs from PyCUDA, and why:
   daemon is stopped or gone.
 * Pitched memory (``mem_alloc_pitch``, ``Memcpy2D``/``Memcpy3D`` of linear memory,
   ``memset_d2d*``) is built from linear copies and memsets; see ``gpurpc._driver_extras``.
+* :class:`Linker` gathers its inputs here and links them on the daemon in one
+  ``ModuleService.LinkModule`` call (the driver's ``cuLink*`` there) when ``link_module`` is
+  called; link errors surface then.
 * Not available: texture/surface references, CUDA arrays, managed and
-  mapped memory, IPC handles, peer copies, ``register_host_memory``, ``Linker``/
-  ``DynamicModule``. Asking for one raises :class:`AttributeError` saying why (so ``hasattr``
+  mapped memory, IPC handles, peer copies, ``register_host_memory``. Asking for one raises :class:`AttributeError` saying why (so ``hasattr``
   checks keep working).
 """
 from __future__ import annotations
@@ -109,6 +111,9 @@ from ._enums import (
     func_cache,
     function_attribute,
     host_alloc_flags,
+    jit_fallback,
+    jit_input_type,
+    jit_option,
     limit,
     shared_config,
     stream_flags,
@@ -138,7 +143,7 @@ __all__ = [
     # enums
     "device_attribute", "function_attribute", "ctx_flags", "event_flags", "stream_flags",
     "host_alloc_flags", "func_cache", "shared_config", "limit", "capture_mode", "capture_status",
-    "pointer_attribute", "memory_type",
+    "pointer_attribute", "memory_type", "jit_option", "jit_input_type", "jit_fallback",
     # init / devices / contexts
     "init", "get_version", "get_driver_version", "Device", "Context",
     # memory
@@ -154,6 +159,7 @@ __all__ = [
     "aligned_empty", "aligned_zeros", "aligned_empty_like", "aligned_zeros_like",
     # execution
     "Stream", "Event", "Module", "Function", "module_from_buffer", "module_from_file",
+    "Linker",
     "ArgumentHandler", "In", "Out", "InOut",
     # CUDA graphs
     "Graph", "GraphExec", "GraphNode",
@@ -2319,6 +2325,87 @@ def _noop() -> None:
     pass
 
 
+_LINK_INPUT_TYPES = {
+    jit_input_type.CUBIN: _mod.LINK_INPUT_TYPE_CUBIN,
+    jit_input_type.PTX: _mod.LINK_INPUT_TYPE_PTX,
+    jit_input_type.FATBINARY: _mod.LINK_INPUT_TYPE_FATBINARY,
+    jit_input_type.OBJECT: _mod.LINK_INPUT_TYPE_OBJECT,
+    jit_input_type.LIBRARY: _mod.LINK_INPUT_TYPE_LIBRARY,
+}
+
+
+class Linker:
+    """PyCUDA's ``Linker(message_handler=None, options=None, log_verbose=False)``.
+
+    ``add_data``/``add_file`` collect inputs here; :meth:`link_module` sends them all in one
+    ``ModuleService.LinkModule`` call, where the daemon links them with the driver's JIT
+    linker (``cuLinkCreate``/``cuLinkAddData``/``cuLinkComplete``) and loads the result.
+    JIT ``options`` are accepted and ignored. ``message_handler(success, info_log,
+    error_log)`` is called once the link is done, as PyCUDA's is. ``info_log`` and
+    ``error_log`` hold the linker's logs afterwards.
+    """
+
+    def __init__(self, message_handler: Optional[Callable[[bool, str, str], None]] = None,
+                 options: Optional[Sequence] = None, log_verbose: bool = False) -> None:
+        self._core = _current_core("Linker")
+        self._message_handler = message_handler
+        self._log_verbose = bool(log_verbose)
+        self._inputs: List[Any] = []
+        self.info_log = ""
+        self.error_log = ""
+
+    def add_data(self, data: Any, input_type: Union[jit_input_type, int],
+                 name: str = "unknown") -> None:
+        """Adds PTX (``str`` or bytes) or binary bytes of the given :class:`jit_input_type`."""
+        try:
+            wire_type = _LINK_INPUT_TYPES[jit_input_type(int(input_type))]
+        except (ValueError, TypeError):
+            raise LogicError(f"Linker.add_data: {input_type!r} is not a jit_input_type "
+                             "(CUBIN, PTX, FATBINARY, OBJECT or LIBRARY)") from None
+        raw = data.encode() if isinstance(data, str) else bytes(data)
+        self._inputs.append(_mod.LinkInput(data=_mod.LinkData(type=wire_type, data=raw,
+                                                              name=str(name))))
+
+    def add_file(self, filename: str, input_type: Union[jit_input_type, int]) -> None:
+        """Reads ``filename`` here and adds its bytes (named by the file's base name)."""
+        with open(filename, "rb") as f:
+            self.add_data(f.read(), input_type, os.path.basename(filename))
+
+    def _add_input(self, link_input: Any) -> None:
+        self._inputs.append(link_input)
+
+    def _link(self) -> Any:
+        request = _mod.LinkModuleRequest(inputs=self._inputs, log_verbose=self._log_verbose)
+        try:
+            reply = self._core.call("ModuleService.LinkModule", request, op="cuLinkComplete")
+        except Error as e:
+            self.error_log = e.details
+            if self._message_handler is not None:
+                self._message_handler(False, "", self.error_log)
+            raise
+        if not reply.success:
+            failed = reply.sources[-1]
+            name = request.inputs[failed.input_index].source.program_name or "kernel.cu"
+            self.error_log = failed.log
+            if self._message_handler is not None:
+                self._message_handler(False, "", self.error_log)
+            raise CompileError(f"NVRTC compilation of {name} failed",
+                               command_line=list(failed.effective_options), stdout="",
+                               stderr=failed.log)
+        self.info_log = reply.log
+        if self._message_handler is not None:
+            self._message_handler(True, self.info_log, "")
+        return reply
+
+    def link_module(self) -> "Module":
+        """Links everything added and loads the result (``cuLinkComplete`` + load).
+
+        :raises LogicError: an input the linker refused or a failed link (undefined or
+            duplicate symbols; the message has the linker's error log).
+        """
+        return Module(self._core, self._link().module_id)
+
+
 # PyCUDA names that a remote session cannot honour (yet), with the reason: asking for one
 # says so instead of a bare "no attribute". (AttributeError still, so hasattr() feature checks
 # keep working.)
@@ -2348,9 +2435,6 @@ _NOT_AVAILABLE = {
         ["register_host_memory", "RegisteredHostMemory", "mem_host_register_flags"],
         "host memory of this process cannot be pinned by the daemon; use pagelocked_empty/"
         "pagelocked_zeros, which are backed by same-host shared regions"),
-    **dict.fromkeys(
-        ["Linker", "jit_input_type", "link_libraries"],
-        "JIT linking is not served by gpurpcd yet (SourceModule compiles whole programs)"),
 }
 
 

@@ -32,6 +32,7 @@
 #include "absl/base/optimization.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
 #include "absl/types/span.h"
 #include "common/status_macros.h"
@@ -956,6 +957,88 @@ class CudaContext final : public Context {
     }
     if (!info_log.empty()) spdlog::debug("cuModuleLoadDataEx info log: {}", info_log);
     return std::unique_ptr<Module>(std::make_unique<CudaModule>(core_, module, device_memory_bytes));
+  }
+
+  absl::StatusOr<LinkedModule> LinkModule(absl::Span<const LinkInput> inputs,
+                                          bool log_verbose) override {
+    if (inputs.empty()) return absl::InvalidArgumentError("cuLinkAddData: nothing to link");
+    GPURPC_RETURN_IF_ERROR(core_->MakeCurrent());
+    std::string error_log(kJitLogBytes, '\0');
+    std::string info_log(kJitLogBytes, '\0');
+    // The linker targets the current context's device. The log buffers stay valid until
+    // cuLinkDestroy, which also frees the linked image.
+    CUjit_option options[] = {
+        CU_JIT_ERROR_LOG_BUFFER, CU_JIT_ERROR_LOG_BUFFER_SIZE_BYTES,
+        CU_JIT_INFO_LOG_BUFFER,  CU_JIT_INFO_LOG_BUFFER_SIZE_BYTES,
+        CU_JIT_LOG_VERBOSE,
+    };
+    void* values[] = {
+        error_log.data(),
+        reinterpret_cast<void*>(static_cast<uintptr_t>(kJitLogBytes - 1)),
+        info_log.data(),
+        reinterpret_cast<void*>(static_cast<uintptr_t>(kJitLogBytes - 1)),
+        reinterpret_cast<void*>(static_cast<uintptr_t>(log_verbose ? 1 : 0)),
+    };
+    static_assert(sizeof(options) / sizeof(options[0]) == sizeof(values) / sizeof(values[0]));
+    CUlinkState state = nullptr;
+    CUresult result =
+        api_.cuLinkCreate(sizeof(options) / sizeof(options[0]), options, values, &state);
+    if (result != CUDA_SUCCESS) return core_->Error(result, "cuLinkCreate", "");
+    struct Destroy {
+      const DriverApi& api;
+      std::shared_ptr<ContextCore> core;
+      CUlinkState state;
+      ~Destroy() {
+        core->CleanUp("cuLinkDestroy", [&] { return api.cuLinkDestroy(state); });
+      }
+    } destroy{api_, core_, state};
+    const auto logs = [&] {
+      error_log.resize(std::strlen(error_log.c_str()));
+      return error_log.empty() ? std::string() : absl::StrCat("; linker error log: ", error_log);
+    };
+    // An image the linker refuses, or a failed link, is what the caller sent (backend.h).
+    const auto refused = [&](CUresult failed, const char* call, const std::string& detail) {
+      absl::Status status = core_->Error(failed, call, absl::StrCat(detail, logs()));
+      switch (status.code()) {
+        case absl::StatusCode::kResourceExhausted:
+        case absl::StatusCode::kAborted:
+        case absl::StatusCode::kDataLoss:
+        case absl::StatusCode::kUnavailable:
+          return status;
+        default:
+          return absl::InvalidArgumentError(status.message());
+      }
+    };
+    for (size_t i = 0; i < inputs.size(); ++i) {
+      const LinkInput& input = inputs[i];
+      std::vector<uint8_t> text;  // PTX must be NUL-terminated for the driver
+      void* data = const_cast<uint8_t*>(input.data.data());
+      size_t size = input.data.size();
+      if (input.type == LinkInputType::kPtx && (size == 0 || input.data[size - 1] != 0)) {
+        text.assign(input.data.begin(), input.data.end());
+        text.push_back(0);
+        data = text.data();
+        size = text.size();
+      }
+      result = api_.cuLinkAddData(state, static_cast<CUjitInputType>(input.type), data, size,
+                                  input.name.c_str(), 0, nullptr, nullptr);
+      if (result != CUDA_SUCCESS) {
+        return refused(result, "cuLinkAddData",
+                       absl::StrCat("input ", i, " '", absl::CHexEscape(input.name), "' (",
+                                    input.data.size(), " bytes) rejected"));
+      }
+    }
+    void* linked = nullptr;
+    size_t linked_bytes = 0;
+    result = api_.cuLinkComplete(state, &linked, &linked_bytes);
+    if (result != CUDA_SUCCESS) return refused(result, "cuLinkComplete", "link failed");
+    info_log.resize(std::strlen(info_log.c_str()));
+    LinkedModule out;
+    // The image is the linker's until cuLinkDestroy: LoadModule reads it before that.
+    GPURPC_ASSIGN_OR_RETURN(out.module, LoadModule(absl::Span<const uint8_t>(
+                                            static_cast<const uint8_t*>(linked), linked_bytes)));
+    out.info_log = std::move(info_log);
+    return out;
   }
 
   absl::Status Launch(Function* function, const LaunchConfig& config,

@@ -66,6 +66,10 @@ inline constexpr int kCudaApiVersion = 13000;
   X(cuMemsetD32Async, 3020)             \
   X(cuModuleLoadDataEx, 2010)           \
   X(cuModuleUnload, 2000)               \
+  X(cuLinkCreate, 6050)                 \
+  X(cuLinkAddData, 6050)                \
+  X(cuLinkComplete, 5050)               \
+  X(cuLinkDestroy, 5050)                \
   X(cuModuleGetFunction, 2000)          \
   X(cuModuleGetGlobal, 3020)            \
   X(cuFuncLoad, 12040)                  \

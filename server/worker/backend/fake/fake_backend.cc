@@ -11,6 +11,10 @@
 //   only when the image defines it (a PTX `.entry`, a cubin function symbol) AND it is one of
 //   the built-ins, declared in PTX with the built-in's parameter layout. Globals are read
 //   from PTX only.
+// - Linking (LinkModule): each input is checked as LoadModule checks an image of its type
+//   (a library as an ar archive), a symbol defined twice or a PTX external function that no
+//   input defines (unless a library is linked) fails the link as cuLinkComplete does, and the
+//   module has the kernels and globals of every input.
 // - Asynchronous streams: every stream, the legacy default stream included, has a thread that
 //   runs its work in order. Upload, Memset, CopyDeviceToDevice, Launch, RecordEvent and
 //   StreamWaitEvent check their arguments, enqueue and return; Download waits for the work
@@ -63,6 +67,7 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
@@ -1705,6 +1710,120 @@ class FakeContext final : public Context {
       GPURPC_RETURN_IF_ERROR(module->AddGlobal(global));
     }
     return module;
+  }
+
+  // Links as backend.h describes: each input checked as its type says, then the union.
+  absl::StatusOr<LinkedModule> LinkModule(absl::Span<const LinkInput> inputs,
+                                          bool log_verbose) override {
+    constexpr absl::string_view kAddCall = "cuLinkAddData";
+    constexpr absl::string_view kCompleteCall = "cuLinkComplete";
+    constexpr absl::string_view kInvalid =
+        "CUDA_ERROR_INVALID_IMAGE (device kernel image is invalid)";
+    GPURPC_RETURN_IF_ERROR(state_->CheckHealthy(kAddCall));
+    if (inputs.empty()) {
+      return absl::InvalidArgumentError(absl::StrCat(kCompleteCall, ": nothing to link"));
+    }
+    std::vector<fake::DeclaredKernel> kernels;
+    std::vector<PtxGlobal> globals;
+    uint64_t footprint = 0;
+    std::map<std::string, std::string> defined;                  // symbol -> the input defining it
+    std::vector<std::pair<std::string, std::string>> externals;  // (symbol, input)
+    bool has_library = false;
+    std::string info_log;
+    const auto link_failed = [&](absl::string_view error) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          kCompleteCall, ": ", kInvalid, ": link failed; linker error log: error   : ", error));
+    };
+    for (size_t i = 0; i < inputs.size(); ++i) {
+      const LinkInput& input = inputs[i];
+      const std::string name = absl::CHexEscape(input.name);
+      const std::string what = absl::StrCat("input ", i, " '", name, "'");
+      if (input.data.empty()) {
+        return absl::InvalidArgumentError(absl::StrCat(kAddCall, ": ", what, " is empty"));
+      }
+      if (input.type == LinkInputType::kLibrary) {
+        if (absl::Status archive = fake::CheckArchive(input.data); !archive.ok()) {
+          return absl::InvalidArgumentError(absl::StrCat(kAddCall, ": ", kInvalid, ": ", what,
+                                                         " (library): ", archive.message()));
+        }
+        has_library = true;
+        if (log_verbose) absl::StrAppend(&info_log, "info    : library ", what, " added\n");
+        continue;
+      }
+      ImageFormat expected = ImageFormat::kPtx;
+      const char* type_name = "PTX";
+      switch (input.type) {
+        case LinkInputType::kPtx:
+          break;
+        case LinkInputType::kCubin:
+          expected = ImageFormat::kCubin;
+          type_name = "cubin";
+          break;
+        case LinkInputType::kObject:
+          expected = ImageFormat::kCubin;
+          type_name = "object";
+          break;
+        case LinkInputType::kFatbinary:
+          expected = ImageFormat::kFatbin;
+          type_name = "fatbin";
+          break;
+        default:
+          return absl::InvalidArgumentError(
+              absl::StrCat(kAddCall, ": CUDA_ERROR_INVALID_VALUE: ", what,
+                           " has unknown input type ", static_cast<int>(input.type)));
+      }
+      const ImageFormat format = DetectImageFormat(input.data);
+      if (format != expected) {
+        return absl::InvalidArgumentError(absl::StrCat(kAddCall, ": ", kInvalid, ": ", what,
+                                                       " is given as ", type_name, " but holds ",
+                                                       ImageFormatName(format)));
+      }
+      absl::StatusOr<fake::FakeModuleImage> read = fake::ReadFakeModuleImage(input.data, kAddCall);
+      if (!read.ok()) {
+        return absl::Status(read.status().code(),
+                            absl::StrCat(what, ": ", read.status().message()));
+      }
+      footprint = footprint > UINT64_MAX - read->device_memory_bytes
+                      ? UINT64_MAX
+                      : footprint + read->device_memory_bytes;
+      std::vector<std::string> symbols = read->defined_functions;
+      if (format != ImageFormat::kPtx) {
+        for (const fake::DeclaredKernel& kernel : read->kernels) symbols.push_back(kernel.name);
+      }
+      for (const PtxGlobal& global : read->globals) symbols.push_back(global.name);
+      for (const std::string& symbol : symbols) {
+        auto [it, inserted] = defined.emplace(symbol, name);
+        if (!inserted) {
+          return link_failed(absl::StrCat("Multiple definition of '", symbol, "' in '", name,
+                                          "', first defined in '", it->second, "'"));
+        }
+      }
+      for (std::string& symbol : read->external_functions) {
+        externals.emplace_back(std::move(symbol), name);
+      }
+      for (fake::DeclaredKernel& kernel : read->kernels) kernels.push_back(std::move(kernel));
+      for (PtxGlobal& global : read->globals) globals.push_back(std::move(global));
+      if (log_verbose) {
+        absl::StrAppend(&info_log, "info    : ", type_name, " ", what, " added, ",
+                        read->kernels.size(), " kernel(s)\n");
+      }
+    }
+    // Library archives' device code is not readable here (libcudadevrt.a's is compressed):
+    // any library input is taken to define what the other inputs lack.
+    if (!has_library) {
+      for (const auto& [symbol, input] : externals) {
+        if (defined.count(symbol) == 0) {
+          return link_failed(
+              absl::StrCat("Undefined reference to '", symbol, "' in '", input, "'"));
+        }
+      }
+    }
+    auto module = std::make_unique<FakeModule>(state_, std::move(kernels), footprint);
+    for (const PtxGlobal& global : globals) GPURPC_RETURN_IF_ERROR(module->AddGlobal(global));
+    LinkedModule linked;
+    linked.module = std::move(module);
+    linked.info_log = std::move(info_log);
+    return linked;
   }
 
   absl::Status Launch(Function* function, const LaunchConfig& config,

@@ -513,7 +513,10 @@ class PtxChecker {
       }
       GPURPC_RETURN_IF_ERROR(Next(&token));
     }
-    if (token.Is(";")) return absl::OkStatus();  // a declaration: defines nothing
+    if (token.Is(";")) {  // a declaration: defines nothing
+      declared_.insert(name);
+      return absl::OkStatus();
+    }
     if (!token.Is("{")) {
       return Error(token.line, absl::StrCat(Describe(token), " after the header of ", owner,
                                             ": expected its body ('{') or ';'"));
@@ -611,7 +614,19 @@ class PtxChecker {
   Token pushed_back_;
   bool has_pushed_back_ = false;
   std::set<std::string> defined_;
+  std::set<std::string> declared_;
   std::vector<DeclaredKernel> kernels_;
+
+ public:
+  // After Run: kernels and functions with a body, and functions only declared here.
+  const std::set<std::string>& defined() const { return defined_; }
+  std::vector<std::string> External() const {
+    std::vector<std::string> external;
+    for (const std::string& name : declared_) {
+      if (defined_.count(name) == 0) external.push_back(name);
+    }
+    return external;
+  }
 };
 
 // PTX bytes as the driver reads them: text up to a NUL, here required to be at the end.
@@ -630,7 +645,13 @@ absl::StatusOr<absl::string_view> PtxTextOf(absl::Span<const uint8_t> image) {
 
 absl::Status ReadPtx(absl::Span<const uint8_t> image, FakeModuleImage* out) {
   GPURPC_ASSIGN_OR_RETURN(const absl::string_view text, PtxTextOf(image));
-  GPURPC_ASSIGN_OR_RETURN(out->kernels, CheckPtxText(text));
+  if (text.find('\0') != absl::string_view::npos) {
+    return absl::InvalidArgumentError("the PTX text holds a NUL byte");
+  }
+  PtxChecker checker(text);
+  GPURPC_ASSIGN_OR_RETURN(out->kernels, checker.Run());
+  out->defined_functions.assign(checker.defined().begin(), checker.defined().end());
+  out->external_functions = checker.External();
   out->globals = ParsePtxGlobals(text);
   return absl::OkStatus();
 }
@@ -819,6 +840,43 @@ absl::StatusOr<FakeModuleImage> ReadFakeModuleImage(absl::Span<const uint8_t> im
       break;
   }
   return out;
+}
+
+absl::Status CheckArchive(absl::Span<const uint8_t> archive) {
+  constexpr absl::string_view kMagic = "!<arch>\n";
+  constexpr uint64_t kHeaderBytes = 60;
+  const absl::string_view bytes(reinterpret_cast<const char*>(archive.data()), archive.size());
+  if (!absl::StartsWith(bytes, kMagic)) {
+    return absl::InvalidArgumentError("not an ar archive (no \"!<arch>\" magic)");
+  }
+  uint64_t offset = kMagic.size();
+  int members = 0;
+  while (offset < archive.size()) {
+    if (archive.size() - offset < kHeaderBytes) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("member ", members, "'s header at byte ", offset, " is cut short"));
+    }
+    const absl::string_view header = bytes.substr(offset, kHeaderBytes);
+    if (header.substr(58, 2) != "`\n") {
+      return absl::InvalidArgumentError(
+          absl::StrCat("member ", members, "'s header at byte ", offset, " is malformed"));
+    }
+    const absl::string_view size_field = absl::StripAsciiWhitespace(header.substr(48, 10));
+    const std::optional<uint64_t> size = ParseInteger(size_field);
+    if (!size || !IsDigits(size_field)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("member ", members, " at byte ", offset, " has no valid size"));
+    }
+    offset += kHeaderBytes;
+    if (*size > archive.size() - offset) {
+      return absl::InvalidArgumentError(absl::StrCat("member ", members, " at byte ", offset,
+                                                     " runs past the end of the archive"));
+    }
+    offset += *size + (*size % 2);  // members are 2-byte aligned
+    ++members;
+  }
+  if (members == 0) return absl::InvalidArgumentError("the archive has no members");
+  return absl::OkStatus();
 }
 
 }  // namespace gpurpc::backend::fake

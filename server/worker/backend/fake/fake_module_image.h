@@ -51,6 +51,10 @@ struct FakeModuleImage {
   std::vector<DeclaredKernel> kernels;
   // Module-scope globals of that PTX (ParsePtxGlobals); none for a cubin.
   std::vector<PtxGlobal> globals;
+  // PTX only: the kernels and functions it defines (with a body), and the functions it only
+  // declares (`.extern .func f(...);`), which a link must find in another input.
+  std::vector<std::string> defined_functions;
+  std::vector<std::string> external_functions;
   // ModuleFootprintBytes of the whole image.
   uint64_t device_memory_bytes = 0;
 };
@@ -62,6 +66,12 @@ absl::StatusOr<FakeModuleImage> ReadFakeModuleImage(absl::Span<const uint8_t> im
 // The PTX checks alone, on text without NULs: the kernels `ptx` defines, or
 // INVALID_ARGUMENT with "line N: what is wrong".
 absl::StatusOr<std::vector<DeclaredKernel>> CheckPtxText(absl::string_view ptx);
+
+// The structure of an ar archive (a LinkInputType::kLibrary input): the "!<arch>\n"
+// magic, then at least one member whose 60-byte header is well formed and whose data lies
+// within the archive. INVALID_ARGUMENT saying what is wrong otherwise. The members are not
+// read (libcudadevrt.a holds compressed fatbins the fake cannot look into).
+absl::Status CheckArchive(absl::Span<const uint8_t> archive);
 
 }  // namespace gpurpc::backend::fake
 

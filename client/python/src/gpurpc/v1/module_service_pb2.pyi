@@ -6,6 +6,15 @@ from typing import ClassVar as _ClassVar, Iterable as _Iterable, Mapping as _Map
 
 DESCRIPTOR: _descriptor.FileDescriptor
 
+class LinkInputType(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    LINK_INPUT_TYPE_UNSPECIFIED: _ClassVar[LinkInputType]
+    LINK_INPUT_TYPE_CUBIN: _ClassVar[LinkInputType]
+    LINK_INPUT_TYPE_PTX: _ClassVar[LinkInputType]
+    LINK_INPUT_TYPE_FATBINARY: _ClassVar[LinkInputType]
+    LINK_INPUT_TYPE_OBJECT: _ClassVar[LinkInputType]
+    LINK_INPUT_TYPE_LIBRARY: _ClassVar[LinkInputType]
+
 class ContextLimit(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
     LIMIT_STACK_SIZE: _ClassVar[ContextLimit]
@@ -41,6 +50,12 @@ class FunctionAttribute(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     FUNCTION_ATTRIBUTE_CACHE_MODE_CA: _ClassVar[FunctionAttribute]
     FUNCTION_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES: _ClassVar[FunctionAttribute]
     FUNCTION_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT: _ClassVar[FunctionAttribute]
+LINK_INPUT_TYPE_UNSPECIFIED: LinkInputType
+LINK_INPUT_TYPE_CUBIN: LinkInputType
+LINK_INPUT_TYPE_PTX: LinkInputType
+LINK_INPUT_TYPE_FATBINARY: LinkInputType
+LINK_INPUT_TYPE_OBJECT: LinkInputType
+LINK_INPUT_TYPE_LIBRARY: LinkInputType
 LIMIT_STACK_SIZE: ContextLimit
 LIMIT_PRINTF_FIFO_SIZE: ContextLimit
 LIMIT_MALLOC_HEAP_SIZE: ContextLimit
@@ -135,6 +150,80 @@ class LoadModuleResponse(_message.Message):
     module_id: int
     device_memory_bytes: int
     def __init__(self, module_id: _Optional[int] = ..., device_memory_bytes: _Optional[int] = ...) -> None: ...
+
+class LinkSource(_message.Message):
+    __slots__ = ("source", "program_name", "options", "headers", "name_expressions")
+    SOURCE_FIELD_NUMBER: _ClassVar[int]
+    PROGRAM_NAME_FIELD_NUMBER: _ClassVar[int]
+    OPTIONS_FIELD_NUMBER: _ClassVar[int]
+    HEADERS_FIELD_NUMBER: _ClassVar[int]
+    NAME_EXPRESSIONS_FIELD_NUMBER: _ClassVar[int]
+    source: str
+    program_name: str
+    options: _containers.RepeatedScalarFieldContainer[str]
+    headers: _containers.RepeatedCompositeFieldContainer[Header]
+    name_expressions: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, source: _Optional[str] = ..., program_name: _Optional[str] = ..., options: _Optional[_Iterable[str]] = ..., headers: _Optional[_Iterable[_Union[Header, _Mapping]]] = ..., name_expressions: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class LinkData(_message.Message):
+    __slots__ = ("type", "data", "name")
+    TYPE_FIELD_NUMBER: _ClassVar[int]
+    DATA_FIELD_NUMBER: _ClassVar[int]
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    type: LinkInputType
+    data: bytes
+    name: str
+    def __init__(self, type: _Optional[_Union[LinkInputType, str]] = ..., data: _Optional[bytes] = ..., name: _Optional[str] = ...) -> None: ...
+
+class LinkInput(_message.Message):
+    __slots__ = ("source", "data", "standard_library")
+    SOURCE_FIELD_NUMBER: _ClassVar[int]
+    DATA_FIELD_NUMBER: _ClassVar[int]
+    STANDARD_LIBRARY_FIELD_NUMBER: _ClassVar[int]
+    source: LinkSource
+    data: LinkData
+    standard_library: str
+    def __init__(self, source: _Optional[_Union[LinkSource, _Mapping]] = ..., data: _Optional[_Union[LinkData, _Mapping]] = ..., standard_library: _Optional[str] = ...) -> None: ...
+
+class LinkModuleRequest(_message.Message):
+    __slots__ = ("inputs", "log_verbose")
+    INPUTS_FIELD_NUMBER: _ClassVar[int]
+    LOG_VERBOSE_FIELD_NUMBER: _ClassVar[int]
+    inputs: _containers.RepeatedCompositeFieldContainer[LinkInput]
+    log_verbose: bool
+    def __init__(self, inputs: _Optional[_Iterable[_Union[LinkInput, _Mapping]]] = ..., log_verbose: bool = ...) -> None: ...
+
+class LinkSourceResult(_message.Message):
+    __slots__ = ("input_index", "success", "log", "cache_hit", "effective_options", "arch", "lowered_names")
+    INPUT_INDEX_FIELD_NUMBER: _ClassVar[int]
+    SUCCESS_FIELD_NUMBER: _ClassVar[int]
+    LOG_FIELD_NUMBER: _ClassVar[int]
+    CACHE_HIT_FIELD_NUMBER: _ClassVar[int]
+    EFFECTIVE_OPTIONS_FIELD_NUMBER: _ClassVar[int]
+    ARCH_FIELD_NUMBER: _ClassVar[int]
+    LOWERED_NAMES_FIELD_NUMBER: _ClassVar[int]
+    input_index: int
+    success: bool
+    log: str
+    cache_hit: bool
+    effective_options: _containers.RepeatedScalarFieldContainer[str]
+    arch: str
+    lowered_names: _containers.RepeatedCompositeFieldContainer[LoweredName]
+    def __init__(self, input_index: _Optional[int] = ..., success: bool = ..., log: _Optional[str] = ..., cache_hit: bool = ..., effective_options: _Optional[_Iterable[str]] = ..., arch: _Optional[str] = ..., lowered_names: _Optional[_Iterable[_Union[LoweredName, _Mapping]]] = ...) -> None: ...
+
+class LinkModuleResponse(_message.Message):
+    __slots__ = ("success", "log", "module_id", "device_memory_bytes", "sources")
+    SUCCESS_FIELD_NUMBER: _ClassVar[int]
+    LOG_FIELD_NUMBER: _ClassVar[int]
+    MODULE_ID_FIELD_NUMBER: _ClassVar[int]
+    DEVICE_MEMORY_BYTES_FIELD_NUMBER: _ClassVar[int]
+    SOURCES_FIELD_NUMBER: _ClassVar[int]
+    success: bool
+    log: str
+    module_id: int
+    device_memory_bytes: int
+    sources: _containers.RepeatedCompositeFieldContainer[LinkSourceResult]
+    def __init__(self, success: bool = ..., log: _Optional[str] = ..., module_id: _Optional[int] = ..., device_memory_bytes: _Optional[int] = ..., sources: _Optional[_Iterable[_Union[LinkSourceResult, _Mapping]]] = ...) -> None: ...
 
 class UnloadModuleRequest(_message.Message):
     __slots__ = ("module_id",)

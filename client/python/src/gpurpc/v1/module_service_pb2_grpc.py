@@ -51,6 +51,11 @@ class ModuleServiceStub(object):
                 request_serializer=gpurpc_dot_v1_dot_module__service__pb2.LoadModuleRequest.SerializeToString,
                 response_deserializer=gpurpc_dot_v1_dot_module__service__pb2.LoadModuleResponse.FromString,
                 _registered_method=True)
+        self.LinkModule = channel.unary_unary(
+                '/gpurpc.v1.ModuleService/LinkModule',
+                request_serializer=gpurpc_dot_v1_dot_module__service__pb2.LinkModuleRequest.SerializeToString,
+                response_deserializer=gpurpc_dot_v1_dot_module__service__pb2.LinkModuleResponse.FromString,
+                _registered_method=True)
         self.UnloadModule = channel.unary_unary(
                 '/gpurpc.v1.ModuleService/UnloadModule',
                 request_serializer=gpurpc_dot_v1_dot_module__service__pb2.UnloadModuleRequest.SerializeToString,
@@ -134,6 +139,37 @@ class ModuleServiceServicer(object):
         log), a malformed cubin or fatbin, or a fatbin with compressed entries (whose globals'
         size cannot be known before loading: build with nvcc --no-compress); RESOURCE_EXHAUSTED.
         Retry: safe (loads a second module).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def LinkModule(self, request, context):
+        """Links several inputs into one module with the driver's JIT linker (cuLinkCreate,
+        cuLinkAddData, cuLinkComplete; PyCUDA's DynamicModule) and loads the result like
+        LoadModule. Inputs, in link order:
+        - CUDA C++ sources, compiled as Compile compiles them (same sandbox, checks, options,
+        headers, name expressions and cache) plus relocatable device code
+        (--relocatable-device-code=true); without an -arch option they are compiled to PTX
+        for the device's virtual architecture (compute_90 on an sm_90 device), which the
+        linker compiles for the device;
+        - data: PTX, cubin, fatbin, relocatable object or library bytes, with their type;
+        - standard libraries of the server's CUDA toolkit by name: only "cudadevrt" (the
+        device runtime, needed by kernels that launch kernels: dynamic parallelism). The
+        worker finds libcudadevrt.a under the toolkit (lib64, lib, targets/*/lib), or where
+        the worker's environment variable GPURPC_CUDADEVRT (the file or its folder) points.
+        At most 64 inputs (16 of them sources) and 80 MiB in all (the message limit); data
+        names at most 256 characters. A source that fails to compile is a normal response with
+        success = false and the logs of the sources, as with Compile; nothing is linked.
+        Codes: OK (also for a failed compile); INVALID_ARGUMENT for no input, too many inputs,
+        an input with no content, an unknown input type or standard library name, a bad data
+        name, everything Compile refuses in a source, an option that turns relocatable device
+        code off, an input the linker rejects or a link that fails (undefined or duplicate
+        symbols; the message has the linker's error log); FAILED_PRECONDITION when a standard
+        library is not installed on the server (the message names the paths tried);
+        RESOURCE_EXHAUSTED when loading the module runs out of memory, or too many compiles or
+        modules.
+        Retry: safe (a retry loads a second module).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -296,6 +332,11 @@ def add_ModuleServiceServicer_to_server(servicer, server):
                     request_deserializer=gpurpc_dot_v1_dot_module__service__pb2.LoadModuleRequest.FromString,
                     response_serializer=gpurpc_dot_v1_dot_module__service__pb2.LoadModuleResponse.SerializeToString,
             ),
+            'LinkModule': grpc.unary_unary_rpc_method_handler(
+                    servicer.LinkModule,
+                    request_deserializer=gpurpc_dot_v1_dot_module__service__pb2.LinkModuleRequest.FromString,
+                    response_serializer=gpurpc_dot_v1_dot_module__service__pb2.LinkModuleResponse.SerializeToString,
+            ),
             'UnloadModule': grpc.unary_unary_rpc_method_handler(
                     servicer.UnloadModule,
                     request_deserializer=gpurpc_dot_v1_dot_module__service__pb2.UnloadModuleRequest.FromString,
@@ -407,6 +448,33 @@ class ModuleService(object):
             '/gpurpc.v1.ModuleService/LoadModule',
             gpurpc_dot_v1_dot_module__service__pb2.LoadModuleRequest.SerializeToString,
             gpurpc_dot_v1_dot_module__service__pb2.LoadModuleResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def LinkModule(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/gpurpc.v1.ModuleService/LinkModule',
+            gpurpc_dot_v1_dot_module__service__pb2.LinkModuleRequest.SerializeToString,
+            gpurpc_dot_v1_dot_module__service__pb2.LinkModuleResponse.FromString,
             options,
             channel_credentials,
             insecure,
