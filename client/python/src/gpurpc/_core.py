@@ -30,17 +30,19 @@ import collections
 import math
 import os
 import re
+import socket
 import stat
 import sys
 import threading
 import time
 import weakref
-from typing import Any, Callable, Deque, Dict, List, Optional, Tuple
+from typing import Any, Callable, Deque, Dict, List, NamedTuple, Optional, Sequence, Tuple
 
 import grpc
 
 from . import debug
 from ._errors import (
+    CallTimeoutError,
     Error,
     LaunchError,
     LogicError,
@@ -78,6 +80,15 @@ MAX_INFLIGHT_DOWNLOAD_BYTES = 256 << 20
 JOIN_MAX_BYTES = 64 << 10
 JOIN_MAX_DOWNLOAD_BYTES = 1 << 20
 STREAMED_TRANSFER_BYTES = 8 << 20    # synchronous transfers above this use Upload/DownloadStream
+ADDRESS_SEPARATOR = ","              # between the targets of an address list (several daemons)
+# Placement of new sessions over several daemons (Client.daemons, rank_devices): free memory
+# counts in steps of 1 << this (256 MiB), and the daemons' ListDevices get at most this long
+# (or the call timeout when shorter). The C++ client uses the same values.
+PLACEMENT_MEMORY_STEP_SHIFT = 28
+PLACEMENT_PROBE_TIMEOUT_S = 5.0
+# An open that fails with one of these passes on to the next candidate device.
+PLACEMENT_RETRY_CODES = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.RESOURCE_EXHAUSTED,
+                         grpc.StatusCode.DEADLINE_EXCEEDED)
 SESSION_METADATA_KEY = "gpurpc-session"
 INSTANCE_METADATA_KEY = "gpurpc-instance"
 
@@ -142,9 +153,15 @@ def default_socket_paths() -> List[str]:
 
 def _normalize(target: str) -> str:
     target = target.strip()
-    if target.startswith("/"):
-        target = "unix:" + target
-    return target
+    if not target:
+        return ""
+    entries = []
+    for entry in target.split(ADDRESS_SEPARATOR):
+        entry = entry.strip()
+        if entry.startswith("/"):
+            entry = "unix:" + entry
+        entries.append(entry)
+    return ADDRESS_SEPARATOR.join(entries)
 
 
 def resolve_address(address: Optional[str] = None) -> str:
@@ -152,7 +169,9 @@ def resolve_address(address: Optional[str] = None) -> str:
     daemon socket that exists (:func:`default_socket_paths`).
 
     A bare absolute path (``/run/gpurpc.sock``) means a Unix socket; ``unix:PATH`` and
-    ``unix:///PATH`` are passed through, as are every other gRPC target syntax.
+    ``unix:///PATH`` are passed through, as are every other gRPC target syntax. Several
+    targets separated by commas (``gpu1:50051,gpu2:50051``) name several daemons: each entry
+    is normalized and the list returned joined by commas (:func:`parse_targets` checks it).
 
     :raises RuntimeError: nothing given and no default socket exists (the message names
         every place looked at).
@@ -181,6 +200,115 @@ def resolve_address(address: Optional[str] = None) -> str:
         + " (GPURPC_ADDRESS is not set): set GPURPC_ADDRESS (e.g. gpubox:50051 or "
         "unix:/path/to/gpurpcd.sock) or pass address=",
         code=grpc.StatusCode.UNAVAILABLE, operation="connect")
+
+
+class TargetSpec(NamedTuple):
+    """One entry of an address list (:func:`parse_targets`)."""
+
+    target: str                 # the normalized gRPC target, as given
+    host: Optional[str] = None  # of a ``dns:///HOST:PORT`` entry: every address HOST has
+    port: Optional[str] = None
+
+    @property
+    def resolve(self) -> bool:
+        """True for a ``dns:///HOST:PORT`` entry, which stands for every address of HOST."""
+        return self.host is not None
+
+
+def _bad_entry(address: str, index: int, entry: str, why: str) -> LogicError:
+    return LogicError(f"address {entry[:256]!r} (entry {index} of {address[:512]!r}) {why}",
+                      code=grpc.StatusCode.INVALID_ARGUMENT, operation="connect")
+
+
+# Target schemes passed to gRPC as they are (besides dns:///, which parse_targets expands).
+_SCHEMES = ("unix:", "unix-abstract:", "dns:", "ipv4:", "ipv6:", "vsock:", "xds:")
+
+
+def _check_port(port: str) -> bool:
+    return port.isdigit() and 0 < int(port) < 65536
+
+
+def parse_targets(address: str) -> List[TargetSpec]:
+    """The entries of an address list: targets separated by commas, each normalized (a bare
+    absolute path is a Unix socket). ``dns:///HOST:PORT`` stands for every address HOST
+    resolves to (:func:`resolve_all`); any other entry is one gRPC target.
+
+    :raises LogicError: (INVALID_ARGUMENT) an empty entry (``a,,b``, a trailing comma), an
+        entry with blanks inside, ``unix:`` without a path, ``HOST:PORT`` without a host or
+        with a port that is not 1-65535, or a ``dns:///`` entry without a host or a port;
+        the message names the entry and its position.
+    """
+    specs: List[TargetSpec] = []
+    for index, raw in enumerate(address.split(ADDRESS_SEPARATOR), start=1):
+        entry = raw.strip()
+        if not entry:
+            raise LogicError(
+                f"the address list {address[:512]!r} has an empty entry (entry {index}): "
+                "separate targets with one comma, e.g. gpu1:50051,gpu2:50051",
+                code=grpc.StatusCode.INVALID_ARGUMENT, operation="connect")
+        if entry.startswith("/"):
+            entry = "unix:" + entry
+        if any(c.isspace() for c in entry):
+            raise _bad_entry(address, index, entry, "contains blanks: separate targets with "
+                             "commas, e.g. gpu1:50051,gpu2:50051")
+        if entry.startswith("dns:///"):
+            rest = entry[len("dns:///"):]
+            colon = rest.rfind(":")
+            bracket = rest.rfind("]")
+            if colon <= 0 or colon < bracket or colon + 1 == len(rest):
+                raise _bad_entry(address, index, entry, "needs a host and a port: "
+                                 "dns:///HOST:PORT")
+            host, port = rest[:colon], rest[colon + 1:]
+            if host.startswith("[") and host.endswith("]"):
+                host = host[1:-1]
+            if not host or not _check_port(port):
+                raise _bad_entry(address, index, entry, "needs a host and a port (1-65535): "
+                                 "dns:///HOST:PORT")
+            specs.append(TargetSpec(entry, host, port))
+            continue
+        if entry in ("unix:", "unix://", "unix:///", "unix-abstract:"):
+            raise _bad_entry(address, index, entry, "names no socket: unix:/PATH")
+        if not entry.startswith(_SCHEMES):
+            # HOST, HOST:PORT, [V6] or [V6]:PORT.
+            if entry.startswith("["):
+                close = entry.find("]")
+                host = entry[1:close] if close > 0 else ""
+                tail = entry[close + 1:] if close > 0 else ""
+                port = tail[1:] if tail.startswith(":") else ("443" if not tail else "")
+            elif ":" in entry:
+                host, _, port = entry.rpartition(":")
+            else:
+                host, port = entry, "443"
+            if not host or "/" in host or not _check_port(port):
+                raise _bad_entry(address, index, entry, "is not a daemon address: give "
+                                 "HOST:PORT, unix:/PATH or dns:///HOST:PORT")
+        specs.append(TargetSpec(entry))
+    return specs
+
+
+def resolve_all(host: str, port: str) -> List[str]:
+    """Every address ``host`` resolves to for TCP (``socket.getaddrinfo``), as gRPC targets
+    (``ipv4:10.0.0.7:50051``, ``ipv6:[fd00::7]:50051``), deduplicated and sorted (as text:
+    the order the C++ client uses too).
+
+    :raises RuntimeError: (UNAVAILABLE) the name does not resolve.
+    """
+    try:
+        found = socket.getaddrinfo(host, int(port), type=socket.SOCK_STREAM)
+    except (OSError, UnicodeError) as e:
+        raise RuntimeError(f"cannot resolve {host}:{port}: {getattr(e, 'strerror', None) or e}",
+                           code=grpc.StatusCode.UNAVAILABLE, operation="connect") from None
+    targets = set()
+    for family, _type, _proto, _name, sockaddr in found:
+        ip = str(sockaddr[0]).split("%", 1)[0]
+        if family == socket.AF_INET:
+            targets.add(f"ipv4:{ip}:{sockaddr[1]}")
+        elif family == socket.AF_INET6:
+            targets.add(f"ipv6:[{ip}]:{sockaddr[1]}")
+    if not targets:
+        raise RuntimeError(f"{host}:{port} resolves to no address",
+                           code=grpc.StatusCode.UNAVAILABLE, operation="connect")
+    return sorted(targets)
 
 
 def _is_unix(target: str) -> bool:
@@ -323,10 +451,26 @@ _TRUE = ("1", "true", "yes")
 
 
 class Client:
-    """One gRPC channel to a gpurpcd, with its stubs. Thread-safe.
+    """One gRPC channel to a gpurpcd, with its stubs; or the daemons of an address list.
+    Thread-safe.
 
     Where: ``address``, else ``$GPURPC_ADDRESS``, else the first default socket that exists
     (see :func:`resolve_address`).
+
+    Several daemons: ``address`` may list targets separated by commas, and a
+    ``dns:///NAME:PORT`` target (e.g. a Kubernetes headless Service) stands for every
+    address NAME resolves to (TCP, deduplicated, sorted), resolved anew at each
+    :meth:`daemons`; over TLS those daemons' certificates are checked against NAME unless
+    ``server_name`` (or ``$GPURPC_TLS_SERVER_NAME``) says otherwise. When the list has
+    several entries, or its one dns:/// name resolves to several addresses,
+    ``multi_daemon`` is true: the client has no channel of its own, each daemon gets a
+    client of its own with the same credentials and settings, :meth:`daemons` asks all of
+    them for their devices' load, and the client's own calls (:meth:`call`,
+    :meth:`list_devices`, :meth:`server_info`, the admin calls) go to :meth:`primary`, the
+    first daemon that answered. Addresses that reach one daemon (same ``daemon_instance``)
+    count once. With one target (a dns:/// name with one address included) the client is one
+    channel, exactly as without a list. ``gpurpc.driver`` numbers and places devices over
+    the daemons (see ``gpurpc.driver.pick_device``).
 
     Deadlines: ``timeout`` (seconds; default ``$GPURPC_TIMEOUT``, else 300; ``math.inf``: none)
     bounds every call of this client and of the sessions opened afterwards (see the module
@@ -358,12 +502,71 @@ class Client:
                  server_name: Optional[str] = None, timeout: Optional[float] = None,
                  host_regions: Optional[str] = None) -> None:
         self.target = resolve_address(address)
-        self.timeout: float = resolve_timeout(timeout)
-        self.host_regions: str = resolve_host_regions(host_regions)
+        self.specs: List[TargetSpec] = parse_targets(self.target)
+        # Shared with the per-daemon clients of a client of several daemons.
+        self._settings = _Settings(resolve_timeout(timeout), resolve_host_regions(host_regions))
         # What was asked for explicitly (driver.init reuses a client asked for the same).
         self.explicit_credentials: Tuple[Any, ...] = (
             token, root_certificates, tls, certificate_chain, private_key, server_name)
-        token = resolve_token(token)
+        self._token = resolve_token(token)
+        self._lock = threading.Lock()
+        self._devices: Optional[device_service_pb2.ListDevicesResponse] = None
+        self._methods: Dict[str, Callable] = {}
+        self._members: Dict[str, "Client"] = {}
+        self._primary: Optional["Client"] = None
+        several = len(self.specs) > 1
+        if not several and self.specs[0].resolve:
+            try:
+                several = len(resolve_all(self.specs[0].host or "", self.specs[0].port or "")) > 1
+            except Error:
+                several = False  # gRPC reports the name when it connects, as ever
+        self.multi_daemon: bool = several
+        if not several:
+            self._open_channel(self.target, None)
+            return
+        # Several daemons: no channel of its own. Check the credentials now, for every kind
+        # of target, so that unusable settings fail here as with one daemon.
+        tls_any = False
+        cert_any = False
+        for spec in self.specs:
+            _creds, _options, spec_tls, has_cert = self._channel_settings(
+                spec.target, spec.host)
+            tls_any = tls_any or spec_tls
+            cert_any = cert_any or has_cert
+        self.tls = tls_any
+        self.channel: Any = None
+        self.command_stream: Any = None
+        self.has_credentials = bool(self._token) or cert_any
+        self.auth_metadata: Tuple[Tuple[str, str], ...] = (
+            (("authorization", "Bearer " + self._token),) if self._token else ())
+
+    @property
+    def timeout(self) -> float:
+        """The call timeout of this client's calls and of sessions opened afterwards,
+        seconds (``math.inf``: none). Settable; shared by the daemons of a client of several."""
+        return self._settings.timeout
+
+    @timeout.setter
+    def timeout(self, value: float) -> None:
+        self._settings.timeout = value
+
+    @property
+    def host_regions(self) -> str:
+        """``"auto"``, ``"on"`` or ``"off"`` for sessions opened afterwards (settable)."""
+        return self._settings.host_regions
+
+    @host_regions.setter
+    def host_regions(self, value: str) -> None:
+        self._settings.host_regions = value
+
+    def _channel_settings(self, target: str, tls_name: Optional[str],
+                          ) -> Tuple[Any, List[Tuple[str, Any]], bool, bool]:
+        """The credentials (None: plaintext), channel options, TLS flag and whether a client
+        certificate is sent, for one daemon's ``target``. ``tls_name``: the name the daemon's
+        certificate must carry when ``target`` is an address a dns:/// name resolved to
+        (unless a server name is given)."""
+        (_token, root_certificates, tls, certificate_chain, private_key,
+         server_name) = self.explicit_credentials
         options: List[Tuple[str, Any]] = [
             ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
             ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
@@ -372,10 +575,10 @@ class Client:
             ("grpc.initial_reconnect_backoff_ms", 100),
             ("grpc.max_reconnect_backoff_ms", 2000),
         ]
-        if _is_loopback(self.target):
+        if _is_loopback(target):
             # An http_proxy in the environment must not capture loopback traffic.
             options.append(("grpc.enable_http_proxy", 0))
-        env = {} if _is_unix(self.target) else os.environ
+        env = {} if _is_unix(target) else os.environ
         if root_certificates is None and env.get("GPURPC_TLS_CA"):
             root_certificates = _read_file(env["GPURPC_TLS_CA"],
                                            "the TLS roots named by GPURPC_TLS_CA,")
@@ -391,37 +594,189 @@ class Client:
                              "GPURPC_TLS_KEY)", code=grpc.StatusCode.INVALID_ARGUMENT,
                              operation="connect")
         if server_name is None:
-            server_name = env.get("GPURPC_TLS_SERVER_NAME") or None
+            server_name = env.get("GPURPC_TLS_SERVER_NAME") or tls_name or None
         if tls is None:
             tls = (env.get("GPURPC_TLS", "").strip().lower() in _TRUE
                    or root_certificates is not None or certificate_chain is not None)
-        self.tls = bool(tls)
-        if self.tls:
+        creds = None
+        if tls:
             creds = grpc.ssl_channel_credentials(root_certificates=root_certificates,
                                                  private_key=private_key,
                                                  certificate_chain=certificate_chain)
             if server_name:
                 options.append(("grpc.ssl_target_name_override", server_name))
-            self.channel = grpc.secure_channel(self.target, creds, options=options)
+        return creds, options, bool(tls), certificate_chain is not None
+
+    def _open_channel(self, target: str, tls_name: Optional[str]) -> None:
+        creds, options, tls, has_cert = self._channel_settings(target, tls_name)
+        self.tls = tls
+        if creds is not None:
+            self.channel = grpc.secure_channel(target, creds, options=options)
         else:
-            self.channel = grpc.insecure_channel(self.target, options=options)
-        self.has_credentials = bool(token) or certificate_chain is not None
+            self.channel = grpc.insecure_channel(target, options=options)
+        self.has_credentials = bool(self._token) or has_cert
         # Added to the metadata of every call (unary, streaming and the command stream).
-        self.auth_metadata: Tuple[Tuple[str, str], ...] = (
-            (("authorization", "Bearer " + token),) if token else ())
-        self._methods: Dict[str, Callable] = {}
+        self.auth_metadata = (("authorization", "Bearer " + self._token),) if self._token else ()
         # Raw-bytes request serializer: the command stream encodes batches itself.
         self.command_stream = _make_callable(self.channel, "ExecutionService.CommandStream",
                                              request_serializer=None)
-        self._devices: Optional[device_service_pb2.ListDevicesResponse] = None
-        self._lock = threading.Lock()
+
+    def _member(self, target: str, tls_name: Optional[str]) -> "Client":
+        """The client of one daemon of this client of several (made once, then kept):
+        the same credentials and settings, its own channel."""
+        with self._lock:
+            member = self._members.get(target)
+            if member is not None:
+                return member
+            member = Client.__new__(Client)
+            member.target = target
+            member.specs = [TargetSpec(target)]
+            member._settings = self._settings
+            member.explicit_credentials = self.explicit_credentials
+            member._token = self._token
+            member._lock = threading.Lock()
+            member._devices = None
+            member._methods = {}
+            member._members = {}
+            member._primary = None
+            member.multi_daemon = False
+            member._open_channel(target, tls_name)
+            self._members[target] = member
+            return member
+
+    def _addresses(self) -> List[Tuple[str, Optional[str], Optional[Error]]]:
+        """Every daemon address in order: (target, the dns:/// name it came from, why the
+        name did not resolve); dns:/// names resolved now, a target listed again left out."""
+        addresses: List[Tuple[str, Optional[str], Optional[Error]]] = []
+        seen = set()
+        for spec in self.specs:
+            if not spec.resolve:
+                if spec.target not in seen:
+                    seen.add(spec.target)
+                    addresses.append((spec.target, None, None))
+                continue
+            try:
+                resolved = resolve_all(spec.host or "", spec.port or "")
+            except Error as e:
+                addresses.append((spec.target, None, e))
+                continue
+            for target in resolved:
+                if target not in seen:
+                    seen.add(target)
+                    addresses.append((target, spec.host, None))
+        return addresses
+
+    def daemons(self, timeout: Optional[float] = None) -> List["DaemonStatus"]:
+        """Every daemon of this client, in order, each with its devices and their load
+        (``ListDevices``, asked of all at once, each within ``timeout``; default the call
+        timeout, at most 5 s), or why it did not answer. dns:/// names are resolved anew;
+        a daemon reached again under another address (same ``daemon_instance``) is listed
+        once, under its first address. Never raises for an unreachable daemon."""
+        limit = min(self.timeout, PLACEMENT_PROBE_TIMEOUT_S) if timeout is None else timeout
+        request = device_service_pb2.ListDevicesRequest()
+        if not self.multi_daemon:
+            try:
+                reply = self.call("DeviceService.ListDevices", request, timeout=limit)
+            except Error as e:
+                return [DaemonStatus(self.target, self, None, e)]
+            with self._lock:
+                self._devices = reply
+            return [DaemonStatus(self.target, self, reply, None)]
+        pending: List[Tuple[str, Optional["Client"], Any, Optional[Error]]] = []
+        for target, tls_name, error in self._addresses():
+            if error is not None:
+                pending.append((target, None, None, error))
+                continue
+            member = self._member(target, tls_name)
+            debug.count("DeviceService.ListDevices")
+            # Not wait_for_ready: a daemon that refuses connections (down) answers at once.
+            future = member.method("DeviceService.ListDevices").future(
+                request, metadata=member.auth_metadata, timeout=grpc_timeout(limit))
+            pending.append((target, member, future, None))
+        daemons: List[DaemonStatus] = []
+        instances = set()
+        for target, member, future, error in pending:
+            if member is None:
+                daemons.append(DaemonStatus(target, None, None, error))
+                continue
+            try:
+                reply = _finish(future, "DeviceService.ListDevices", limit)
+            except CallTimeoutError:
+                daemons.append(DaemonStatus(target, member, None, RuntimeError(
+                    f"no answer within {limit:g} s", code=grpc.StatusCode.UNAVAILABLE,
+                    operation="DeviceService.ListDevices")))
+                continue
+            except grpc.RpcError as e:
+                code = e.code() if hasattr(e, "code") else None
+                if code == grpc.StatusCode.DEADLINE_EXCEEDED:
+                    failure: Error = RuntimeError(
+                        f"no answer within {limit:g} s", code=grpc.StatusCode.UNAVAILABLE,
+                        operation="DeviceService.ListDevices")
+                else:
+                    failure = error_from_rpc(e, "DeviceService.ListDevices", None, target,
+                                             member.tls)
+                daemons.append(DaemonStatus(target, member, None, failure))
+                continue
+            if reply.daemon_instance:
+                if reply.daemon_instance in instances:
+                    continue  # the same daemon under another address: counted once
+                instances.add(reply.daemon_instance)
+            with member._lock:
+                member._devices = reply
+            daemons.append(DaemonStatus(target, member, reply, None))
+        return daemons
+
+    def unreachable_error(self, daemons: Sequence["DaemonStatus"]) -> Error:
+        """The error for a client none of whose daemons answered: UNAUTHENTICATED when one
+        refused the credentials, else UNAVAILABLE; the message names every daemon and why."""
+        why = describe_unavailable(daemons)
+        for daemon in daemons:
+            if daemon.error is not None and daemon.error.code == grpc.StatusCode.UNAUTHENTICATED:
+                hint = "" if self.has_credentials else (
+                    " (no credentials were given: token=, GPURPC_TOKEN or GPURPC_TOKEN_FILE, "
+                    "or a TLS client certificate)")
+                return Error(f"gpurpcd at {daemon.target} refused the connection's "
+                             f"credentials{hint}; every daemon: {why} [UNAUTHENTICATED]",
+                             code=grpc.StatusCode.UNAUTHENTICATED, details=why,
+                             operation="connect")
+        return RuntimeError(f"cannot reach any of the {len(daemons)} gpurpcd addresses"
+                            f"{' over TLS' if self.tls else ''} of {self.target!r}: {why} "
+                            "[UNAVAILABLE]", code=grpc.StatusCode.UNAVAILABLE, details=why,
+                            operation="connect")
+
+    def primary(self) -> "Client":
+        """The daemon that gets this client's own calls (``call``, ``list_devices``,
+        ``server_info``, the admin calls): the client itself with one daemon; with several,
+        the first that answered when it was first needed (found then, and kept).
+
+        :raises Error: no daemon answered (:meth:`unreachable_error`).
+        """
+        if not self.multi_daemon:
+            return self
+        primary = self._primary
+        if primary is None:
+            daemons = self.daemons()
+            for daemon in daemons:
+                if daemon.ok and daemon.client is not None:
+                    primary = daemon.client
+                    break
+            if primary is None:
+                raise self.unreachable_error(daemons)
+            with self._lock:
+                if self._primary is None:
+                    self._primary = primary
+                primary = self._primary
+        return primary
 
     def __repr__(self) -> str:
-        return (f"<gpurpc Client {self.target!r}{' tls' if self.tls else ''}"
+        several = f" ({len(self.specs)} targets)" if self.multi_daemon else ""
+        return (f"<gpurpc Client {self.target!r}{several}{' tls' if self.tls else ''}"
                 f"{' with credentials' if self.has_credentials else ''}>")
 
     def method(self, name: str) -> Callable:
-        """The gRPC callable of ``Service.Method``."""
+        """The gRPC callable of ``Service.Method`` (with several daemons: of :meth:`primary`)."""
+        if self.multi_daemon:
+            return self.primary().method(name)
         fn = self._methods.get(name)
         if fn is None:
             fn = self._methods[name] = _make_callable(self.channel, name)
@@ -432,11 +787,14 @@ class Client:
              reconnect: bool = False) -> Any:
         """Calls a unary RPC ``Service.Method`` with a deadline ``timeout`` seconds from now
         (default: the client's call timeout); a failure raises the mapped gpurpc error, a
-        passed deadline :class:`CallTimeoutError` naming the call and the timeout.
+        passed deadline :class:`CallTimeoutError` naming the call and the timeout. With
+        several daemons the call goes to :meth:`primary`.
 
         ``reconnect``: after UNAVAILABLE (e.g. the daemon just restarted and gRPC waits
         before reconnecting), try once more, waiting at most 10 s for the connection.
         """
+        if self.multi_daemon:
+            return self.primary().call(name, request, metadata, timeout, cls, op, reconnect)
         debug.count(name)
         limit = self.timeout if timeout is None else timeout
         method = self.method(name)
@@ -465,7 +823,10 @@ class Client:
             raise error_from_rpc(e, op or name, cls, self.target, self.tls) from None
 
     def list_devices(self, refresh: bool = False) -> device_service_pb2.ListDevicesResponse:
-        """The daemon's device inventory (cached after the first call)."""
+        """The daemon's device inventory (cached after the first call; with several daemons,
+        :meth:`primary`'s: :meth:`daemons` has every daemon's)."""
+        if self.multi_daemon:
+            return self.primary().list_devices(refresh)
         with self._lock:
             if self._devices is None or refresh:
                 self._devices = self.call("DeviceService.ListDevices",
@@ -489,7 +850,105 @@ class Client:
                          admin_service_pb2.AdminCloseSessionRequest(session_id=int(session_id)))
 
     def close(self) -> None:
-        self.channel.close()
+        with self._lock:
+            members = list(self._members.values())
+        for member in members:
+            member.close()
+        if self.channel is not None:
+            self.channel.close()
+
+
+class _Settings:
+    """A client's call timeout and same-host region mode, shared with its per-daemon
+    clients when it has several daemons."""
+
+    __slots__ = ("timeout", "host_regions")
+
+    def __init__(self, timeout: float, host_regions: str) -> None:
+        self.timeout = timeout
+        self.host_regions = host_regions
+
+
+class DaemonStatus:
+    """One daemon of a client (:meth:`Client.daemons`): its gRPC ``target``, its ``client``
+    (None when its dns:/// name did not resolve), and either ``devices`` (its
+    ``ListDevicesResponse``: devices with their load, ``daemon_instance``,
+    ``accepting_sessions``) or ``error`` (why it did not answer)."""
+
+    __slots__ = ("target", "client", "devices", "error")
+
+    def __init__(self, target: str, client: Optional[Client],
+                 devices: Optional[device_service_pb2.ListDevicesResponse],
+                 error: Optional[Error]) -> None:
+        self.target = target
+        self.client = client
+        self.devices = devices
+        self.error = error
+
+    @property
+    def ok(self) -> bool:
+        """True when it answered."""
+        return self.devices is not None
+
+    @property
+    def accepting(self) -> bool:
+        """True when it answered and takes new sessions (not draining). A daemon too old to
+        report it (no ``daemon_instance``) counts as accepting."""
+        return self.devices is not None and (
+            self.devices.accepting_sessions or not self.devices.daemon_instance)
+
+    def why(self) -> str:
+        """Why it is no candidate for a new session ("" when it is one)."""
+        if self.error is not None:
+            details = self.error.details or str(self.error)
+            code = self.error.code.name if self.error.code is not None else "UNKNOWN"
+            return f"{code}: {details}"
+        if not self.accepting:
+            return "draining (accepts no new session)"
+        if self.devices is not None and not self.devices.devices:
+            return "serves no device"
+        return ""
+
+    def __repr__(self) -> str:
+        why = self.why()
+        return (f"<gpurpc DaemonStatus {self.target!r} {'ok' if self.ok else 'failed'}"
+                f"{': ' + why if why else ''}>")
+
+
+def describe_unavailable(daemons: Sequence[DaemonStatus]) -> str:
+    """"A: why; B: why" for the daemons that did not answer, are draining or serve no
+    device."""
+    return "; ".join(f"{d.target}: {d.why()}" for d in daemons if d.why())
+
+
+def device_load(device: Any) -> Tuple[int, int]:
+    """``(free memory bytes, sessions)`` of a ``DeviceInfo`` (a daemon too old to report
+    its load: all of its memory, no session)."""
+    if device.HasField("load"):
+        return int(device.load.free_memory_bytes), int(device.load.sessions)
+    return int(device.total_memory_bytes), 0
+
+
+def placement_key(free_memory_bytes: int, sessions: int, daemon: int, ordinal: int,
+                  ) -> Tuple[int, int, int, int]:
+    """The rank of a device for a new session, smallest first: most free memory in steps of
+    256 MiB, then fewest sessions, then daemon order, then ordinal."""
+    return (-(free_memory_bytes >> PLACEMENT_MEMORY_STEP_SHIFT), sessions, daemon, ordinal)
+
+
+def rank_devices(daemons: Sequence[DaemonStatus]) -> List[Tuple[DaemonStatus, Any]]:
+    """The devices of the daemons that answered and accept sessions as ``(daemon,
+    DeviceInfo)``, best first (:func:`placement_key`, the daemon's position in ``daemons``)."""
+    ranked = []
+    for position, daemon in enumerate(daemons):
+        if not daemon.accepting or daemon.devices is None:
+            continue
+        for device in daemon.devices.devices:
+            free, sessions = device_load(device)
+            ranked.append((placement_key(free, sessions, position, int(device.ordinal)),
+                           daemon, device))
+    ranked.sort(key=lambda item: item[0])
+    return [(daemon, device) for _key, daemon, device in ranked]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -1199,6 +1658,8 @@ class SessionCore:
     """
 
     def __init__(self, client: Client, device_ordinal: int, label: str) -> None:
+        # A session lives on one daemon: with several, the client of the one it opens on.
+        client = client.primary()
         reply = client.call("SessionService.OpenSession",
                             session_service_pb2.OpenSessionRequest(
                                 device_ordinal=device_ordinal, client_label=label),

@@ -12,6 +12,13 @@ The daemon and the credentials come from ``--address``/``--token`` or the enviro
 the library (``GPURPC_ADDRESS``, ``GPURPC_TOKEN``, ``GPURPC_TOKEN_FILE``, ``GPURPC_TLS*``).
 ``--json`` prints the daemon's answers as JSON instead of tables. Exit status: 0 on success,
 1 when the daemon refused or could not be reached (the message says why), 2 on a usage error.
+
+With several daemons (``--address`` or ``GPURPC_ADDRESS`` listing targets separated by
+commas, or a ``dns:///NAME:PORT`` with several addresses), ``status`` and ``ping`` report
+each daemon in order (``status`` with each device's sessions and free memory; JSON:
+``{"address": ..., "daemons": [...]}``, an entry with ``error`` for a daemon that did not
+answer) and exit 1 when one did not answer; ``sessions`` and ``close`` use the first daemon
+that answers.
 """
 from __future__ import annotations
 
@@ -74,6 +81,8 @@ def _sessions_table(sessions: Sequence[Any], out: Any) -> None:
 
 def _status(args: argparse.Namespace, out: Any) -> int:
     client = _driver._client()
+    if client.multi_daemon:
+        return _status_several(client, args, out)
     info = client.server_info()
     devices = client.list_devices(refresh=True)
     sessions: Optional[List[Any]] = None
@@ -85,8 +94,15 @@ def _status(args: argparse.Namespace, out: Any) -> int:
             answer["sessions"] = [_json(s) for s in sessions]
         out.write(json.dumps(answer, indent=2) + "\n")
         return 0
+    _write_status(client.target, info, devices, sessions, out, load=False)
+    return 0
+
+
+def _write_status(target: str, info: Any, devices: Any, sessions: Optional[List[Any]], out: Any,
+                  load: bool) -> None:
+    """One daemon's status as text (``load``: with each device's sessions and free memory)."""
     up = max(0, int(time.time() * 1000) - info.started_unix_ms) if info.started_unix_ms else 0
-    out.write(f"gpurpcd {info.version} at {client.target} (instance {info.daemon_instance}, "
+    out.write(f"gpurpcd {info.version} at {target} (instance {info.daemon_instance}, "
               f"up {_age(up)})\n")
     out.write(f"backend {devices.backend}; compile sandbox: {info.compile_sandbox or 'none'}\n")
     out.write(f"you: tenant {info.tenant!r} ({info.auth_method}){', admin' if info.admin else ''}"
@@ -103,11 +119,17 @@ def _status(args: argparse.Namespace, out: Any) -> int:
         limits.append(f"kernel timeout {q.kernel_timeout_ms / 1000:g}s")
     out.write("quota: " + (", ".join(limits) if limits else "none") + "\n")
     out.write("devices:\n")
-    rows: List[Sequence[str]] = [("  #", "NAME", "CC", "MEMORY", "SMs")]
+    header: Sequence[str] = ("  #", "NAME", "CC", "MEMORY", "SMs")
+    if load:
+        header = tuple(header) + ("SESSIONS", "FREE")
+    rows: List[Sequence[str]] = [header]
     for d in devices.devices:
-        rows.append((f"  {d.ordinal}", d.name,
-                     f"{d.compute_capability_major}.{d.compute_capability_minor}",
-                     _mib(d.total_memory_bytes), str(d.multiprocessor_count)))
+        row: Sequence[str] = (f"  {d.ordinal}", d.name,
+                              f"{d.compute_capability_major}.{d.compute_capability_minor}",
+                              _mib(d.total_memory_bytes), str(d.multiprocessor_count))
+        if load:
+            row = tuple(row) + (str(d.load.sessions), _mib(d.load.free_memory_bytes))
+        rows.append(row)
     _table(rows, out)
     if sessions is not None:
         per_tenant: Dict[str, List[int]] = defaultdict(lambda: [0, 0, 0])
@@ -125,27 +147,112 @@ def _status(args: argparse.Namespace, out: Any) -> int:
                 count, memory, faulted = per_tenant[tenant]
                 rows.append((f"  {tenant}", str(count), str(faulted), _mib(memory)))
             _table(rows, out)
-    return 0
+
+
+def _status_several(client: Any, args: argparse.Namespace, out: Any) -> int:
+    """``status`` of a client of several daemons: each daemon in order, or why it did not
+    answer; exit status 1 when one did not."""
+    daemons = client.daemons()
+    answers: List[Dict[str, Any]] = []
+    failed = 0
+    for number, daemon in enumerate(daemons):
+        if not args.json:
+            out.write(("" if number == 0 else "\n") + f"daemon {number}: {daemon.target}\n")
+        if not daemon.ok or daemon.client is None:
+            failed += 1
+            if args.json:
+                answers.append({"target": daemon.target, "error": daemon.why()})
+            else:
+                out.write(f"not answering: {daemon.why()}\n")
+            continue
+        try:
+            info = daemon.client.server_info()
+            sessions = (list(daemon.client.admin_list_sessions("").sessions) if info.admin
+                        else None)
+        except _errors.Error as e:
+            failed += 1
+            if args.json:
+                answers.append({"target": daemon.target, "error": str(e)})
+            else:
+                out.write(f"not answering: {e}\n")
+            continue
+        if args.json:
+            answer: Dict[str, Any] = {"target": daemon.target, "server": _json(info),
+                                      "devices": _json(daemon.devices)}
+            if sessions is not None:
+                answer["sessions"] = [_json(s) for s in sessions]
+            answers.append(answer)
+        else:
+            if not daemon.accepting:
+                out.write("draining: accepts no new session\n")
+            _write_status(daemon.target, info, daemon.devices, sessions, out, load=True)
+    if args.json:
+        out.write(json.dumps({"address": client.target, "daemons": answers}, indent=2) + "\n")
+    elif failed:
+        sys.stderr.write(f"gpurpc status: {failed} of {len(daemons)} daemons did not answer\n")
+    return 1 if failed else 0
 
 
 def _ping(args: argparse.Namespace, out: Any) -> int:
     if args.count < 1:
         raise _UsageError("ping: -n must be at least 1")
     client = _driver._client()
-    client.server_info()  # connects (and authenticates) outside the timing
-    times = []
-    for _ in range(args.count):
-        start = time.perf_counter()
-        client.server_info()
-        times.append((time.perf_counter() - start) * 1e6)
+    if client.multi_daemon:
+        return _ping_several(client, args, out)
+    times = _round_trips(client, args.count)
     if args.json:
         out.write(json.dumps({"target": client.target, "count": args.count,
                               "round_trip_us": times}) + "\n")
         return 0
-    out.write(f"{args.count} round trip(s) to {client.target} (GetServerInfo): min "
+    _write_ping(client.target, args.count, times, out)
+    return 0
+
+
+def _round_trips(client: Any, count: int) -> List[float]:
+    client.server_info()  # connects (and authenticates) outside the timing
+    times = []
+    for _ in range(count):
+        start = time.perf_counter()
+        client.server_info()
+        times.append((time.perf_counter() - start) * 1e6)
+    return times
+
+
+def _write_ping(target: str, count: int, times: List[float], out: Any) -> None:
+    out.write(f"{count} round trip(s) to {target} (GetServerInfo): min "
               f"{min(times):.0f} us, median {statistics.median(times):.0f} us, max "
               f"{max(times):.0f} us\n")
-    return 0
+
+
+def _ping_several(client: Any, args: argparse.Namespace, out: Any) -> int:
+    """``ping`` of every daemon of a client of several, in order; exit status 1 when one did
+    not answer."""
+    daemons = client.daemons()
+    answers: List[Dict[str, Any]] = []
+    failed = 0
+    for daemon in daemons:
+        error = daemon.why() if not daemon.ok or daemon.client is None else ""
+        times: List[float] = []
+        if not error:
+            try:
+                times = _round_trips(daemon.client, args.count)
+            except _errors.Error as e:
+                error = str(e)
+        if error:
+            failed += 1
+            if args.json:
+                answers.append({"target": daemon.target, "error": error})
+            else:
+                out.write(f"{daemon.target}: not answering: {error}\n")
+            continue
+        if args.json:
+            answers.append({"target": daemon.target, "count": args.count,
+                            "round_trip_us": times})
+        else:
+            _write_ping(daemon.target, args.count, times, out)
+    if args.json:
+        out.write(json.dumps({"address": client.target, "daemons": answers}) + "\n")
+    return 1 if failed else 0
 
 
 def _sessions(args: argparse.Namespace, out: Any) -> int:
@@ -183,7 +290,8 @@ def _session_id(text: str) -> int:
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="gpurpc", description="Command line of a gpurpcd: status, ping, sessions, close.")
-    parser.add_argument("--address", help="daemon address (host:port, unix:PATH); default "
+    parser.add_argument("--address", help="daemon address (host:port, unix:PATH, "
+                        "dns:///NAME:PORT; several separated by commas); default "
                         "$GPURPC_ADDRESS, else the default Unix socket")
     parser.add_argument("--token", help="bearer token (TCP); default $GPURPC_TOKEN or "
                         "$GPURPC_TOKEN_FILE")

@@ -145,7 +145,7 @@ __all__ = [
     "host_alloc_flags", "func_cache", "shared_config", "limit", "capture_mode", "capture_status",
     "pointer_attribute", "memory_type", "jit_option", "jit_input_type", "jit_fallback",
     # init / devices / contexts
-    "init", "get_version", "get_driver_version", "Device", "Context",
+    "init", "get_version", "get_driver_version", "Device", "Context", "pick_device",
     # memory
     "mem_alloc", "mem_alloc_like", "mem_get_info", "DeviceAllocation", "PointerHolderBase",
     "mem_alloc_pitch", "mem_get_address_range", "Memcpy2D", "Memcpy3D",
@@ -190,6 +190,9 @@ def init(flags: int = 0, address: Optional[str] = None, *, token: Optional[str] 
     :param address: gRPC target (``host:port``, ``unix:PATH`` or an absolute socket path);
         default ``$GPURPC_ADDRESS``, else the first of ``$XDG_RUNTIME_DIR/gpurpc/gpurpcd.sock``,
         ``/run/gpurpc/gpurpcd.sock`` and ``/tmp/gpurpc-<uid>/gpurpcd.sock`` that exists.
+        Several daemons: targets separated by commas, and ``dns:///NAME:PORT`` for every
+        address NAME resolves to; their devices are numbered as one list and new sessions
+        placed over them (see :func:`pick_device`); init then succeeds when one answers.
     :param token: bearer token; default ``$GPURPC_TOKEN``, else the contents of the file named
         by ``$GPURPC_TOKEN_FILE``. Not needed on a Unix socket.
     :param tls: use TLS; default ``$GPURPC_TLS=1``, or on when any certificate is given.
@@ -206,7 +209,8 @@ def init(flags: int = 0, address: Optional[str] = None, *, token: Optional[str] 
     :param host_regions: ``"auto"`` (default ``$GPURPC_HOST_REGIONS``, else auto: same-host
         regions when the daemon is reached over a Unix socket), ``"on"`` (always; failures
         raise) or ``"off"``, for contexts made afterwards.
-    :raises RuntimeError: the daemon cannot be reached (or no address is known).
+    :raises RuntimeError: the daemon cannot be reached (or no address is known; with
+        several daemons: none answered, the message says why for each).
     :raises Error: with ``code`` UNAUTHENTICATED when the daemon refuses the credentials.
     :raises LogicError: unusable settings (an unreadable token or certificate file, ...).
     """
@@ -239,6 +243,20 @@ def _client() -> Client:
         init()
     assert _default_client is not None
     return _default_client
+
+
+def _flat_devices(client: Client) -> Tuple[List[Tuple[Client, Any]], List[_core.DaemonStatus]]:
+    """The devices of a client of several daemons as one list of ``(daemon's client,
+    DeviceInfo)`` (the daemons asked now), and the daemons.
+
+    :raises Error: no daemon answered (naming each and why).
+    """
+    daemons = client.daemons()
+    if not any(d.ok for d in daemons):
+        raise client.unreachable_error(daemons)
+    entries = [(d.client, device) for d in daemons if d.ok and d.client is not None
+               for device in d.devices.devices]  # type: ignore[union-attr]
+    return entries, daemons
 
 
 def get_driver_version() -> int:
@@ -275,10 +293,20 @@ class Device:
 
     ``Device(n)`` takes an ordinal, or a PCI bus id string. Attributes are read once from
     the daemon's inventory; ``dev.multiprocessor_count`` and friends work like in PyCUDA.
+
+    Several daemons (an address list, see :func:`init`): the devices form one list, the
+    daemons in the order given (a dns:/// name's addresses sorted), each daemon's devices
+    in ordinal order; a daemon that does not answer contributes none. ``Device(n)`` is the
+    n-th of that list, asked of the daemons anew, with its attributes from its daemon;
+    ``make_context`` opens the session there, and every call of that context goes to that
+    daemon. ``ordinal`` is its ordinal on its daemon, ``daemon_target`` that daemon.
     """
 
     def __init__(self, number: Union[int, str]) -> None:
         client = _client()
+        if client.multi_daemon:
+            self._init_several(client, number)
+            return
         devices = client.list_devices().devices
         if isinstance(number, str):
             matches = [d for d in devices if d.pci_bus_id.lower() == number.lower()]
@@ -294,10 +322,47 @@ class Device:
         self._ordinal = ordinal
         self._info = devices[ordinal]
 
+    def _init_several(self, client: Client, number: Union[int, str]) -> None:
+        entries, daemons = _flat_devices(client)
+        if isinstance(number, str):
+            matches = [i for i, (_c, d) in enumerate(entries)
+                       if d.pci_bus_id and d.pci_bus_id.lower() == number.lower()]
+            if not matches:
+                raise LogicError(f"cuDeviceGetByPCIBusId failed: no device with PCI bus id "
+                                 f"{number!r} at any daemon of {client.target}")
+            number = matches[0]
+        index = int(number)
+        if not 0 <= index < len(entries):
+            answering = sum(1 for d in daemons if d.ok)
+            why = _core.describe_unavailable([d for d in daemons if not d.ok])
+            raise LogicError(f"cuDeviceGet failed: invalid device ordinal {index} (the "
+                             f"{answering} answering daemons of {client.target} serve "
+                             f"{len(entries)}{'; ' + why if why else ''})")
+        self._client, self._info = entries[index]
+        self._ordinal = int(self._info.ordinal)
+
+    @classmethod
+    def _on(cls, client: Client, info: Any) -> "Device":
+        """The device ``info`` (a ``DeviceInfo``) of the daemon of ``client``."""
+        device = cls.__new__(cls)
+        device._client = client
+        device._ordinal = int(info.ordinal)
+        device._info = info
+        return device
+
     @staticmethod
     def count() -> int:
-        """Number of devices the daemon serves."""
-        return len(_client().list_devices().devices)
+        """Number of devices the daemon serves; with several daemons, of all the daemons
+        that answer now (asked anew at each call)."""
+        client = _client()
+        if client.multi_daemon:
+            return len(_flat_devices(client)[0])
+        return len(client.list_devices().devices)
+
+    @property
+    def daemon_target(self) -> str:
+        """The gRPC target of the daemon that serves this device (gpurpc addition)."""
+        return self._client.target
 
     def name(self) -> str:
         """The device's name, e.g. ``NVIDIA H200``."""
@@ -390,6 +455,73 @@ class Device:
 
     def __repr__(self) -> str:
         return f"<gpurpc.driver.Device {self._ordinal} {self.name()!r} at {self._client.target}>"
+
+
+def _placement(client: Client) -> List[Device]:
+    """The candidate devices for a new session, best first (see :func:`pick_device`)."""
+    if not client.multi_daemon:
+        devices = client.list_devices().devices
+        if len(devices) == 1:
+            return [Device._on(client, devices[0])]  # nothing to rank: no round trip
+    daemons = client.daemons()
+    if not any(d.ok for d in daemons):
+        if not client.multi_daemon and daemons and daemons[0].error is not None:
+            raise daemons[0].error  # one daemon: its own error, as ever
+        raise client.unreachable_error(daemons)
+    ranked = _core.rank_devices(daemons)
+    if not ranked:
+        why = _core.describe_unavailable(daemons)
+        raise RuntimeError(f"no daemon can take a new session{': ' + why if why else ''} "
+                           "[UNAVAILABLE]", code=grpc.StatusCode.UNAVAILABLE, details=why,
+                           operation="pick_device")
+    return [Device._on(daemon.client, info) for daemon, info in ranked]  # type: ignore[arg-type]
+
+
+def pick_device() -> Device:
+    """The device a new session should go to (gpurpc addition; what ``gpurpc.autoinit`` and
+    ``gpurpc.tools.make_default_context()`` use when no device is named).
+
+    Every daemon of the connection (:func:`init`; a ``dns:///`` name resolved anew) is asked
+    for its devices' load at once (``ListDevices``, within the call timeout or 5 s, whichever
+    is shorter); daemons that do not answer or are draining (shutting down) are passed
+    over. Of the devices left, the one with the most free memory in steps of 256 MiB wins,
+    then the one with the fewest sessions (open or opening, every tenant's), then the first
+    in order (daemons in the order given, then ordinal). With one daemon its devices are
+    ranked the same way; one daemon with one device is returned without asking.
+
+    It only chooses: ``pick_device().make_context()`` opens there. ``make_default_context()``
+    and ``gpurpc.autoinit`` also pass on to the next device when the open fails with
+    UNAVAILABLE, RESOURCE_EXHAUSTED or DEADLINE_EXCEEDED.
+
+    :raises RuntimeError: no daemon answered (the message names each and why), or none that
+        answered can take a session (draining, no device).
+    """
+    return _placement(_client())[0]
+
+
+def _place(open_on: Callable[[Device], Any], what: str) -> Any:
+    """``open_on(device)`` on the best device for a new session (:func:`pick_device`'s
+    order), passing on to the next when it fails with UNAVAILABLE, RESOURCE_EXHAUSTED or
+    DEADLINE_EXCEEDED; any other error is raised at once. When every device failed, the last
+    error is raised (same class and code), naming every device tried and why."""
+    candidates = _placement(_client())
+    if len(candidates) == 1:
+        return open_on(candidates[0])  # the error as it is
+    last: Optional[Error] = None
+    tried: List[str] = []
+    for device in candidates:
+        try:
+            return open_on(device)
+        except Error as e:
+            if e.code not in _core.PLACEMENT_RETRY_CODES:
+                raise
+            last = e
+            tried.append(f"{device.daemon_target} device {device.ordinal}: "
+                         f"{e.details or e}")
+    assert last is not None and last.code is not None
+    raise type(last)(f"{what}: no device took the session (tried {'; '.join(tried)}) "
+                     f"[{last.code.name}]", code=last.code, details=last.details,
+                     operation=last.operation) from last
 
 
 # =============================================================================================

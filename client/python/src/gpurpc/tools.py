@@ -614,30 +614,27 @@ def _device_from_environment() -> Optional[int]:
 
 def make_default_context(ctx_maker: Optional[Callable[[_drv.Device], _drv.Context]] = None,
                          ) -> _drv.Context:
-    """Opens a context on the device named by ``$GPURPC_DEVICE``, ``$CUDA_DEVICE`` or
-    ``~/.cuda_device``, else on the first device where ``ctx_maker`` succeeds
-    (default: ``dev.make_context()``).
+    """Opens a context with ``ctx_maker`` (default: ``dev.make_context()``) on the device
+    named by ``$GPURPC_DEVICE``, ``$CUDA_DEVICE`` or ``~/.cuda_device``; else places it
+    (:func:`gpurpc.driver.pick_device`): on the device with the most free memory (in 256 MiB
+    steps), then the fewest sessions, then the first, over every daemon of the connection,
+    passing on to the next device when ``ctx_maker`` fails with UNAVAILABLE,
+    RESOURCE_EXHAUSTED or DEADLINE_EXCEEDED (any other error is raised at once).
 
-    :raises RuntimeError: the daemon serves no device, or none could be used.
+    :raises RuntimeError: the daemon serves no device, no daemon answered or can take a
+        session, or every device failed (the last error's class, naming each device tried).
     """
     if ctx_maker is None:
         def ctx_maker(dev: _drv.Device) -> _drv.Context:
             return dev.make_context()
     _drv.init()
-    count = _drv.Device.count()
-    if count == 0:
+    client = _drv._client()
+    if not client.multi_daemon and not client.list_devices().devices:
         raise _drv.RuntimeError("make_default_context(): the daemon serves no device")
     chosen = _device_from_environment()
     if chosen is not None:
         return ctx_maker(_drv.Device(chosen))
-    errors = []
-    for i in range(count):
-        try:
-            return ctx_maker(_drv.Device(i))
-        except _drv.Error as e:
-            errors.append(f"device {i}: {e}")
-    raise _drv.RuntimeError(f"make_default_context(): none of the {count} devices could be "
-                            "used: " + "; ".join(errors))
+    return _drv._place(ctx_maker, "make_default_context()")
 
 
 def get_default_device(default: int = 0) -> _drv.Device:
