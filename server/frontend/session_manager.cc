@@ -901,11 +901,16 @@ std::map<int, SessionManager::DeviceLoad> SessionManager::DeviceLoads() const {
 v1::ListDevicesResponse SessionManager::InventoryWithLoad() const {
   v1::ListDevicesResponse response = inventory_;
   const std::map<int, DeviceLoad> loads = DeviceLoads();
+  // Memory in steps of 256 MiB, rounded up: what placement needs, and no finer a view of
+  // other tenants' allocations than that.
+  constexpr uint64_t kStep = uint64_t{256} << 20;
   for (v1::DeviceInfo& device : *response.mutable_devices()) {
     v1::DeviceLoad* out = device.mutable_load();
     if (auto it = loads.find(device.ordinal()); it != loads.end()) {
       out->set_sessions(it->second.sessions);
-      out->set_allocated_bytes(it->second.allocated_bytes);
+      const uint64_t bytes = it->second.allocated_bytes;
+      out->set_allocated_bytes(bytes > UINT64_MAX - kStep ? UINT64_MAX
+                                                          : (bytes + kStep - 1) / kStep * kStep);
     }
     const uint64_t total = device.total_memory_bytes();
     out->set_free_memory_bytes(total > out->allocated_bytes() ? total - out->allocated_bytes() : 0);

@@ -16,6 +16,7 @@
 #include "absl/strings/strip.h"
 #include "common/grpc_status.h"
 #include "common/status_macros.h"
+#include "server/worker/backend/module_footprint.h"
 #include "server/worker/compiler/cuda_libraries.h"
 #include "server/worker/device_output.h"
 
@@ -678,6 +679,49 @@ absl::StatusOr<bool> HasRelocatableDeviceCode(
   return has;
 }
 
+// The structural checks LoadModule applies to an image, for a data input of a link: the
+// driver's linker trusts the sizes inside cubin, ELF object and fatbin headers as its loader
+// does, so their bytes must first be shown to lie within the input; compressed fatbin
+// entries are refused (what they inflate to is unknown). Libraries are linked only by name
+// from the server's toolkit: an archive's members would reach the linker unchecked.
+absl::Status CheckLinkData(int index, const v1::LinkData& data) {
+  const absl::Span<const uint8_t> bytes(reinterpret_cast<const uint8_t*>(data.data().data()),
+                                        data.data().size());
+  const std::string what = absl::StrFormat("LinkModule: input %d ('%s')", index,
+                                           absl::CHexEscape(data.name()));
+  const backend::ImageFormat format = backend::DetectImageFormat(bytes);
+  const auto declared = [&](backend::ImageFormat expected, const char* type) -> absl::Status {
+    if (format == expected) return absl::OkStatus();
+    return absl::InvalidArgumentError(absl::StrFormat("%s is declared %s but its bytes are %s",
+                                                      what, type,
+                                                      backend::ImageFormatName(format)));
+  };
+  const auto annotate = [&](const absl::Status& status) {
+    return status.ok() ? status
+                       : absl::InvalidArgumentError(absl::StrCat(what, ": ", status.message()));
+  };
+  switch (data.type()) {
+    case v1::LINK_INPUT_TYPE_PTX:
+      return declared(backend::ImageFormat::kPtx, "PTX");
+    case v1::LINK_INPUT_TYPE_CUBIN:
+    case v1::LINK_INPUT_TYPE_OBJECT:
+      GPURPC_RETURN_IF_ERROR(declared(backend::ImageFormat::kCubin, "a cubin or ELF object"));
+      return annotate(backend::ValidateCubin(bytes));
+    case v1::LINK_INPUT_TYPE_FATBINARY:
+      GPURPC_RETURN_IF_ERROR(declared(backend::ImageFormat::kFatbin, "a fatbin"));
+      // Validates the header and every entry, and refuses compressed entries.
+      return annotate(backend::ModuleFootprintBytes(bytes).status());
+    case v1::LINK_INPUT_TYPE_LIBRARY:
+      return absl::InvalidArgumentError(absl::StrCat(
+          what, ": libraries are linked only from the server's toolkit, by name "
+                "(standard_library \"cudadevrt\"); send your own library's members as "
+                "LINK_INPUT_TYPE_OBJECT or _CUBIN inputs, which are checked before the linker "
+                "reads them"));
+    default:
+      return absl::InvalidArgumentError(absl::StrCat(what, ": unknown input type"));
+  }
+}
+
 // "sm_90" -> "compute_90" (the device's virtual architecture: PTX, which the linker
 // compiles for the device); anything else as it is.
 std::string VirtualArchitecture(const std::string& target) {
@@ -737,6 +781,7 @@ absl::StatusOr<v1::LinkModuleResponse> Session::LinkModule(const v1::LinkModuleR
           return absl::InvalidArgumentError(
               absl::StrFormat("LinkModule: input %d: the name contains a NUL byte", i));
         }
+        GPURPC_RETURN_IF_ERROR(CheckLinkData(i, data));
         break;
       }
       case v1::LinkInput::kStandardLibrary: {
@@ -776,6 +821,11 @@ absl::StatusOr<v1::LinkModuleResponse> Session::LinkModule(const v1::LinkModuleR
   // Compiled images and library files, kept until the link is done (a deque: its elements
   // stay where they are as it grows).
   std::deque<std::string> owned;
+  std::deque<std::vector<uint8_t>> images;
+  uint64_t held_bytes = 0;
+  for (const v1::LinkInput& input : request.inputs()) {
+    if (input.input_case() == v1::LinkInput::kData) held_bytes += input.data().data().size();
+  }
   std::vector<backend::LinkInput> inputs(count);
   const std::string include_dir =
       compiler_ != nullptr ? compiler_->cuda_include_dir() : "/usr/local/cuda/include";
@@ -825,11 +875,21 @@ absl::StatusOr<v1::LinkModuleResponse> Session::LinkModule(const v1::LinkModuleR
           response.set_success(false);
           return response;
         }
-        owned.emplace_back(compiled->image.begin(), compiled->image.end());
+        // What one link holds in this worker is bounded like one message: the compiled
+        // images (a cache hit costs no compile time, so the bound must be on bytes) plus
+        // the data inputs.
+        held_bytes += compiled->image.size();
+        if (held_bytes > static_cast<uint64_t>(kMaxMessageBytes)) {
+          return absl::InvalidArgumentError(absl::StrFormat(
+              "LinkModule: input %d: the compiled sources and data come to more than %d MiB, "
+              "the most one link may hold; link fewer or smaller inputs",
+              i, kMaxMessageBytes >> 20));
+        }
+        images.push_back(std::move(compiled->image));
         linked.type = absl::StartsWith(compiled->arch, "sm_") ? backend::LinkInputType::kCubin
                                                               : backend::LinkInputType::kPtx;
         linked.name = source.program_name().empty() ? "kernel.cu" : source.program_name();
-        linked.data = span_of(owned.back());
+        linked.data = absl::MakeConstSpan(images.back());
         break;
       }
       case v1::LinkInput::kData:

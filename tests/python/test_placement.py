@@ -447,8 +447,9 @@ def test_a_context_and_its_calls_stay_on_its_daemon(trio, connect, contexts) -> 
         assert (out == data).all()
         loads = [d.load() for d in trio]
         assert [ld.sessions for ld in loads] == [0, 0, 1]
-        assert [ld.allocated_bytes for ld in loads] == [0, 0, 64 * MiB]
-        assert loads[2].free_memory_bytes == FAKE_MEMORY - 64 * MiB
+        # Memory is reported in 256 MiB steps, rounded up (no finer view of others' use).
+        assert [ld.allocated_bytes for ld in loads] == [0, 0, 256 * MiB]
+        assert loads[2].free_memory_bytes == FAKE_MEMORY - 256 * MiB
         assert cuda.mem_get_info()[1] == FAKE_MEMORY
         buf.free()
         cuda.Context.synchronize()

@@ -402,9 +402,31 @@ TEST_F(LinkModuleTest, HostileInputsAreRefusedNamingWhatWasWrong) {
     ExpectRefused(options, "not.cubin", /*by_linker=*/true);
   }
   {
+    // A library from the client: its members would reach the linker unchecked.
     LinkOptions options;
-    options.AddData(v1::LINK_INPUT_TYPE_LIBRARY, "this is no archive", "libnot.a");
-    ExpectRefused(options, "libnot.a", /*by_linker=*/true);
+    options.AddData(v1::LINK_INPUT_TYPE_LIBRARY, "!<arch>\n", "libmine.a");
+    ExpectRefused(options, "'libmine.a'): libraries are linked only from the server's toolkit");
+  }
+  {
+    // Bytes that are not what they are declared to be, checked before any linker sees them.
+    LinkOptions options;
+    options.AddData(v1::LINK_INPUT_TYPE_FATBINARY, ".version 9.0\n.target sm_75\n", "a.fatbin");
+    ExpectRefused(options, "'a.fatbin') is declared a fatbin but its bytes are");
+  }
+  {
+    // An ELF header whose section table lies beyond the bytes sent.
+    std::string elf(64, '\0');
+    elf[0] = 0x7f;
+    elf[1] = 'E';
+    elf[2] = 'L';
+    elf[3] = 'F';
+    elf[4] = 2;     // 64-bit
+    elf[0x28] = 0x10;  // e_shoff far past the end
+    elf[0x29] = 0x27;
+    elf[0x3c] = 4;     // e_shnum
+    LinkOptions options;
+    options.AddData(v1::LINK_INPUT_TYPE_OBJECT, elf, "short.o");
+    ExpectRefused(options, "'short.o')");
   }
   {
     // The same kernel defined twice.

@@ -1014,11 +1014,17 @@ class CudaContext final : public Context {
       std::vector<uint8_t> text;  // PTX must be NUL-terminated for the driver
       void* data = const_cast<uint8_t*>(input.data.data());
       size_t size = input.data.size();
+      std::vector<uint64_t> aligned;  // binaries at 8-byte alignment, as ModuleImage does
       if (input.type == LinkInputType::kPtx && (size == 0 || input.data[size - 1] != 0)) {
         text.assign(input.data.begin(), input.data.end());
         text.push_back(0);
         data = text.data();
         size = text.size();
+      } else if (input.type != LinkInputType::kPtx &&
+                 reinterpret_cast<uintptr_t>(data) % alignof(uint64_t) != 0) {
+        aligned.assign(size / sizeof(uint64_t) + 1, 0);
+        std::memcpy(aligned.data(), input.data.data(), size);
+        data = aligned.data();
       }
       result = api_.cuLinkAddData(state, static_cast<CUjitInputType>(input.type), data, size,
                                   input.name.c_str(), 0, nullptr, nullptr);
