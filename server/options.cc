@@ -340,6 +340,16 @@ const std::vector<Flag>& Flags() {
        [](DaemonOptions& o, const std::string& v) {
          return ParseU64("fake-memory-bytes", v, &o.fake_memory_bytes);
        }},
+      {"fake-devices", "N", "devices the fake backend serves, 1 to 16 (default 1)",
+       [](DaemonOptions& o, const std::string& v) {
+         int n = 0;
+         if (!absl::SimpleAtoi(v, &n) || n < 1 || n > 16) {
+           return absl::InvalidArgumentError(
+               absl::StrFormat("--fake-devices: '%s' is not a count from 1 to 16", v));
+         }
+         o.fake_devices = n;
+         return absl::OkStatus();
+       }},
       {"cuda-include-dir", "PATH",
        "CUDA toolkit headers offered to NVRTC compiles (default /usr/local/cuda/include)",
        [](DaemonOptions& o, const std::string& v) {
@@ -770,6 +780,7 @@ std::vector<std::string> WorkerArgs(const DaemonOptions& options, int device, in
           absl::StrCat("--cache-key-file=", options.cache_key_file),
           absl::StrCat("--cache-max-bytes=", options.cache_max_bytes),
           absl::StrCat("--fake-memory-bytes=", options.fake_memory_bytes),
+          absl::StrCat("--fake-devices=", options.fake_devices),
           absl::StrCat("--cuda-include-dir=", options.cuda_include_dir),
           absl::StrCat("--compile-sandbox=", options.compile_sandbox),
           absl::StrCat("--allow-unsandboxed-compile=",

@@ -69,6 +69,7 @@ struct DaemonOptions {
   std::string cache_key_file;
   uint64_t cache_max_bytes = 1ull << 30;
   uint64_t fake_memory_bytes = 8ull << 30;
+  int fake_devices = 1;  // devices the fake backend serves, 1 to 16
   std::string cuda_include_dir = "/usr/local/cuda/include";
   // NVRTC compile helpers (server/worker/compiler/sandbox.h).
   std::string compile_sandbox = "auto";  // auto | landlock | namespace | none

@@ -179,7 +179,7 @@ int WorkerMain(const DaemonOptions& options) {
 
   std::unique_ptr<backend::Backend> backend;
   if (options.backend == "fake") {
-    backend = backend::MakeFakeBackend(options.fake_memory_bytes);
+    backend = backend::MakeFakeBackend(options.fake_memory_bytes, options.fake_devices);
   } else {
     auto cuda = backend::MakeCudaBackend();
     if (!cuda.ok()) {

@@ -1,8 +1,9 @@
-// One daemon serving every GPU of its host: sessions on each device at once, through the C++
-// client against a real gpurpcd on the CUDA backend. Each session's device, memory info,
-// buffers and kernels are its own device's; the daemon reports one session per device in
-// its load; OpenSession(kAnyDevice) spreads sessions over the devices. Skips on hosts with
-// fewer than two GPUs (it needs them; one-device behaviour is everywhere else).
+// One daemon serving every device of its host: sessions on each device at once, through the
+// C++ client against a real gpurpcd. Each session's device, memory info, buffers and kernels
+// are its own device's; the daemon reports one session per device in its load;
+// OpenSession(kAnyDevice) spreads sessions over the devices. Built twice: label `service` on
+// the fake backend with two devices (--fake-devices=2), label `gpu` on the CUDA backend
+// (GPURPC_TEST_BACKEND), where it skips on hosts with fewer than two GPUs.
 #include <array>
 #include <cstring>
 #include <memory>
@@ -16,29 +17,34 @@
 #include "gpurpc/client.h"
 #include "gtest/gtest.h"
 #include "tests/testing/daemon.h"
+#include "tests/testing/fake_kernels_module.h"
 #include "tests/testing/status_matchers.h"
 
 namespace gpurpc {
 namespace {
 
+using ::gpurpc::testing::CompileFakeKernels;
 using ::gpurpc::testing::IsOk;
 using ::gpurpc::testing::TestDaemon;
 
-constexpr char kScale[] = R"(
-extern "C" __global__ void scale_f32(float* data, float factor, unsigned long long n) {
-  unsigned long long i = (unsigned long long)blockIdx.x * blockDim.x + threadIdx.x;
-  if (i < n) data[i] *= factor;
-})";
+#ifndef GPURPC_TEST_BACKEND
+#define GPURPC_TEST_BACKEND "fake"
+#endif
+constexpr char kBackend[] = GPURPC_TEST_BACKEND;
+bool OnFake() { return std::string(kBackend) == "fake"; }
 
 class MultiDeviceTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    if (absl::Status cuda = testing::CudaAvailable(); !cuda.ok()) {
-      GTEST_SKIP() << "no CUDA: " << cuda;
+    if (!OnFake()) {
+      if (absl::Status cuda = testing::CudaAvailable(); !cuda.ok()) {
+        GTEST_SKIP() << "no CUDA: " << cuda;
+      }
     }
     TestDaemon::Options options;
-    options.backend = "cuda";
+    options.backend = kBackend;
     options.warm_workers = 0;
+    if (OnFake()) options.extra_flags = {"--fake-devices=2", "--fake-memory-bytes=1073741824"};
     auto daemon = TestDaemon::Start(std::move(options));
     ASSERT_THAT(daemon, IsOk());
     daemon_ = *std::move(daemon);
@@ -62,14 +68,17 @@ TEST_F(MultiDeviceTest, SessionsOnEveryDeviceAtOnce) {
   const int count = devices_.devices_size();
   std::set<std::string> buses;
   for (const v1::DeviceInfo& device : devices_.devices()) buses.insert(device.pci_bus_id());
-  EXPECT_EQ(static_cast<int>(buses.size()), count) << "every device is a GPU of its own";
+  if (!OnFake()) {
+    EXPECT_EQ(static_cast<int>(buses.size()), count) << "every device is a GPU of its own";
+  }
 
   // One thread per device, all at once: open, check the device, allocate, upload, compile,
   // launch, download; each with its own factor so that a mix-up shows.
   std::vector<Session> sessions(count);
+  std::vector<std::vector<Buffer>> buffers(count);  // kept, so that the load counts them
   std::vector<absl::Status> results(count);
   std::vector<std::thread> threads;
-  constexpr uint64_t kCount = 1 << 20;
+  constexpr uint64_t kCount = 1 << 18;
   for (int d = 0; d < count; ++d) {
     threads.emplace_back([&, d] {
       auto run = [&]() -> absl::Status {
@@ -83,27 +92,28 @@ TEST_F(MultiDeviceTest, SessionsOnEveryDeviceAtOnce) {
         if (info->total_bytes != devices_.devices(d).total_memory_bytes()) {
           return absl::InternalError("GetMemInfo's total is not its device's");
         }
+        // y += a * x with the fake's built-in axpy_f32 (real CUDA of the same name on a GPU).
+        auto x = session->Allocate(kCount * sizeof(float));
+        if (!x.ok()) return x.status();
         auto buffer = session->Allocate(kCount * sizeof(float));
         if (!buffer.ok()) return buffer.status();
         std::vector<float> data(kCount);
         for (uint64_t i = 0; i < kCount; ++i) data[i] = static_cast<float>(i % 1000);
         absl::Span<const uint8_t> bytes(reinterpret_cast<const uint8_t*>(data.data()),
                                         data.size() * sizeof(float));
-        if (absl::Status s = buffer->Upload(bytes); !s.ok()) return s;
-        CompileOptions compile;
-        compile.source = kScale;
-        auto compiled = session->Compile(compile);
-        if (!compiled.ok()) return compiled.status();
-        if (!compiled->success()) return absl::InternalError(compiled->log());
-        auto function = compiled->module.GetFunction("scale_f32");
+        if (absl::Status s = x->Upload(bytes); !s.ok()) return s;
+        if (absl::Status s = session->Memset(buffer->at(), 0, 4, kCount); !s.ok()) return s;
+        auto module = CompileFakeKernels(*session);
+        if (!module.ok()) return module.status();
+        auto function = module->GetFunction("axpy_f32");
         if (!function.ok()) return function.status();
         LaunchConfig launch;
         launch.grid = {static_cast<uint32_t>((kCount + 255) / 256), 1, 1};
         launch.block = {256, 1, 1};
         const float factor = static_cast<float>(d + 2);
         for (int repeat = 0; repeat < 50; ++repeat) {
-          if (absl::Status s = function->LaunchAsync(launch, *buffer, repeat == 0 ? factor : 1.0f,
-                                                     kCount);
+          if (absl::Status s = function->LaunchAsync(launch, repeat == 0 ? factor : 0.0f, *x,
+                                                     *buffer, kCount);
               !s.ok()) {
             return s;
           }
@@ -119,6 +129,8 @@ TEST_F(MultiDeviceTest, SessionsOnEveryDeviceAtOnce) {
                                                     " != ", data[i] * factor));
           }
         }
+        buffers[d].push_back(*std::move(x));
+        buffers[d].push_back(*std::move(buffer));
         sessions[d] = *std::move(session);
         return absl::OkStatus();
       };
@@ -133,7 +145,7 @@ TEST_F(MultiDeviceTest, SessionsOnEveryDeviceAtOnce) {
   ASSERT_THAT(loaded, IsOk());
   for (const v1::DeviceInfo& device : loaded->devices()) {
     EXPECT_EQ(device.load().sessions(), 1u) << "device " << device.ordinal();
-    EXPECT_GE(device.load().allocated_bytes(), kCount * sizeof(float));
+    EXPECT_GE(device.load().allocated_bytes(), 2 * kCount * sizeof(float));
   }
 }
 

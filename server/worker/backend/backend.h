@@ -411,8 +411,9 @@ class Backend {
 // Factories. MakeCudaBackend loads libcuda.so.1 with dlopen; without a driver or a device it
 // returns UNAVAILABLE with a message that says so.
 absl::StatusOr<std::unique_ptr<Backend>> MakeCudaBackend();
-// `total_memory_bytes` is what the fake device reports and the most it will allocate.
-std::unique_ptr<Backend> MakeFakeBackend(uint64_t total_memory_bytes);
+// The fake serves `device_count` devices, ordinals 0 to device_count - 1, each with memory of
+// its own: `total_memory_bytes` is what each reports and the most it will allocate.
+std::unique_ptr<Backend> MakeFakeBackend(uint64_t total_memory_bytes, int device_count = 1);
 
 }  // namespace gpurpc::backend
 

@@ -160,9 +160,9 @@ constexpr uint64_t kMaxSpinUs = uint64_t{1} << 50;
 constexpr size_t kMaxQueuedWork = 1024;
 constexpr uint64_t kMaxQueuedBytes = uint64_t{64} << 20;
 
-DeviceInfo MakeDeviceInfo(uint64_t total_memory_bytes) {
+DeviceInfo MakeDeviceInfo(uint64_t total_memory_bytes, int ordinal = 0) {
   DeviceInfo info;
-  info.ordinal = 0;
+  info.ordinal = ordinal;
   info.name = kDeviceName;
   info.compute_capability_major = 0;
   info.compute_capability_minor = 0;
@@ -1647,8 +1647,8 @@ class FakeHostRegistration final : public HostRegistration {
 
 class FakeContext final : public Context {
  public:
-  explicit FakeContext(uint64_t total_memory_bytes)
-      : info_(MakeDeviceInfo(total_memory_bytes)),
+  explicit FakeContext(uint64_t total_memory_bytes, int ordinal = 0)
+      : info_(MakeDeviceInfo(total_memory_bytes, ordinal)),
         state_(std::make_shared<DeviceState>(total_memory_bytes)) {}
 
   // Stops every stream thread (cutting spin_us kernels short), then frees every allocation,
@@ -2056,31 +2056,39 @@ class FakeContext final : public Context {
 
 class FakeBackend final : public Backend {
  public:
-  explicit FakeBackend(uint64_t total_memory_bytes) : total_memory_bytes_(total_memory_bytes) {}
+  FakeBackend(uint64_t total_memory_bytes, int device_count)
+      : total_memory_bytes_(total_memory_bytes), device_count_(device_count) {}
 
   std::string name() const override { return "fake"; }
   int driver_version() const override { return 0; }
 
   absl::StatusOr<std::vector<DeviceInfo>> ListDevices() override {
-    return std::vector<DeviceInfo>{MakeDeviceInfo(total_memory_bytes_)};
+    std::vector<DeviceInfo> devices;
+    for (int ordinal = 0; ordinal < device_count_; ++ordinal) {
+      devices.push_back(MakeDeviceInfo(total_memory_bytes_, ordinal));
+    }
+    return devices;
   }
 
+  // Every device is its own memory: a context of device 1 never sees device 0's buffers.
   absl::StatusOr<std::unique_ptr<Context>> OpenContext(int ordinal) override {
-    if (ordinal != 0) {
+    if (ordinal < 0 || ordinal >= device_count_) {
       return absl::NotFoundError(absl::StrCat("no fake device with ordinal ", ordinal,
-                                              "; the fake backend has only device 0"));
+                                              "; the fake backend has devices 0 to ",
+                                              device_count_ - 1, " (--fake-devices)"));
     }
-    return std::make_unique<FakeContext>(total_memory_bytes_);
+    return std::make_unique<FakeContext>(total_memory_bytes_, ordinal);
   }
 
  private:
   const uint64_t total_memory_bytes_;
+  const int device_count_;
 };
 
 }  // namespace
 
-std::unique_ptr<Backend> MakeFakeBackend(uint64_t total_memory_bytes) {
-  return std::make_unique<FakeBackend>(total_memory_bytes);
+std::unique_ptr<Backend> MakeFakeBackend(uint64_t total_memory_bytes, int device_count) {
+  return std::make_unique<FakeBackend>(total_memory_bytes, std::max(device_count, 1));
 }
 
 }  // namespace gpurpc::backend
