@@ -621,7 +621,8 @@ struct CompileResult {
 struct LinkOptions {
   // CUDA C++, compiled on the daemon as Compile compiles it, plus relocatable device code.
   LinkOptions& AddSource(const CompileOptions& source);
-  // PTX or binary bytes (v1::LINK_INPUT_TYPE_PTX, _CUBIN, _FATBINARY, _OBJECT, _LIBRARY);
+  // PTX or binary bytes (v1::LINK_INPUT_TYPE_PTX, _CUBIN, _FATBINARY, _OBJECT; _LIBRARY is
+  // refused: send a library's objects, or name the daemon's own with AddStandardLibrary);
   // `name` appears in the linker's messages.
   LinkOptions& AddData(v1::LinkInputType type, std::string data, std::string name = "");
   // A standard library of the daemon's toolkit: "cudadevrt" (dynamic parallelism).

@@ -153,7 +153,11 @@ class ModuleServiceServicer(object):
         (--relocatable-device-code=true); without an -arch option they are compiled to PTX
         for the device's virtual architecture (compute_90 on an sm_90 device), which the
         linker compiles for the device;
-        - data: PTX, cubin, fatbin, relocatable object or library bytes, with their type;
+        - data: PTX, cubin, fatbin or relocatable object bytes, with their type, checked as
+        LoadModule checks an image before the linker reads them (the type must match the
+        bytes; cubin and object tables and fatbin entries must lie within them; compressed
+        fatbins are refused); library bytes are refused (an archive's members would reach
+        the linker unchecked): send a library's objects instead;
         - standard libraries of the server's CUDA toolkit by name: only "cudadevrt" (the
         device runtime, needed by kernels that launch kernels: dynamic parallelism). The
         worker finds libcudadevrt.a under the toolkit (lib64, lib, targets/*/lib), or where
@@ -163,10 +167,12 @@ class ModuleServiceServicer(object):
         success = false and the logs of the sources, as with Compile; nothing is linked.
         Codes: OK (also for a failed compile); INVALID_ARGUMENT for no input, too many inputs,
         an input with no content, an unknown input type or standard library name, a bad data
-        name, everything Compile refuses in a source, an option that turns relocatable device
-        code off, an input the linker rejects or a link that fails (undefined or duplicate
-        symbols; the message has the linker's error log); FAILED_PRECONDITION when a standard
-        library is not installed on the server (the message names the paths tried);
+        name, data whose bytes fail the checks above or are a library, compiled sources and
+        data of more than 80 MiB in all, everything Compile refuses in a source, an option that
+        turns relocatable device code off, an input the linker rejects or a link that fails
+        (undefined or duplicate symbols; the message has the linker's error log);
+        FAILED_PRECONDITION when a standard library is not installed on the server (the
+        message names the paths tried);
         RESOURCE_EXHAUSTED when loading the module runs out of memory, or too many compiles or
         modules.
         Retry: safe (a retry loads a second module).
