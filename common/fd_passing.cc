@@ -38,9 +38,9 @@ int ReceivedDatagram::Release(size_t i) {
 absl::Status SendDatagram(int socket_fd, absl::string_view bytes, const std::vector<int>& fds,
                           int flags) {
   if (bytes.size() > kMaxRegionDatagramBytes || fds.size() > kMaxFds) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("a region datagram takes at most ", kMaxRegionDatagramBytes, " bytes and ",
-                     kMaxFds, " descriptors"));
+    return absl::InvalidArgumentError(absl::StrCat("a region datagram takes at most ",
+                                                   kMaxRegionDatagramBytes, " bytes and ", kMaxFds,
+                                                   " descriptors"));
   }
   iovec iov{const_cast<char*>(bytes.data()), bytes.size()};
   alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int) * kMaxFds)] = {};

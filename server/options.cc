@@ -269,8 +269,8 @@ const std::vector<Flag>& Flags() {
        [](DaemonOptions& o, const std::string& v) {
          absl::Duration d;
          if (!absl::ParseDuration(v, &d) || d < absl::ZeroDuration()) {
-           return absl::InvalidArgumentError(absl::StrFormat(
-               "--session-grace: '%s' is not a duration such as 10s", v));
+           return absl::InvalidArgumentError(
+               absl::StrFormat("--session-grace: '%s' is not a duration such as 10s", v));
          }
          o.session_grace = d;
          return absl::OkStatus();
@@ -283,8 +283,8 @@ const std::vector<Flag>& Flags() {
        [](DaemonOptions& o, const std::string& v) {
          absl::Duration d;
          if (!absl::ParseDuration(v, &d) || d < absl::ZeroDuration()) {
-           return absl::InvalidArgumentError(absl::StrFormat(
-               "--drain-timeout: '%s' is not a duration such as 20s", v));
+           return absl::InvalidArgumentError(
+               absl::StrFormat("--drain-timeout: '%s' is not a duration such as 20s", v));
          }
          o.drain_timeout = d;
          return absl::OkStatus();
@@ -304,8 +304,7 @@ const std::vector<Flag>& Flags() {
                "for no watchdog)",
                v));
          }
-         o.default_quota.set_kernel_timeout_ms(
-             static_cast<uint64_t>(absl::ToInt64Milliseconds(d)));
+         o.default_quota.set_kernel_timeout_ms(static_cast<uint64_t>(absl::ToInt64Milliseconds(d)));
          return absl::OkStatus();
        }},
       {"warm-workers", "N",

@@ -35,8 +35,8 @@ class StatusInterceptor final : public grpc::experimental::Interceptor {
             "this method is not served on this channel (a session's direct channel carries "
             "ExecutionService only; use the daemon's address for the rest)"));
       } else if ((status.error_code() == grpc::StatusCode::INTERNAL ||
-           status.error_code() == grpc::StatusCode::UNIMPLEMENTED) &&
-          status.error_message().empty()) {
+                  status.error_code() == grpc::StatusCode::UNIMPLEMENTED) &&
+                 status.error_message().empty()) {
         methods->ModifySendStatus(grpc::Status(
             grpc::StatusCode::INVALID_ARGUMENT,
             absl::StrFormat("%s: the request is not a valid message of the method's request "
@@ -49,8 +49,7 @@ class StatusInterceptor final : public grpc::experimental::Interceptor {
             absl::StrFormat("%s was not started: %s already runs as many calls at once as it "
                             "may (%d, each holding one of its threads); retry when some have "
                             "finished",
-                            method_,
-                            mark_worker_answers_ ? "this session's worker" : "gpurpcd",
+                            method_, mark_worker_answers_ ? "this session's worker" : "gpurpcd",
                             max_threads_)));
       }
       if (mark_worker_answers_) {

@@ -3,6 +3,7 @@
 # that needs no GPU: ctest (labels `unit` and `service`; `gpu` is left out), the Python stub
 # check and the Python tests against a daemon on the fake backend, then checks that the
 # relocatable install is self-contained and that its C++ client builds and runs out of tree.
+# Before building, every C++ file must be clang-formatted (tests/lint/check-format.sh).
 # Exits non-zero when any step failed; every step runs even after an earlier one failed, so
 # one run shows everything.
 #
@@ -56,6 +57,9 @@ if [[ "${GPURPC_SKIP_SETUP:-0}" != 1 ]]; then
   fi
 fi
 
+step "clang-format (tests/lint/check-format.sh)"
+if bash tests/lint/check-format.sh; then record clang-format ok; else record clang-format FAILED; fi
+
 # Same configuration as deploy/dev/run-daemon.sh and the Dockerfile, plus -Werror.
 step "configure ($build_dir)"
 if ! cmake -S . -B "$build_dir" -DCMAKE_BUILD_TYPE=Release -DGPURPC_WERROR=ON; then
@@ -70,7 +74,7 @@ fi
 record build ok
 
 step "ctest -LE gpu"
-ctest --test-dir "$build_dir" -LE gpu --output-on-failure --timeout 300 --parallel 1 \
+ctest --test-dir "$build_dir" -LE gpu --output-on-failure --timeout 300 --parallel "$jobs" \
   --no-tests=error
 rc=$?
 if ((rc == 0)); then record ctest ok; else record ctest "FAILED (exit $rc)"; fi
@@ -127,7 +131,7 @@ if [[ "${GPURPC_SKIP_SANITIZE:-0}" != 1 ]]; then
     step "sanitizers: ctest -LE gpu"
     ASAN_OPTIONS=detect_leaks=0:halt_on_error=1:abort_on_error=0 \
       UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
-      ctest --test-dir "$asan_dir" -LE gpu --output-on-failure --timeout 600 --parallel 1 \
+      ctest --test-dir "$asan_dir" -LE gpu --output-on-failure --timeout 600 --parallel "$jobs" \
       --no-tests=error \
       -E 'MemoryLimitIsResourceExhausted|CompileLimitsServiceTest.Memory'  # no RLIMIT_AS under ASan
     rc=$?

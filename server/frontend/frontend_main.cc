@@ -27,8 +27,8 @@
 #include "server/frontend/auth.h"
 #include "server/frontend/metrics.h"
 #include "server/frontend/proxy.h"
-#include "server/frontend/services.h"
 #include "server/frontend/region_listener.h"
+#include "server/frontend/services.h"
 #include "server/frontend/session_manager.h"
 #include "server/frontend/unix_listener.h"
 #include "server/log_format.h"
@@ -94,10 +94,11 @@ void Reload(Authenticator& auth, SessionManager& sessions, const DaemonOptions& 
   sessions.SetLimits(*fresh);
   auth.SetAdmins(fresh->admin_tenants);
   spdlog::set_level(level);
-  spdlog::info("SIGHUP: reloaded the tenant quotas ({} per-tenant), max_sessions {}, {} admin "
-               "tenant(s) and log level {}",
-               fresh->tenant_quotas.size(), fresh->max_sessions, fresh->admin_tenants.size(),
-               fresh->log_level);
+  spdlog::info(
+      "SIGHUP: reloaded the tenant quotas ({} per-tenant), max_sessions {}, {} admin "
+      "tenant(s) and log level {}",
+      fresh->tenant_quotas.size(), fresh->max_sessions, fresh->admin_tenants.size(),
+      fresh->log_level);
   if (const std::vector<std::string> changed = NeedRestart(started, *fresh); !changed.empty()) {
     spdlog::warn("SIGHUP: these settings changed but take effect only at a restart: {}",
                  absl::StrJoin(changed, ", "));
@@ -252,8 +253,8 @@ int FrontendMain(const DaemonOptions& options, ReloadOptions reload) {
   // is served; destroyed before the session manager and the metrics it reads.
   std::unique_ptr<metrics::MetricsHttpServer> metrics_server;
   if (!options.metrics_listen.empty()) {
-    auto started = metrics::MetricsHttpServer::Start(
-        options.metrics_listen, [&metrics] { return metrics.Exposition(); });
+    auto started = metrics::MetricsHttpServer::Start(options.metrics_listen,
+                                                     [&metrics] { return metrics.Exposition(); });
     if (!started.ok()) {
       spdlog::critical("cannot serve metrics: {}", std::string(started.status().message()));
       return 1;
@@ -360,8 +361,7 @@ int FrontendMain(const DaemonOptions& options, ReloadOptions reload) {
       kernel_timeout_ms == 0
           ? std::string("off")
           : absl::FormatDuration(absl::Milliseconds(static_cast<int64_t>(kernel_timeout_ms))),
-               options.health_listen.empty() ? "" : "; health and reflection on ",
-               options.health_listen);
+      options.health_listen.empty() ? "" : "; health and reflection on ", options.health_listen);
 
   for (;;) {
     int signal_number = 0;
@@ -381,9 +381,10 @@ int FrontendMain(const DaemonOptions& options, ReloadOptions reload) {
   sessions.StartDraining();
   const absl::Time drain_deadline = absl::Now() + options.drain_timeout;
   if (sessions.session_count() > 0) {
-    spdlog::info("draining: {} session(s) open; waiting up to {} for them to close "
-                 "(--drain-timeout)",
-                 sessions.session_count(), absl::FormatDuration(options.drain_timeout));
+    spdlog::info(
+        "draining: {} session(s) open; waiting up to {} for them to close "
+        "(--drain-timeout)",
+        sessions.session_count(), absl::FormatDuration(options.drain_timeout));
   }
   while (sessions.session_count() > 0) {
     const absl::Duration left = drain_deadline - absl::Now();

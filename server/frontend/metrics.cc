@@ -30,16 +30,28 @@ using metrics::SampleWriter;
 
 // The services whose methods get a label of their own.
 constexpr const char* kServices[] = {
-    "gpurpc.v1.DeviceService", "gpurpc.v1.SessionService",   "gpurpc.v1.AdminService",
-    "gpurpc.v1.MemoryService", "gpurpc.v1.ModuleService",    "gpurpc.v1.ExecutionService",
+    "gpurpc.v1.DeviceService",     "gpurpc.v1.SessionService", "gpurpc.v1.AdminService",
+    "gpurpc.v1.MemoryService",     "gpurpc.v1.ModuleService",  "gpurpc.v1.ExecutionService",
     "gpurpc.v1.HostRegionService",
 };
 
 constexpr const char* kCodeNames[] = {
-    "OK",          "CANCELLED",         "UNKNOWN",        "INVALID_ARGUMENT",
-    "DEADLINE_EXCEEDED", "NOT_FOUND",   "ALREADY_EXISTS", "PERMISSION_DENIED",
-    "RESOURCE_EXHAUSTED", "FAILED_PRECONDITION", "ABORTED", "OUT_OF_RANGE",
-    "UNIMPLEMENTED", "INTERNAL",         "UNAVAILABLE",    "DATA_LOSS",
+    "OK",
+    "CANCELLED",
+    "UNKNOWN",
+    "INVALID_ARGUMENT",
+    "DEADLINE_EXCEEDED",
+    "NOT_FOUND",
+    "ALREADY_EXISTS",
+    "PERMISSION_DENIED",
+    "RESOURCE_EXHAUSTED",
+    "FAILED_PRECONDITION",
+    "ABORTED",
+    "OUT_OF_RANGE",
+    "UNIMPLEMENTED",
+    "INTERNAL",
+    "UNAVAILABLE",
+    "DATA_LOSS",
     "UNAUTHENTICATED",
 };
 
@@ -187,22 +199,19 @@ FrontendMetrics::FrontendMetrics(const DaemonOptions& options)
                       "included; refused requests, which never reach the cache, are not)",
                       {})
           ->Get();
-  registry_.AddCallback(MetricType::kGauge, "gpurpc_compile_cache_disk_bytes",
-                        "Bytes of the files in the compile cache folder (--cache-dir), shared by "
-                        "every worker; read at most every 5 s",
-                        {}, [this](SampleWriter& out) {
-                          out.Add({}, static_cast<double>(CacheDiskUsage().bytes));
-                        });
-  registry_.AddCallback(MetricType::kGauge, "gpurpc_compile_cache_disk_files",
-                        "Files in the compile cache folder (--cache-dir); read at most every 5 s",
-                        {}, [this](SampleWriter& out) {
-                          out.Add({}, static_cast<double>(CacheDiskUsage().files));
-                        });
-  registry_.AddCallback(MetricType::kGauge, "gpurpc_compile_cache_max_bytes",
-                        "The compile cache folder's size bound (--cache-max-bytes)", {},
-                        [this](SampleWriter& out) {
-                          out.Add({}, static_cast<double>(cache_max_bytes_));
-                        });
+  registry_.AddCallback(
+      MetricType::kGauge, "gpurpc_compile_cache_disk_bytes",
+      "Bytes of the files in the compile cache folder (--cache-dir), shared by "
+      "every worker; read at most every 5 s",
+      {}, [this](SampleWriter& out) { out.Add({}, static_cast<double>(CacheDiskUsage().bytes)); });
+  registry_.AddCallback(
+      MetricType::kGauge, "gpurpc_compile_cache_disk_files",
+      "Files in the compile cache folder (--cache-dir); read at most every 5 s", {},
+      [this](SampleWriter& out) { out.Add({}, static_cast<double>(CacheDiskUsage().files)); });
+  registry_.AddCallback(
+      MetricType::kGauge, "gpurpc_compile_cache_max_bytes",
+      "The compile cache folder's size bound (--cache-max-bytes)", {},
+      [this](SampleWriter& out) { out.Add({}, static_cast<double>(cache_max_bytes_)); });
 }
 
 FrontendMetrics::~FrontendMetrics() = default;
@@ -216,31 +225,29 @@ void FrontendMetrics::Watch(const SessionManager* sessions) {
         out.Add({version, sessions->instance(), sessions->inventory().backend()}, 1);
       });
   registry_.AddCallback(MetricType::kGauge, "gpurpc_start_time_seconds",
-                        "When this run of the daemon started, in seconds since the Unix epoch",
-                        {}, [sessions](SampleWriter& out) {
-                          out.Add({}, absl::ToDoubleSeconds(sessions->started() -
-                                                            absl::UnixEpoch()));
-                        });
-  registry_.AddCallback(MetricType::kGauge, "gpurpc_draining",
-                        "1 once the daemon drains (after SIGTERM: new sessions are refused)",
-                        {}, [sessions](SampleWriter& out) {
-                          out.Add({}, sessions->draining() ? 1 : 0);
+                        "When this run of the daemon started, in seconds since the Unix epoch", {},
+                        [sessions](SampleWriter& out) {
+                          out.Add({},
+                                  absl::ToDoubleSeconds(sessions->started() - absl::UnixEpoch()));
                         });
   registry_.AddCallback(
-      MetricType::kGauge, "gpurpc_device_info",
-      "Always 1, per device the daemon serves: its name and compute capability",
-      {"device", "name", "compute_capability"}, [sessions](SampleWriter& out) {
-        for (const v1::DeviceInfo& device : sessions->inventory().devices()) {
-          out.Add({absl::StrCat(device.ordinal()), device.name(),
-                   absl::StrCat(device.compute_capability_major(), ".",
-                                device.compute_capability_minor())},
-                  1);
-        }
-      });
+      MetricType::kGauge, "gpurpc_draining",
+      "1 once the daemon drains (after SIGTERM: new sessions are refused)", {},
+      [sessions](SampleWriter& out) { out.Add({}, sessions->draining() ? 1 : 0); });
+  registry_.AddCallback(MetricType::kGauge, "gpurpc_device_info",
+                        "Always 1, per device the daemon serves: its name and compute capability",
+                        {"device", "name", "compute_capability"}, [sessions](SampleWriter& out) {
+                          for (const v1::DeviceInfo& device : sessions->inventory().devices()) {
+                            out.Add({absl::StrCat(device.ordinal()), device.name(),
+                                     absl::StrCat(device.compute_capability_major(), ".",
+                                                  device.compute_capability_minor())},
+                                    1);
+                          }
+                        });
   registry_.AddCallback(
       MetricType::kGauge, "gpurpc_device_memory_total_bytes",
-      "Device memory of each device, as the driver reported it when the daemon started",
-      {"device"}, [sessions](SampleWriter& out) {
+      "Device memory of each device, as the driver reported it when the daemon started", {"device"},
+      [sessions](SampleWriter& out) {
         for (const v1::DeviceInfo& device : sessions->inventory().devices()) {
           out.Add({absl::StrCat(device.ordinal())},
                   static_cast<double>(device.total_memory_bytes()));
@@ -255,8 +262,7 @@ void FrontendMetrics::Watch(const SessionManager* sessions) {
           out.Add({absl::StrCat(device.ordinal())}, 0);
         }
         for (const SessionsSnapshot::Session& session : sessions->Snapshot().sessions) {
-          out.Add({absl::StrCat(session.device)},
-                  static_cast<double>(session.device_memory_bytes));
+          out.Add({absl::StrCat(session.device)}, static_cast<double>(session.device_memory_bytes));
         }
       });
   registry_.AddCallback(
@@ -283,8 +289,8 @@ void FrontendMetrics::Watch(const SessionManager* sessions) {
       });
   registry_.AddCallback(
       MetricType::kGauge, "gpurpc_tenant_host_region_bytes",
-      "Same-host regions (pinned host memory) each tenant with open sessions holds",
-      {"tenant"}, [sessions](SampleWriter& out) {
+      "Same-host regions (pinned host memory) each tenant with open sessions holds", {"tenant"},
+      [sessions](SampleWriter& out) {
         for (const SessionsSnapshot::Session& session : sessions->Snapshot().sessions) {
           out.Add({session.tenant}, static_cast<double>(session.host_region_bytes));
         }
@@ -316,16 +322,21 @@ void FrontendMetrics::OnCallEnd(std::string_view method, grpc::StatusCode code, 
   const int index = static_cast<int>(code) >= 0 && static_cast<int>(code) < kCodes
                         ? static_cast<int>(code)
                         : static_cast<int>(grpc::StatusCode::UNKNOWN);
-  Lazy(m.codes[index], [&] { return rpcs_->WithLabels({m.label, kCodeNames[index]}); })
-      ->Increment();
+  Lazy(m.codes[index], [&] {
+    return rpcs_->WithLabels({m.label, kCodeNames[index]});
+  })->Increment();
   Lazy(m.latency, [&] { return rpc_seconds_->WithLabels({m.label}); })->Observe(seconds);
 }
 
 FrontendMetrics::RelayCounters FrontendMetrics::Relay(std::string_view method) {
   MethodMetrics& m = Method(method);
-  return RelayCounters{
-      Lazy(m.to_worker, [&] { return relayed_bytes_->WithLabels({m.label, "to_worker"}); }),
-      Lazy(m.to_client, [&] { return relayed_bytes_->WithLabels({m.label, "to_client"}); })};
+  return RelayCounters{Lazy(m.to_worker,
+                            [&] {
+                              return relayed_bytes_->WithLabels({m.label, "to_worker"});
+                            }),
+                       Lazy(m.to_client, [&] {
+                         return relayed_bytes_->WithLabels({m.label, "to_client"});
+                       })};
 }
 
 void FrontendMetrics::SessionOpened(const std::string& tenant) {

@@ -232,10 +232,10 @@ class RelayReactor final : public grpc::ServerGenericBidiReactor {
         return false;
       }
       if (ok || !request_held_) {
-        refusal_ = grpc::Status(
-            grpc::StatusCode::UNIMPLEMENTED,
-            absl::StrFormat("%s takes exactly one request message; this call sent %s",
-                            context_->method(), ok ? "more" : "none"));
+        refusal_ =
+            grpc::Status(grpc::StatusCode::UNIMPLEMENTED,
+                         absl::StrFormat("%s takes exactly one request message; this call sent %s",
+                                         context_->method(), ok ? "more" : "none"));
         RefuseLocked();
         return false;
       }
@@ -441,9 +441,9 @@ class RelayReactor final : public grpc::ServerGenericBidiReactor {
     if (IsStickyFault(status)) {
       // The worker reported a sticky CUDA fault: its context is lost for good.
       session_->MarkFaulted(status.error_message());
-      return grpc::Status(status.error_code(),
-                          absl::StrFormat("%s; session %d is now FAULTED", status.error_message(),
-                                          session_->id()));
+      return grpc::Status(
+          status.error_code(),
+          absl::StrFormat("%s; session %d is now FAULTED", status.error_message(), session_->id()));
     }
     switch (status.error_code()) {
       case grpc::StatusCode::UNAVAILABLE:
@@ -470,11 +470,11 @@ class RelayReactor final : public grpc::ServerGenericBidiReactor {
           // in flight on the worker that ended.
           session_->MarkFaultedByExit();
           const absl::StatusCode code = session_->fault_code();
-          return grpc::Status(
-              code == absl::StatusCode::kFailedPrecondition ? grpc::StatusCode::ABORTED
-                                                            : static_cast<grpc::StatusCode>(code),
-              absl::StrFormat("session %d FAULTED during %s: %s", session_->id(),
-                              context_->method(), session_->fault_cause()));
+          return grpc::Status(code == absl::StatusCode::kFailedPrecondition
+                                  ? grpc::StatusCode::ABORTED
+                                  : static_cast<grpc::StatusCode>(code),
+                              absl::StrFormat("session %d FAULTED during %s: %s", session_->id(),
+                                              context_->method(), session_->fault_cause()));
         }
         return status;
       }

@@ -26,8 +26,9 @@ void Reply(int fd, const absl::Status& status) {
   v1::AttachHostRegionReply reply;
   reply.set_code(static_cast<int>(status.code()));
   // Never an empty datagram: a SOCK_SEQPACKET reader cannot tell one from a hang-up.
-  reply.set_message(status.ok() ? std::string("attached")
-                                : std::string(status.message()).substr(0, kMaxRegionDatagramBytes / 2));
+  reply.set_message(status.ok()
+                        ? std::string("attached")
+                        : std::string(status.message()).substr(0, kMaxRegionDatagramBytes / 2));
   SendDatagram(fd, reply.SerializeAsString(), {}, MSG_DONTWAIT).IgnoreError();
   close(fd);
 }
@@ -98,10 +99,9 @@ void RegionListener::Loop() {
       if (fds[i + 2].revents != 0) {
         Serve(connection);
       } else if (connection.deadline <= now) {
-        Reply(connection.fd,
-              absl::DeadlineExceededError(absl::StrFormat(
-                  "no AttachHostRegionRequest arrived within %s of connecting",
-                  absl::FormatDuration(kRequestTimeout))));
+        Reply(connection.fd, absl::DeadlineExceededError(absl::StrFormat(
+                                 "no AttachHostRegionRequest arrived within %s of connecting",
+                                 absl::FormatDuration(kRequestTimeout))));
       } else {
         still_waiting.push_back(connection);
       }

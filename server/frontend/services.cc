@@ -84,23 +84,23 @@ grpc::ServerUnaryReactor* SessionServiceImpl::OpenSession(grpc::CallbackServerCo
   }
   // Taking a worker may mean starting one (context creation takes ~100 ms): not on a
   // gRPC callback thread.
-  absl::Status queued = sessions_->RunBlocking([this, reactor, request, response,
-                                                identity = *std::move(identity)] {
-    auto session = sessions_->Open(request->device_ordinal(), request->client_label(),
-                                   identity.tenant, identity.peer);
-    if (!session.ok()) {
-      reactor->Finish(ToGrpcStatus(session.status()));
-      return;
-    }
-    response->set_session_id((*session)->id());
-    for (const v1::DeviceInfo& device : sessions_->inventory().devices()) {
-      if (device.ordinal() == request->device_ordinal()) *response->mutable_device() = device;
-    }
-    response->set_idle_timeout_ms(absl::ToInt64Milliseconds(sessions_->idle_timeout()));
-    response->set_grace_ms(absl::ToInt64Milliseconds(sessions_->grace()));
-    response->set_daemon_instance(sessions_->instance());
-    reactor->Finish(grpc::Status::OK);
-  });
+  absl::Status queued =
+      sessions_->RunBlocking([this, reactor, request, response, identity = *std::move(identity)] {
+        auto session = sessions_->Open(request->device_ordinal(), request->client_label(),
+                                       identity.tenant, identity.peer);
+        if (!session.ok()) {
+          reactor->Finish(ToGrpcStatus(session.status()));
+          return;
+        }
+        response->set_session_id((*session)->id());
+        for (const v1::DeviceInfo& device : sessions_->inventory().devices()) {
+          if (device.ordinal() == request->device_ordinal()) *response->mutable_device() = device;
+        }
+        response->set_idle_timeout_ms(absl::ToInt64Milliseconds(sessions_->idle_timeout()));
+        response->set_grace_ms(absl::ToInt64Milliseconds(sessions_->grace()));
+        response->set_daemon_instance(sessions_->instance());
+        reactor->Finish(grpc::Status::OK);
+      });
   if (!queued.ok()) return Fail(reactor, queued);
   return reactor;
 }
@@ -115,14 +115,13 @@ grpc::ServerUnaryReactor* SessionServiceImpl::CloseSession(grpc::CallbackServerC
   if (!session.ok()) return Fail(reactor, session.status());
   const uint64_t id = (*session)->id();
   session->reset();
-  absl::Status queued = sessions_->RunBlocking(
-      [this, reactor, id] {
-        // Answered once the worker is told to end; its context then ends here, off the
-        // client's clock.
-        std::shared_ptr<SessionRecord> ending;
-        reactor->Finish(ToGrpcStatus(sessions_->Close(id, &ending)));
-        if (ending != nullptr) ending->worker().WaitExited(absl::Seconds(10));
-      });
+  absl::Status queued = sessions_->RunBlocking([this, reactor, id] {
+    // Answered once the worker is told to end; its context then ends here, off the
+    // client's clock.
+    std::shared_ptr<SessionRecord> ending;
+    reactor->Finish(ToGrpcStatus(sessions_->Close(id, &ending)));
+    if (ending != nullptr) ending->worker().WaitExited(absl::Seconds(10));
+  });
   if (!queued.ok()) return Fail(reactor, queued);
   return reactor;
 }

@@ -92,8 +92,7 @@ absl::StatusCode SessionRecord::fault_code() const {
   return fault_code_;
 }
 
-bool SessionRecord::MarkFaulted(const std::string& cause, absl::StatusCode code,
-                                FaultCause kind) {
+bool SessionRecord::MarkFaulted(const std::string& cause, absl::StatusCode code, FaultCause kind) {
   {
     absl::MutexLock lock(&mu_);
     if (!fault_cause_.empty() || closing_) return false;
@@ -137,8 +136,8 @@ absl::Status SessionRecord::Watch(Watcher* watcher) {
   absl::MutexLock lock(&mu_);
   if (static_cast<int>(watchers_.size()) >= kMaxWatchers) {
     return absl::ResourceExhaustedError(absl::StrFormat(
-        "session %d already has %d WatchSession streams open, the most one session may have",
-        id_, kMaxWatchers));
+        "session %d already has %d WatchSession streams open, the most one session may have", id_,
+        kMaxWatchers));
   }
   watchers_.push_back(watcher);
   watched_ = true;
@@ -217,9 +216,9 @@ absl::Status SessionManager::RunBlocking(std::function<void()> work) {
     return absl::UnavailableError("gpurpcd is shutting down");
   }
   if (blocking_queue_.size() >= kMaxBlockingQueue) {
-    return absl::ResourceExhaustedError(absl::StrFormat(
-        "gpurpcd has %d session opens and closes waiting already; retry shortly",
-        blocking_queue_.size()));
+    return absl::ResourceExhaustedError(
+        absl::StrFormat("gpurpcd has %d session opens and closes waiting already; retry shortly",
+                        blocking_queue_.size()));
   }
   blocking_queue_.push_back(std::move(work));
   if (blocking_idle_ == 0 && static_cast<int>(blocking_threads_.size()) < kBlockingThreads) {
@@ -355,9 +354,9 @@ absl::StatusOr<std::shared_ptr<SessionRecord>> SessionManager::Open(int device_o
     // of concurrent opens.
     absl::MutexLock lock(&mu_);
     if (pools_.count(device_ordinal) == 0) {
-      return absl::NotFoundError(absl::StrFormat(
-          "no device with ordinal %d (this daemon serves %d)", device_ordinal,
-          inventory_.devices_size()));
+      return absl::NotFoundError(
+          absl::StrFormat("no device with ordinal %d (this daemon serves %d)", device_ordinal,
+                          inventory_.devices_size()));
     }
     if (const int max = max_sessions(); total_slots_ >= static_cast<uint32_t>(max)) {
       return absl::ResourceExhaustedError(absl::StrFormat(
@@ -529,10 +528,9 @@ absl::StatusOr<std::shared_ptr<SessionRecord>> SessionManager::FindFromMetadata(
   const absl::string_view value(it->second.data(), it->second.size());
   uint64_t id = 0;
   if (value.size() > 64 || !absl::SimpleAtoi(value, &id) || id == 0) {
-    return absl::InvalidArgumentError(
-        absl::StrFormat("'%s' metadata '%s%s' is not a session id (a decimal 64-bit number)",
-                        kSessionMetadataKey, absl::CHexEscape(value.substr(0, 64)),
-                        value.size() > 64 ? "..." : ""));
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "'%s' metadata '%s%s' is not a session id (a decimal 64-bit number)", kSessionMetadataKey,
+        absl::CHexEscape(value.substr(0, 64)), value.size() > 64 ? "..." : ""));
   }
   auto session = Find(id, tenant);
   if (session.ok() || !absl::IsNotFound(session.status())) return session;
@@ -544,9 +542,8 @@ absl::StatusOr<std::shared_ptr<SessionRecord>> SessionManager::FindFromMetadata(
           "no session %d: it belonged to an earlier run of gpurpcd (instance %s), and the "
           "daemon restarted at %s (now instance %s), which ended every session of the earlier "
           "run; open a new session",
-          id, absl::CHexEscape(named), absl::FormatTime("%Y-%m-%d %H:%M:%S UTC", started_,
-                                                        absl::UTCTimeZone()),
-          instance_));
+          id, absl::CHexEscape(named),
+          absl::FormatTime("%Y-%m-%d %H:%M:%S UTC", started_, absl::UTCTimeZone()), instance_));
     }
   }
   return session;
@@ -702,9 +699,8 @@ v1::AttachHostRegionReply SessionManager::AttachHostRegion(
   // The same words as the worker's for a wrong ticket: whether a session exists is not
   // the asker's business.
   if (session == nullptr || !session->CheckUsable().ok()) {
-    return answer(absl::NotFoundError(
-        absl::StrFormat("no region %d of this session waits for its memfd with that ticket",
-                        request.region_id())));
+    return answer(absl::NotFoundError(absl::StrFormat(
+        "no region %d of this session waits for its memfd with that ticket", request.region_id())));
   }
   session->BeginCall();
   absl::StatusOr<v1::AttachHostRegionReply> attached =
@@ -955,13 +951,12 @@ void SessionManager::Maintain() {
     }
     mu_.Lock();
     if (refill.empty() || refill_failed) {
-      mu_.AwaitWithTimeout(
-          absl::Condition(
-              +[](SessionManager* self) ABSL_EXCLUSIVE_LOCKS_REQUIRED(self->mu_) {
-                return self->stopping_ || self->maintain_wanted_;
-              },
-              this),
-          refill_failed ? absl::Seconds(1) : kMaintainInterval);
+      mu_.AwaitWithTimeout(absl::Condition(
+                               +[](SessionManager* self) ABSL_EXCLUSIVE_LOCKS_REQUIRED(self->mu_) {
+                                 return self->stopping_ || self->maintain_wanted_;
+                               },
+                               this),
+                           refill_failed ? absl::Seconds(1) : kMaintainInterval);
     }
   }
 }

@@ -36,10 +36,10 @@
 #include <unordered_map>
 #include <vector>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
-#include "absl/base/thread_annotations.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "common/handle_ids.h"
@@ -313,8 +313,7 @@ class SessionManager {
   // request.session_id. Any tenant's client may ask; the region's one-time ticket, which the
   // worker checks, is the proof. A session that does not exist or cannot serve answers
   // NOT_FOUND in the same words as a wrong ticket.
-  v1::AttachHostRegionReply AttachHostRegion(const v1::AttachHostRegionRequest& request,
-                                             int memfd);
+  v1::AttachHostRegionReply AttachHostRegion(const v1::AttachHostRegionRequest& request, int memfd);
 
   // Compile slots: RESOURCE_EXHAUSTED when the tenant's max_concurrent_compiles run.
   absl::Status BeginCompile(const std::string& tenant);

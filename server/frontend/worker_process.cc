@@ -8,14 +8,14 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-#include <cerrno>
 #include <algorithm>
+#include <cerrno>
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
-#include "common/grpc_status.h"
 #include "common/fd_passing.h"
+#include "common/grpc_status.h"
 #include "common/limits.h"
 #include "gpurpc/v1/device_service.grpc.pb.h"
 #include "grpcpp/create_channel_posix.h"
@@ -134,8 +134,8 @@ absl::StatusOr<std::unique_ptr<WorkerProcess>> WorkerProcess::Spawn(
   grpc::ChannelArguments channel_args;
   channel_args.SetMaxReceiveMessageSize(kMaxMessageBytes);
   channel_args.SetMaxSendMessageSize(kMaxMessageBytes);
-  auto channel = grpc::CreateCustomInsecureChannelFromFd(absl::StrCat("worker-", pid), fds[0],
-                                                         channel_args);
+  auto channel =
+      grpc::CreateCustomInsecureChannelFromFd(absl::StrCat("worker-", pid), fds[0], channel_args);
   auto worker = std::unique_ptr<WorkerProcess>(
       new WorkerProcess(pid, std::move(channel), status_pipe[0], region_pair[0]));
   worker->reaper_ = std::thread([w = worker.get()] { w->Reap(); });
@@ -182,9 +182,9 @@ absl::StatusOr<v1::AttachHostRegionReply> WorkerProcess::AttachRegionLocked(
     ready = poll(&pfd, 1, static_cast<int>(absl::ToInt64Milliseconds(timeout)));
   } while (ready < 0 && errno == EINTR);
   if (ready == 0) {
-    return broken(absl::DeadlineExceededError(absl::StrFormat(
-        "the session's worker did not map and pin the region within %s",
-        absl::FormatDuration(timeout))));
+    return broken(absl::DeadlineExceededError(
+        absl::StrFormat("the session's worker did not map and pin the region within %s",
+                        absl::FormatDuration(timeout))));
   }
   ReceivedDatagram answer;
   if (absl::Status received = ReceiveDatagram(region_fd_, &answer); !received.ok()) {
@@ -326,9 +326,9 @@ absl::StatusOr<v1::ListDevicesResponse> WorkerProcess::WaitReady(absl::Duration 
           absl::StrCat("the worker process ", exit_description(), " while starting"));
     }
     if (absl::Now() >= deadline) {
-      return absl::DeadlineExceededError(absl::StrCat(
-          "the worker process did not answer within ", absl::FormatDuration(timeout), ": ",
-          status.error_message()));
+      return absl::DeadlineExceededError(absl::StrCat("the worker process did not answer within ",
+                                                      absl::FormatDuration(timeout), ": ",
+                                                      status.error_message()));
     }
   }
 }

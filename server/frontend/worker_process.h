@@ -18,10 +18,10 @@
 #include <thread>
 #include <vector>
 
-#include "absl/status/statusor.h"
-#include "absl/time/time.h"
 #include "absl/base/thread_annotations.h"
+#include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
 #include "gpurpc/v1/device_service.pb.h"
 #include "gpurpc/v1/host_region_service.pb.h"
 #include "grpcpp/channel.h"
@@ -33,8 +33,8 @@ class WorkerProcess {
   // Starts `exe` with `args` (WorkerArgs: --worker-fd=3 --worker-status-fd=4
   // --worker-region-fd=5 ...). The child gets fd 3 as its end of the gRPC socketpair, fd 4
   // as the write end of its status pipe and fd 5 as its end of the region channel.
-  static absl::StatusOr<std::unique_ptr<WorkerProcess>> Spawn(
-      const std::string& exe, const std::vector<std::string>& args);
+  static absl::StatusOr<std::unique_ptr<WorkerProcess>> Spawn(const std::string& exe,
+                                                              const std::vector<std::string>& args);
 
   // Kills the process (if still running) and reaps it. Never throws.
   ~WorkerProcess();
@@ -67,16 +67,15 @@ class WorkerProcess {
   // runs (it never waits for it). UNAVAILABLE when the worker is gone;
   // DEADLINE_EXCEEDED after `timeout` (the channel is then closed for good: a late answer
   // could not be told from the next one).
-  absl::StatusOr<v1::AttachHostRegionReply> AttachRegion(
-      const v1::AttachHostRegionRequest& request, int memfd, absl::Duration timeout)
+  absl::StatusOr<v1::AttachHostRegionReply> AttachRegion(const v1::AttachHostRegionRequest& request,
+                                                         int memfd, absl::Duration timeout)
       ABSL_LOCKS_EXCLUDED(region_mu_);
 
   // Called once, on the reaper thread, when the process ends (at once if it already has).
   void SetExitCallback(std::function<void(const std::string& description)> callback);
 
  private:
-  WorkerProcess(pid_t pid, std::shared_ptr<grpc::Channel> channel, int status_fd,
-                int region_fd);
+  WorkerProcess(pid_t pid, std::shared_ptr<grpc::Channel> channel, int status_fd, int region_fd);
   absl::StatusOr<v1::AttachHostRegionReply> AttachRegionLocked(
       const v1::AttachHostRegionRequest& request, int memfd, absl::Duration timeout)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(region_mu_);

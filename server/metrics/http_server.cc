@@ -57,12 +57,12 @@ MHD_Result Handle(void* cls, MHD_Connection* connection, const char* url, const 
   }
   const char* length =
       MHD_lookup_connection_value(connection, MHD_HEADER_KIND, MHD_HTTP_HEADER_CONTENT_LENGTH);
-  const char* encoding = MHD_lookup_connection_value(connection, MHD_HEADER_KIND,
-                                                     MHD_HTTP_HEADER_TRANSFER_ENCODING);
+  const char* encoding =
+      MHD_lookup_connection_value(connection, MHD_HEADER_KIND, MHD_HTTP_HEADER_TRANSFER_ENCODING);
   if (encoding != nullptr || (length != nullptr && std::strcmp(length, "0") != 0)) {
     return Respond(connection, MHD_HTTP_BAD_REQUEST,
-                   "400 bad request: a request to this endpoint may not have a body\n",
-                   kTextPlain, true);
+                   "400 bad request: a request to this endpoint may not have a body\n", kTextPlain,
+                   true);
   }
   if (std::strcmp(url, "/metrics") != 0) {
     return Respond(connection, MHD_HTTP_NOT_FOUND,
@@ -136,9 +136,10 @@ absl::StatusOr<std::unique_ptr<MetricsHttpServer>> MetricsHttpServer::Start(
   server->port_ = ntohs(family == AF_INET6 ? reinterpret_cast<sockaddr_in6*>(&bound)->sin6_port
                                            : reinterpret_cast<sockaddr_in*>(&bound)->sin_port);
   char numeric[INET6_ADDRSTRLEN] = "?";
-  const void* raw = family == AF_INET6
-                        ? static_cast<const void*>(&reinterpret_cast<sockaddr_in6*>(&bound)->sin6_addr)
-                        : static_cast<const void*>(&reinterpret_cast<sockaddr_in*>(&bound)->sin_addr);
+  const void* raw =
+      family == AF_INET6
+          ? static_cast<const void*>(&reinterpret_cast<sockaddr_in6*>(&bound)->sin6_addr)
+          : static_cast<const void*>(&reinterpret_cast<sockaddr_in*>(&bound)->sin_addr);
   inet_ntop(family, raw, numeric, sizeof(numeric));
   server->address_ = family == AF_INET6 ? absl::StrCat("[", numeric, "]:", server->port_)
                                         : absl::StrCat(numeric, ":", server->port_);
@@ -152,8 +153,8 @@ absl::StatusOr<std::unique_ptr<MetricsHttpServer>> MetricsHttpServer::Start(
       MHD_OPTION_CONNECTION_MEMORY_LIMIT, limits.memory_per_connection, MHD_OPTION_END);
   if (server->daemon_ == nullptr) {
     close(fd);
-    return absl::UnavailableError(absl::StrFormat(
-        "--metrics-listen=%s: libmicrohttpd could not start its server", address));
+    return absl::UnavailableError(
+        absl::StrFormat("--metrics-listen=%s: libmicrohttpd could not start its server", address));
   }
   return server;
 }

@@ -37,10 +37,10 @@ class MetricsHttpServer {
     size_t memory_per_connection = 16 * 1024;
   };
 
-  // Binds `address` (HOST:PORT or [IPV6]:PORT, see ParseHostPort in server/options.h; port 0 takes a free port, see port()) and starts
-  // serving. `render` runs on the server's thread, once per GET. INVALID_ARGUMENT for a
-  // malformed address, UNAVAILABLE naming the address and the reason when it cannot be
-  // resolved or bound.
+  // Binds `address` (HOST:PORT or [IPV6]:PORT, see ParseHostPort in server/options.h; port 0 takes
+  // a free port, see port()) and starts serving. `render` runs on the server's thread, once per
+  // GET. INVALID_ARGUMENT for a malformed address, UNAVAILABLE naming the address and the reason
+  // when it cannot be resolved or bound.
   static absl::StatusOr<std::unique_ptr<MetricsHttpServer>> Start(
       const std::string& address, std::function<std::string()> render, Limits limits);
   static absl::StatusOr<std::unique_ptr<MetricsHttpServer>> Start(

@@ -122,8 +122,7 @@ Histogram::Histogram(const std::vector<double>* bounds)
 
 void Histogram::Observe(double value) {
   if (std::isnan(value)) return;
-  const size_t bucket =
-      std::lower_bound(bounds_.begin(), bounds_.end(), value) - bounds_.begin();
+  const size_t bucket = std::lower_bound(bounds_.begin(), bounds_.end(), value) - bounds_.begin();
   buckets_[bucket].fetch_add(1, std::memory_order_relaxed);
   double old = sum_.load(std::memory_order_relaxed);
   while (!sum_.compare_exchange_weak(old, old + value, std::memory_order_relaxed)) {
@@ -144,9 +143,9 @@ Histogram::Snapshot Histogram::Read() const {
 }
 
 const std::vector<double>& LatencyBuckets() {
-  static const auto* const kBuckets = new std::vector<double>{
-      0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1,
-      0.25,   0.5,     1,      2.5,   5,      10,    30,   60,    300};
+  static const auto* const kBuckets =
+      new std::vector<double>{0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1,
+                              0.25,   0.5,     1,      2.5,   5,      10,    30,   60,    300};
   return *kBuckets;
 }
 
@@ -173,22 +172,20 @@ FamilyBase::FamilyBase(std::string name, std::string help, MetricType type,
 
 void FamilyBase::CheckArity(const std::vector<std::string>& values) const {
   if (values.size() != label_names_.size()) {
-    Fatal(absl::StrFormat("%s has %d labels (%s); %d values were given", name_,
-                          label_names_.size(), absl::StrJoin(label_names_, ", "),
-                          values.size()));
+    Fatal(absl::StrFormat("%s has %d labels (%s); %d values were given", name_, label_names_.size(),
+                          absl::StrJoin(label_names_, ", "), values.size()));
   }
 }
 
 void FamilyBase::AppendSample(std::string* out, absl::string_view name_suffix,
-                              const std::vector<std::string>& values,
-                              absl::string_view extra_label, absl::string_view extra_value,
-                              absl::string_view value) const {
+                              const std::vector<std::string>& values, absl::string_view extra_label,
+                              absl::string_view extra_value, absl::string_view value) const {
   absl::StrAppend(out, name_, name_suffix);
   if (!values.empty() || !extra_label.empty()) {
     out->push_back('{');
     for (size_t i = 0; i < values.size(); ++i) {
-      absl::StrAppend(out, i == 0 ? "" : ",", label_names_[i], "=\"",
-                      EscapeLabelValue(values[i]), "\"");
+      absl::StrAppend(out, i == 0 ? "" : ",", label_names_[i], "=\"", EscapeLabelValue(values[i]),
+                      "\"");
     }
     if (!extra_label.empty()) {
       absl::StrAppend(out, values.empty() ? "" : ",", extra_label, "=\"",
@@ -327,8 +324,8 @@ Family<Histogram>* Registry::AddHistogram(const std::string& name, const std::st
       Fatal(absl::StrCat(name, ": histogram bounds must be finite and strictly increasing"));
     }
   }
-  return Add(std::unique_ptr<Family<Histogram>>(new Family<Histogram>(
-      name, help, MetricType::kHistogram, label_names, std::move(bounds))));
+  return Add(std::unique_ptr<Family<Histogram>>(
+      new Family<Histogram>(name, help, MetricType::kHistogram, label_names, std::move(bounds))));
 }
 
 void Registry::AddCallback(MetricType type, const std::string& name, const std::string& help,

@@ -140,8 +140,8 @@ class Family final : public FamilyBase {
 
  private:
   friend class Registry;
-  Family(std::string name, std::string help, MetricType type,
-         std::vector<std::string> label_names, std::vector<double> bounds = {})
+  Family(std::string name, std::string help, MetricType type, std::vector<std::string> label_names,
+         std::vector<double> bounds = {})
       : FamilyBase(std::move(name), std::move(help), type, std::move(label_names)),
         bounds_(std::move(bounds)) {}
   void WriteSamples(std::string* out) const override ABSL_LOCKS_EXCLUDED(mu_);

@@ -24,8 +24,8 @@ namespace gpurpc::worker {
 absl::StatusOr<std::unique_ptr<MappedRegion>> MappedRegion::Map(int fd, uint64_t size_bytes) {
   struct stat st;
   if (fstat(fd, &st) != 0) {
-    return absl::InvalidArgumentError(absl::StrCat("the region's descriptor: fstat: ",
-                                                   std::strerror(errno)));
+    return absl::InvalidArgumentError(
+        absl::StrCat("the region's descriptor: fstat: ", std::strerror(errno)));
   }
   if (!S_ISREG(st.st_mode)) {
     return absl::InvalidArgumentError(
@@ -60,9 +60,9 @@ absl::StatusOr<std::unique_ptr<MappedRegion>> MappedRegion::Map(int fd, uint64_t
   if (data == MAP_FAILED) {
     const int error = errno;
     if (error == EACCES || error == EPERM) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "the region's memfd cannot be mapped read-write (opened read-only?): mmap: ",
-          std::strerror(error)));
+      return absl::InvalidArgumentError(
+          absl::StrCat("the region's memfd cannot be mapped read-write (opened read-only?): mmap: ",
+                       std::strerror(error)));
     }
     if (error == ENOMEM) {
       return absl::ResourceExhaustedError(
@@ -98,8 +98,7 @@ absl::Status DirectChannels::Admit(int fd) {
   socklen_t peer_length = sizeof(peer);
   if (getsockopt(fd, SOL_SOCKET, SO_TYPE, &type, &length) != 0 || type != SOCK_STREAM ||
       (length = sizeof(domain), getsockopt(fd, SOL_SOCKET, SO_DOMAIN, &domain, &length)) != 0 ||
-      domain != AF_UNIX ||
-      getpeername(fd, reinterpret_cast<sockaddr*>(&peer), &peer_length) != 0) {
+      domain != AF_UNIX || getpeername(fd, reinterpret_cast<sockaddr*>(&peer), &peer_length) != 0) {
     return absl::InvalidArgumentError(
         "a direct channel's descriptor must be one end of a connected AF_UNIX SOCK_STREAM "
         "socketpair");
@@ -115,8 +114,8 @@ absl::Status DirectChannels::Admit(int fd) {
     }
   }
   if (live_.size() >= kMaxDirectChannelsPerSession) {
-    return absl::ResourceExhaustedError(absl::StrFormat(
-        "this session holds %d direct channels, the most it may", live_.size()));
+    return absl::ResourceExhaustedError(
+        absl::StrFormat("this session holds %d direct channels, the most it may", live_.size()));
   }
   const int mine = fcntl(fd, F_DUPFD_CLOEXEC, 0);
   if (mine < 0) {
@@ -164,8 +163,9 @@ void RegionChannel::Loop() {
     v1::AttachHostRegionReply reply;
     reply.set_code(static_cast<int>(status.code()));
     // Never an empty datagram: a SOCK_SEQPACKET reader cannot tell one from a hang-up.
-    reply.set_message(status.ok() ? std::string("attached")
-                                  : std::string(status.message()).substr(0, kMaxRegionDatagramBytes / 2));
+    reply.set_message(status.ok()
+                          ? std::string("attached")
+                          : std::string(status.message()).substr(0, kMaxRegionDatagramBytes / 2));
     if (absl::Status sent = SendDatagram(fd_, reply.SerializeAsString(), {}); !sent.ok()) {
       spdlog::warn("region channel: {}", std::string(sent.message()));
       return;

@@ -12,16 +12,16 @@
 #ifndef GPURPC_SERVER_WORKER_HOST_REGION_H_
 #define GPURPC_SERVER_WORKER_HOST_REGION_H_
 
+#include <sys/types.h>
+
 #include <cstdint>
 #include <functional>
-#include <memory>
-#include <string>
 #include <map>
+#include <memory>
 #include <mutex>
+#include <string>
 #include <thread>
 #include <utility>
-
-#include <sys/types.h>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -85,8 +85,7 @@ class DirectChannels {
 // closes its end; the destructor shuts the socket down and joins.
 class RegionChannel {
  public:
-  using AttachFn = std::function<absl::Status(const v1::AttachHostRegionRequest& request,
-                                              int fd)>;
+  using AttachFn = std::function<absl::Status(const v1::AttachHostRegionRequest& request, int fd)>;
   RegionChannel(int fd, AttachFn attach);
   ~RegionChannel();
   RegionChannel(const RegionChannel&) = delete;

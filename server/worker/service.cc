@@ -377,9 +377,8 @@ class ModuleServiceImpl final : public v1::ModuleService::Service {
 
   grpc::Status GetCacheConfig(grpc::ServerContext*, const v1::GetCacheConfigRequest*,
                               v1::GetCacheConfigResponse* response) override {
-    return Answer(session_->GetCacheConfig(), [&](int config) {
-      response->set_config(static_cast<v1::CacheConfig>(config));
-    });
+    return Answer(session_->GetCacheConfig(),
+                  [&](int config) { response->set_config(static_cast<v1::CacheConfig>(config)); });
   }
 
   grpc::Status SetSharedConfig(grpc::ServerContext*, const v1::SetSharedConfigRequest* request,
@@ -390,18 +389,17 @@ class ModuleServiceImpl final : public v1::ModuleService::Service {
 
   grpc::Status GetSharedConfig(grpc::ServerContext*, const v1::GetSharedConfigRequest*,
                                v1::GetSharedConfigResponse* response) override {
-    return Answer(session_->GetSharedConfig(), [&](int config) {
-      response->set_config(static_cast<v1::SharedConfig>(config));
-    });
+    return Answer(session_->GetSharedConfig(),
+                  [&](int config) { response->set_config(static_cast<v1::SharedConfig>(config)); });
   }
 
   grpc::Status SetFunctionAttribute(grpc::ServerContext*,
                                     const v1::SetFunctionAttributeRequest* request,
                                     v1::SetFunctionAttributeResponse* response) override {
-    return Answer(session_->SetFunctionAttribute(request->function_id(),
-                                                 static_cast<int>(request->attribute()),
-                                                 request->value()),
-                  [&](v1::SetFunctionAttributeResponse& result) { *response = std::move(result); });
+    return Answer(
+        session_->SetFunctionAttribute(request->function_id(),
+                                       static_cast<int>(request->attribute()), request->value()),
+        [&](v1::SetFunctionAttributeResponse& result) { *response = std::move(result); });
   }
 
   grpc::Status SetFunctionCacheConfig(grpc::ServerContext*,
@@ -575,7 +573,8 @@ class HostRegionServiceImpl final : public v1::HostRegionService::Service {
  public:
   explicit HostRegionServiceImpl(Session* session) : session_(session) {}
 
-  grpc::Status RegisterHostRegion(grpc::ServerContext*, const v1::RegisterHostRegionRequest* request,
+  grpc::Status RegisterHostRegion(grpc::ServerContext*,
+                                  const v1::RegisterHostRegionRequest* request,
                                   v1::RegisterHostRegionResponse* response) override {
     return Answer(session_->RegisterHostRegion(request->size_bytes()),
                   [&](v1::RegisterHostRegionResponse& r) { *response = std::move(r); });

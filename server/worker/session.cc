@@ -687,14 +687,13 @@ absl::StatusOr<bool> HasRelocatableDeviceCode(
 absl::Status CheckLinkData(int index, const v1::LinkData& data) {
   const absl::Span<const uint8_t> bytes(reinterpret_cast<const uint8_t*>(data.data().data()),
                                         data.data().size());
-  const std::string what = absl::StrFormat("LinkModule: input %d ('%s')", index,
-                                           absl::CHexEscape(data.name()));
+  const std::string what =
+      absl::StrFormat("LinkModule: input %d ('%s')", index, absl::CHexEscape(data.name()));
   const backend::ImageFormat format = backend::DetectImageFormat(bytes);
   const auto declared = [&](backend::ImageFormat expected, const char* type) -> absl::Status {
     if (format == expected) return absl::OkStatus();
-    return absl::InvalidArgumentError(absl::StrFormat("%s is declared %s but its bytes are %s",
-                                                      what, type,
-                                                      backend::ImageFormatName(format)));
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "%s is declared %s but its bytes are %s", what, type, backend::ImageFormatName(format)));
   };
   const auto annotate = [&](const absl::Status& status) {
     return status.ok() ? status
@@ -713,10 +712,11 @@ absl::Status CheckLinkData(int index, const v1::LinkData& data) {
       return annotate(backend::ModuleFootprintBytes(bytes).status());
     case v1::LINK_INPUT_TYPE_LIBRARY:
       return absl::InvalidArgumentError(absl::StrCat(
-          what, ": libraries are linked only from the server's toolkit, by name "
-                "(standard_library \"cudadevrt\"); send your own library's members as "
-                "LINK_INPUT_TYPE_OBJECT or _CUBIN inputs, which are checked before the linker "
-                "reads them"));
+          what,
+          ": libraries are linked only from the server's toolkit, by name "
+          "(standard_library \"cudadevrt\"); send your own library's members as "
+          "LINK_INPUT_TYPE_OBJECT or _CUBIN inputs, which are checked before the linker "
+          "reads them"));
     default:
       return absl::InvalidArgumentError(absl::StrCat(what, ": unknown input type"));
   }
@@ -1048,8 +1048,8 @@ absl::StatusOr<v1::SetContextLimitResponse> Session::SetContextLimit(int limit_v
   GPURPC_ASSIGN_OR_RETURN(const backend::ContextLimit limit, ToContextLimit(kCall, limit_value));
   const std::string name = LimitName(limit);
   const auto out_of_bounds = [&](uint64_t low, uint64_t high, const std::string& why) {
-    return absl::InvalidArgumentError(absl::StrFormat("%s: %s = %d is outside %d..%d%s", kCall,
-                                                      name, value, low, high, why));
+    return absl::InvalidArgumentError(
+        absl::StrFormat("%s: %s = %d is outside %d..%d%s", kCall, name, value, low, high, why));
   };
   const backend::DeviceInfo& device = context_->device();
   switch (limit) {
@@ -1181,10 +1181,10 @@ absl::StatusOr<int> Session::GetCacheConfig() {
 absl::Status Session::SetSharedConfig(int config, uint64_t function_id) {
   GPURPC_RETURN_IF_ERROR(fault());
   if (!v1::SharedConfig_IsValid(config)) {
-    return absl::InvalidArgumentError(absl::StrFormat(
-        "SetSharedConfig: config %d is not a SharedConfig (0 = DEFAULT_BANK_SIZE, "
-        "1 = FOUR_BYTE_BANK_SIZE, 2 = EIGHT_BYTE_BANK_SIZE)",
-        config));
+    return absl::InvalidArgumentError(
+        absl::StrFormat("SetSharedConfig: config %d is not a SharedConfig (0 = DEFAULT_BANK_SIZE, "
+                        "1 = FOUR_BYTE_BANK_SIZE, 2 = EIGHT_BYTE_BANK_SIZE)",
+                        config));
   }
   if (function_id != 0) GPURPC_RETURN_IF_ERROR(FindFunction(function_id).status());
   // cuCtxSetSharedMemConfig / cuFuncSetSharedMemConfig are deprecated, and on the devices
@@ -1200,8 +1200,9 @@ absl::StatusOr<int> Session::GetSharedConfig() {
   return static_cast<int>(v1::SHARED_CONFIG_FOUR_BYTE_BANK_SIZE);
 }
 
-absl::StatusOr<v1::SetFunctionAttributeResponse> Session::SetFunctionAttribute(
-    uint64_t function_id, int attribute, int64_t value) {
+absl::StatusOr<v1::SetFunctionAttributeResponse> Session::SetFunctionAttribute(uint64_t function_id,
+                                                                               int attribute,
+                                                                               int64_t value) {
   constexpr char kCall[] = "SetFunctionAttribute";
   GPURPC_RETURN_IF_ERROR(fault());
   if (!v1::FunctionAttribute_IsValid(attribute)) {
@@ -1210,7 +1211,8 @@ absl::StatusOr<v1::SetFunctionAttributeResponse> Session::SetFunctionAttribute(
         "9 = PREFERRED_SHARED_MEMORY_CARVEOUT can be set)",
         kCall, attribute));
   }
-  const std::string name = v1::FunctionAttribute_Name(static_cast<v1::FunctionAttribute>(attribute));
+  const std::string name =
+      v1::FunctionAttribute_Name(static_cast<v1::FunctionAttribute>(attribute));
   if (attribute != v1::FUNCTION_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES &&
       attribute != v1::FUNCTION_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT) {
     return absl::InvalidArgumentError(absl::StrFormat(
@@ -1224,7 +1226,8 @@ absl::StatusOr<v1::SetFunctionAttributeResponse> Session::SetFunctionAttribute(
     const backend::DeviceInfo& device = context_->device();
     const int64_t optin = std::max(device.max_shared_memory_per_block_optin_bytes,
                                    device.max_shared_memory_per_block_bytes);
-    const int64_t max = std::max<int64_t>(0, optin - entry->function->attributes().shared_size_bytes);
+    const int64_t max =
+        std::max<int64_t>(0, optin - entry->function->attributes().shared_size_bytes);
     if (value < 0 || value > max) {
       return absl::InvalidArgumentError(absl::StrFormat(
           "%s: %s = %d for kernel '%s' is outside 0..%d (the device's %d bytes of shared "
@@ -1242,8 +1245,8 @@ absl::StatusOr<v1::SetFunctionAttributeResponse> Session::SetFunctionAttribute(
     }
     backend_attribute = backend::FunctionAttribute::kPreferredSharedMemoryCarveout;
   }
-  GPURPC_RETURN_IF_ERROR(Check(context_->SetFunctionAttribute(entry->function, backend_attribute,
-                                                              static_cast<int>(value))));
+  GPURPC_RETURN_IF_ERROR(Check(
+      context_->SetFunctionAttribute(entry->function, backend_attribute, static_cast<int>(value))));
   if (backend_attribute == backend::FunctionAttribute::kMaxDynamicSharedSizeBytes) {
     entry->max_dynamic_shared_bytes.store(static_cast<int>(value), std::memory_order_release);
   } else {

@@ -454,7 +454,7 @@ class Session {
   std::unordered_map<uint64_t, std::shared_ptr<backend::Stream>> streams_ ABSL_GUARDED_BY(mu_);
   std::unordered_map<uint64_t, std::shared_ptr<backend::Event>> events_ ABSL_GUARDED_BY(mu_);
   std::unordered_map<uint64_t, std::shared_ptr<RegionEntry>> regions_ ABSL_GUARDED_BY(mu_);
-  uint64_t region_bytes_ ABSL_GUARDED_BY(mu_) = 0;  // summed over regions_
+  uint64_t region_bytes_ ABSL_GUARDED_BY(mu_) = 0;                // summed over regions_
   std::vector<std::string> direct_tickets_ ABSL_GUARDED_BY(mu_);  // unused
   // CUDA graphs: every stream's capture state (by stream id; stream 0's is legacy_capture_),
   // the streams that capture, graphs, graph execs (and instantiations under way), and the

@@ -146,7 +146,8 @@ absl::Status Session::UnregisterHostRegion(uint64_t region_id) {
 
 absl::Status Session::CopyHostRegion(const v1::RegionCopyCommand& command) {
   GPURPC_RETURN_IF_ERROR(fault());
-  const char* what = command.to_device() ? "region copy to the device" : "region copy from the device";
+  const char* what =
+      command.to_device() ? "region copy to the device" : "region copy from the device";
   if (command.size_bytes() == 0) {
     return absl::InvalidArgumentError(absl::StrCat(what, ": size_bytes must be > 0"));
   }
@@ -167,9 +168,9 @@ absl::Status Session::CopyHostRegion(const v1::RegionCopyCommand& command) {
   }
   const uint64_t offset = command.region_offset_bytes();
   if (offset > entry->size_bytes || command.size_bytes() > entry->size_bytes - offset) {
-    return absl::InvalidArgumentError(absl::StrFormat(
-        "%s: bytes [%d, %d + %d) are outside region %d of %d bytes", what, offset, offset,
-        command.size_bytes(), command.region_id(), entry->size_bytes));
+    return absl::InvalidArgumentError(
+        absl::StrFormat("%s: bytes [%d, %d + %d) are outside region %d of %d bytes", what, offset,
+                        offset, command.size_bytes(), command.region_id(), entry->size_bytes));
   }
   GPURPC_ASSIGN_OR_RETURN(
       backend::DevicePtr device,
@@ -180,8 +181,7 @@ absl::Status Session::CopyHostRegion(const v1::RegionCopyCommand& command) {
   GPURPC_RETURN_IF_ERROR(RefuseWhileCapturing(command.stream_id(), what));
   uint8_t* const host = entry->mapping->data() + offset;
   if (command.to_device()) {
-    return Check(
-        context_->CopyHostToDeviceAsync(device, host, command.size_bytes(), stream.get()));
+    return Check(context_->CopyHostToDeviceAsync(device, host, command.size_bytes(), stream.get()));
   }
   return Check(context_->CopyDeviceToHostAsync(host, device, command.size_bytes(), stream.get()));
 }

@@ -23,14 +23,14 @@
 #include "common/status_macros.h"
 #include "grpcpp/grpcpp.h"
 #include "grpcpp/server_posix.h"
+#include "server/log_format.h"
+#include "server/status_interceptor.h"
 #include "server/worker/backend/backend.h"
 #include "server/worker/compiler/compile_cache.h"
 #include "server/worker/compiler/compiler.h"
 #include "server/worker/device_output.h"
-#include "server/log_format.h"
-#include "server/status_interceptor.h"
-#include "server/worker/service.h"
 #include "server/worker/host_region.h"
+#include "server/worker/service.h"
 #include "server/worker/session.h"
 #include "spdlog/spdlog.h"
 
@@ -253,7 +253,8 @@ int WorkerMain(const DaemonOptions& options) {
   builder.SetMaxReceiveMessageSize(kMaxMessageBytes);
   builder.SetMaxSendMessageSize(kMaxMessageBytes);
   for (auto& service : services) builder.RegisterService(service.get());
-  builder.experimental().SetInterceptorCreators(StatusInterceptors(/*mark_worker_answers=*/true, kWorkerMaxThreads));
+  builder.experimental().SetInterceptorCreators(
+      StatusInterceptors(/*mark_worker_answers=*/true, kWorkerMaxThreads));
   std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
   if (server == nullptr) {
     spdlog::error("cannot start the worker's gRPC server");

@@ -65,8 +65,7 @@ inline DaemonUnderTest StartDaemon(int argc, char** argv) {
     std::string arg = argv[i];
     if (arg.rfind("--address=", 0) == 0) {
       // A unix: address is the same host (the direct channel is measured there too).
-      (arg.rfind("--address=unix:", 0) == 0 ? out.unix_address : out.tcp_address) =
-          arg.substr(10);
+      (arg.rfind("--address=unix:", 0) == 0 ? out.unix_address : out.tcp_address) = arg.substr(10);
       // A running daemon: its backend decides whether there is a driver to compare with.
       auto client = Client::Connect(arg.substr(10));
       Check(client.status(), "connect to --address");

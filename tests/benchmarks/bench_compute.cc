@@ -7,12 +7,12 @@
 // with several devices, also the aggregate launch rate of one session per device at once
 // against one device alone.
 #include <algorithm>
-#include <memory>
-#include <thread>
 #include <cstring>
 #include <functional>
+#include <memory>
 #include <optional>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "tests/benchmarks/bench_common.h"
@@ -58,9 +58,8 @@ int Main(int argc, char** argv) {
 
   // Compile: cold (a source nobody compiled before) and cached.
   const std::string unique_source =
-      kKernel + std::string("// ") + std::to_string(std::chrono::steady_clock::now()
-                                                        .time_since_epoch()
-                                                        .count()) + "\n";
+      kKernel + std::string("// ") +
+      std::to_string(std::chrono::steady_clock::now().time_since_epoch().count()) + "\n";
   auto start = std::chrono::steady_clock::now();
   CompileOptions compile_options;
   compile_options.source = unique_source;
@@ -324,8 +323,8 @@ int Main(int argc, char** argv) {
       start = std::chrono::steady_clock::now();
       for (int i = 0; i < graph_iterations; ++i) {
         for (int k = 0; k < kGraphKernels; ++k) {
-          BENCH_CHECK_CU(api, api->cuLaunchKernel(kernel, 1, 1, 1, 32, 1, 1, 0, stream, params,
-                                                  nullptr));
+          BENCH_CHECK_CU(
+              api, api->cuLaunchKernel(kernel, 1, 1, 1, 32, 1, 1, 0, stream, params, nullptr));
         }
         BENCH_CHECK_CU(api, api->cuStreamSynchronize(stream));
       }
@@ -423,8 +422,8 @@ int Main(int argc, char** argv) {
     char label[96];
     std::snprintf(label, sizeof(label), "async launches/s, %d devices at once vs one device",
                   device_count);
-    std::printf("%-55s %12.0f/s %12.0f/s %9.2fx %8s\n", label, all_devices_rate,
-                one_device_rate, all_devices_rate / one_device_rate, "-");
+    std::printf("%-55s %12.0f/s %12.0f/s %9.2fx %8s\n", label, all_devices_rate, one_device_rate,
+                all_devices_rate / one_device_rate, "-");
   } else {
     std::printf("%-55s %14s %14s %10s %8s   (the daemon serves one device)\n",
                 "async launches/s, every device at once vs one device", "n/a", "-", "-", "-");
@@ -433,16 +432,15 @@ int Main(int argc, char** argv) {
               "100 kernels+sync: graph vs 100 launches (stream)", graph_replay_us,
               graph_separate_us, Median(graph_ratios), "<1x");
   if (daemon.fake()) {
-    std::printf("%-55s %11.1f us %14s %10s %8s\n",
-                "100 kernels+sync: graph vs local cuGraphLaunch", graph_replay_us,
-                "n/a (fake)", "-", "-");
+    std::printf("%-55s %11.1f us %14s %10s %8s\n", "100 kernels+sync: graph vs local cuGraphLaunch",
+                graph_replay_us, "n/a (fake)", "-", "-");
     std::printf("%-55s %11.1f us %14s %10s %8s\n",
                 "100 kernels+sync: graph vs local 100x cuLaunchKernel", graph_replay_us,
                 "n/a (fake)", "-", "-");
   } else {
     std::printf("%-55s %11.1f us %11.1f us %9.2fx %8s\n",
-                "100 kernels+sync: graph vs local cuGraphLaunch", graph_replay_us,
-                local_graph_us, graph_replay_us / local_graph_us, "-");
+                "100 kernels+sync: graph vs local cuGraphLaunch", graph_replay_us, local_graph_us,
+                graph_replay_us / local_graph_us, "-");
     std::printf("%-55s %11.1f us %11.1f us %9.2fx %8s\n",
                 "100 kernels+sync: graph vs local 100x cuLaunchKernel", graph_replay_us,
                 local_launches_us, graph_replay_us / local_launches_us, "-");

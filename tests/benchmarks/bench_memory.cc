@@ -138,10 +138,11 @@ int Main(int argc, char** argv) {
     std::printf("%-40s %10.2f %10.2f %14s %14s %12s %12s\n", row.path.c_str(), row.up_gbps,
                 row.down_gbps, vs_pinned[0], vs_pinned[1], vs_target[0], vs_target[1]);
   }
-  std::printf("target: >= %.0f GB/s each way from a same-host region, >= %.0f GB/s over TCP "
-              "loopback and the unix socket (x >= 1.00)%s\n",
-              kRegionTargetGbps, kTargetGbps,
-              daemon.fake() ? "; on the fake backend the device side is a host memcpy" : "");
+  std::printf(
+      "target: >= %.0f GB/s each way from a same-host region, >= %.0f GB/s over TCP "
+      "loopback and the unix socket (x >= 1.00)%s\n",
+      kRegionTargetGbps, kTargetGbps,
+      daemon.fake() ? "; on the fake backend the device side is a host memcpy" : "");
   return 0;
 }
 

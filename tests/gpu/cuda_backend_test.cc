@@ -852,8 +852,7 @@ TEST_F(CudaBackendTest, DestroyingObjectsWithQueuedWorkIsSafe) {
     ASSERT_OK_AND_ASSIGN(std::unique_ptr<Stream> stream, context().CreateStream(true));
     ASSERT_OK_AND_ASSIGN(std::unique_ptr<Event> event, context().CreateEvent(false, false));
     for (int i = 0; i < 50; ++i) {
-      ASSERT_OK(
-          context().Launch(add_one, Linear(n), PackArgs(*add_one, buffer, n), stream.get()));
+      ASSERT_OK(context().Launch(add_one, Linear(n), PackArgs(*add_one, buffer, n), stream.get()));
     }
     ASSERT_OK(context().RecordEvent(event.get(), stream.get()));
     event.reset();

@@ -178,8 +178,8 @@ TEST_F(ReliabilityGpuTest, WatchdogEndsAHungKernelAndGivesItsMemoryBack) {
   EXPECT_EQ(state.fault_code(), static_cast<int>(absl::StatusCode::kDeadlineExceeded));
 
   // The 4 GiB are back within seconds, and the control session never noticed.
-  EXPECT_TRUE(WaitFor(absl::Seconds(30),
-                      [&] { return UsedBytes(*control_) <= baseline + kSlackBytes; }))
+  EXPECT_TRUE(
+      WaitFor(absl::Seconds(30), [&] { return UsedBytes(*control_) <= baseline + kSlackBytes; }))
       << "used " << UsedBytes(*control_) << " bytes, baseline " << baseline;
   Healthy();
 }
@@ -282,8 +282,8 @@ TEST_F(ReliabilityGpuTest, DeadClientIsReclaimedAfterTheGrace) {
     auto now = client_->GetServerInfo();
     return now.ok() && now->sessions_open() == sessions_before;
   }));
-  EXPECT_TRUE(WaitFor(absl::Seconds(30),
-                      [&] { return UsedBytes(*control_) <= baseline + kSlackBytes; }))
+  EXPECT_TRUE(
+      WaitFor(absl::Seconds(30), [&] { return UsedBytes(*control_) <= baseline + kSlackBytes; }))
       << "used " << UsedBytes(*control_) << " bytes, baseline " << baseline;
   std::cout << "[ info ] the killed client's session and its 4 GiB were reclaimed "
             << absl::FormatDuration(absl::Now() - killed)

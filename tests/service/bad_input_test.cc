@@ -473,8 +473,7 @@ v1::LaunchRequest LaunchReq(const v1::LaunchCommand& launch) {
   return request;
 }
 // CUDA graphs: captures `launch` on `stream` of `s` into a graph whose id goes to `graph`.
-Outcome CaptureGraph(const Caller& s, uint64_t stream, v1::LaunchCommand launch,
-                     uint64_t* graph) {
+Outcome CaptureGraph(const Caller& s, uint64_t stream, v1::LaunchCommand launch, uint64_t* graph) {
   v1::BeginCaptureRequest begin;
   begin.set_stream_id(stream);
   const Outcome begun = s.Call(&ExecutionStub::BeginCapture, begin);
@@ -2388,9 +2387,7 @@ TEST_F(BadInputTest, UnaryCallsAnswerTheirDocumentedCodes) {
 
       // ------------------------------------------------ ExecutionService: CUDA graphs
       {"BeginCapture: the default stream",
-       [&] {
-         return m_.Call(&ExecutionStub::BeginCapture, StreamReq<v1::BeginCaptureRequest>(0));
-       },
+       [&] { return m_.Call(&ExecutionStub::BeginCapture, StreamReq<v1::BeginCaptureRequest>(0)); },
        Code::INVALID_ARGUMENT, "legacy default stream"},
       {"BeginCapture: an unknown stream",
        [&] {
@@ -2424,8 +2421,7 @@ TEST_F(BadInputTest, UnaryCallsAnswerTheirDocumentedCodes) {
        Code::FAILED_PRECONDITION, "already capturing"},
       {"EndCapture: a stream that does not capture",
        [&] {
-         return m_.Call(&ExecutionStub::EndCapture,
-                        StreamReq<v1::EndCaptureRequest>(mh_.stream));
+         return m_.Call(&ExecutionStub::EndCapture, StreamReq<v1::EndCaptureRequest>(mh_.stream));
        },
        Code::FAILED_PRECONDITION, "not capturing"},
       {"SynchronizeStream: a capturing stream",
@@ -2844,7 +2840,9 @@ TEST_F(BadInputTest, UnaryCallsAnswerTheirDocumentedCodes) {
        },
        Code::RESOURCE_EXHAUSTED, "--max-host-region-bytes"},
       {"RegisterHostRegion: 0 bytes",
-       [&] { return m_.Call(&HostRegionStub::RegisterHostRegion, v1::RegisterHostRegionRequest()); },
+       [&] {
+         return m_.Call(&HostRegionStub::RegisterHostRegion, v1::RegisterHostRegionRequest());
+       },
        Code::INVALID_ARGUMENT, "size_bytes must be > 0"},
       {"UnregisterHostRegion: an unknown region",
        [&] {

@@ -1,10 +1,10 @@
 // The compile sandbox seen from a client (ctest label `service`): a real gpurpcd with real
-// worker processes on the fake backend (or GPURPC_ESCAPE_TEST_BACKEND), through the C++ client's Session::Compile. A secret
-// with a random marker is planted beside the test (tests/testing/compile_escape.h); the
-// daemon is started in the secret's folder, with the marker in its environment and the
-// secret's file open on an inherited descriptor, and every route we know is tried,
-// including /proc paths of the daemon and its workers. The marker must never come back in a
-// reply, nor appear in the daemon's log. Also: ListDevices names the protection, the limits
+// worker processes on the fake backend (or GPURPC_ESCAPE_TEST_BACKEND), through the C++ client's
+// Session::Compile. A secret with a random marker is planted beside the test
+// (tests/testing/compile_escape.h); the daemon is started in the secret's folder, with the marker
+// in its environment and the secret's file open on an inherited descriptor, and every route we know
+// is tried, including /proc paths of the daemon and its workers. The marker must never come back in
+// a reply, nor appear in the daemon's log. Also: ListDevices names the protection, the limits
 // answer with their codes and flags, and the daemon refuses unconfined compiles without
 // --allow-unsandboxed-compile.
 #include "tests/testing/compile_escape.h"

@@ -58,7 +58,8 @@ class Collected {
 
 std::string Lines(const std::vector<int32_t>& values) {
   std::string out;
-  for (size_t i = 0; i < values.size(); ++i) absl::StrAppend(&out, "print_i32 ", i, " ", values[i], "\n");
+  for (size_t i = 0; i < values.size(); ++i)
+    absl::StrAppend(&out, "print_i32 ", i, " ", values[i], "\n");
   return out;
 }
 
@@ -122,8 +123,8 @@ class DeviceOutputTest : public ::testing::Test {
     absl::Status status = printer.session.Upload(
         buffer->at(0), absl::MakeConstSpan(reinterpret_cast<const uint8_t*>(values.data()), bytes));
     if (!status.ok()) return status;
-    status = printer.print.LaunchAsync(Threads(values.size(), stream), *buffer,
-                                       uint64_t{values.size()});
+    status =
+        printer.print.LaunchAsync(Threads(values.size(), stream), *buffer, uint64_t{values.size()});
     if (!status.ok()) return status;
     return buffer;
   }

@@ -96,7 +96,7 @@ class HostRegionTest : public ::testing::Test {
   template <typename Request, typename Response>
   grpc::Status Raw(const Session& session,
                    grpc::Status (v1::HostRegionService::Stub::*method)(grpc::ClientContext*,
-                                                                      const Request&, Response*),
+                                                                       const Request&, Response*),
                    const Request& request, Response* response) {
     auto channel = grpc::CreateChannel(daemon_->address(), grpc::InsecureChannelCredentials());
     v1::HostRegionService::Stub stub(channel);
@@ -196,13 +196,13 @@ TEST_F(HostRegionTest, CopyErrorsComeBackAndTheSessionGoesOn) {
   auto buffer = session.Allocate(kMiB);
   ASSERT_THAT(buffer, IsOk());
   ASSERT_THAT(region->CopyToDevice(buffer->at(), kMiB - 10, 11), IsOk());
-  EXPECT_THAT(session.Synchronize(), StatusIs(absl::StatusCode::kInvalidArgument,
-                                              HasSubstr("outside region")));
+  EXPECT_THAT(session.Synchronize(),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("outside region")));
   ASSERT_THAT(region->CopyToDevice(buffer->at(10), 0, kMiB), IsOk());
   EXPECT_THAT(session.Synchronize(), StatusIs(absl::StatusCode::kInvalidArgument));
   ASSERT_THAT(region->CopyFromDevice(buffer->at(), 0, 0), IsOk());
-  EXPECT_THAT(session.Synchronize(), StatusIs(absl::StatusCode::kInvalidArgument,
-                                              HasSubstr("size_bytes must be > 0")));
+  EXPECT_THAT(session.Synchronize(),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("size_bytes must be > 0")));
   v1::CopyHostRegionRequest copy;
   copy.set_region_id(region->id());
   copy.mutable_device()->mutable_buffer()->set_buffer_id(buffer->id());
@@ -302,8 +302,7 @@ TEST_F(HostRegionTest, HostileDescriptorsAreRefusedAndTheRegionStillWaits) {
   { std::ofstream(file_path) << std::string(kMiB, 'x'); }
   const int file_fd = open(file_path.c_str(), O_RDWR | O_CLOEXEC);
   ASSERT_GE(file_fd, 0);
-  const int read_only =
-      open(absl::StrCat("/proc/self/fd/", good.fd).c_str(), O_RDONLY | O_CLOEXEC);
+  const int read_only = open(absl::StrCat("/proc/self/fd/", good.fd).c_str(), O_RDONLY | O_CLOEXEC);
   ASSERT_GE(read_only, 0);
   const std::vector<Case> cases = {
       {"no descriptor", {}, "carries 0 descriptors"},
@@ -499,7 +498,8 @@ TEST_F(HostRegionTest, DirectChannelsRefuseWhatIsNotAStreamSocketAndAreBounded) 
     const grpc::Status status = Raw(session, &v1::HostRegionService::Stub::OpenDirectChannel,
                                     v1::OpenDirectChannelRequest(), &opened);
     if (!status.ok()) {
-      EXPECT_EQ(status.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED) << status.error_message();
+      EXPECT_EQ(status.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED)
+          << status.error_message();
       ++exhausted;
       continue;
     }

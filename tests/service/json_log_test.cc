@@ -49,7 +49,6 @@ bool MatchesDigitPattern(absl::string_view text, absl::string_view pattern) {
   return true;
 }
 
-
 using ::gpurpc::testing::IsOk;
 using ::gpurpc::testing::TestDaemon;
 using ::testing::HasSubstr;

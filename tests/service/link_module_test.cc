@@ -420,10 +420,10 @@ TEST_F(LinkModuleTest, HostileInputsAreRefusedNamingWhatWasWrong) {
     elf[1] = 'E';
     elf[2] = 'L';
     elf[3] = 'F';
-    elf[4] = 2;     // 64-bit
+    elf[4] = 2;        // 64-bit
     elf[0x28] = 0x10;  // e_shoff far past the end
     elf[0x29] = 0x27;
-    elf[0x3c] = 4;     // e_shnum
+    elf[0x3c] = 4;  // e_shnum
     LinkOptions options;
     options.AddData(v1::LINK_INPUT_TYPE_OBJECT, elf, "short.o");
     ExpectRefused(options, "'short.o')");

@@ -188,8 +188,7 @@ TEST_F(MemoryContractTest, EveryOutOfBoundsAccessIsRejectedAndWritesNothing) {
               StatusIs(kInvalid));
   // An address in no buffer at all. (Past the end of one buffer may be the start of the
   // next: the driver packs allocations.)
-  EXPECT_THAT(session.Upload(DeviceRef::Address(64), small),
-              StatusIs(absl::StatusCode::kNotFound));
+  EXPECT_THAT(session.Upload(DeviceRef::Address(64), small), StatusIs(absl::StatusCode::kNotFound));
 
   auto back = buffer->Download(0, 4096);
   ASSERT_THAT(back, IsOk());

@@ -112,8 +112,8 @@ TEST_F(MultiDeviceTest, SessionsOnEveryDeviceAtOnce) {
         launch.block = {256, 1, 1};
         const float factor = static_cast<float>(d + 2);
         for (int repeat = 0; repeat < 50; ++repeat) {
-          if (absl::Status s = function->LaunchAsync(launch, repeat == 0 ? factor : 0.0f, *x,
-                                                     *buffer, kCount);
+          if (absl::Status s =
+                  function->LaunchAsync(launch, repeat == 0 ? factor : 0.0f, *x, *buffer, kCount);
               !s.ok()) {
             return s;
           }
@@ -125,8 +125,8 @@ TEST_F(MultiDeviceTest, SessionsOnEveryDeviceAtOnce) {
         std::memcpy(out.data(), back->data(), back->size());
         for (uint64_t i = 0; i < kCount; ++i) {
           if (out[i] != data[i] * factor) {
-            return absl::InternalError(absl::StrCat("device ", d, " element ", i, ": ", out[i],
-                                                    " != ", data[i] * factor));
+            return absl::InternalError(
+                absl::StrCat("device ", d, " element ", i, ": ", out[i], " != ", data[i] * factor));
           }
         }
         buffers[d].push_back(*std::move(x));

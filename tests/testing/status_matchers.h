@@ -36,8 +36,7 @@ MATCHER_P2(StatusIs, code, message_matcher,
            "has code " + absl::StatusCodeToString(code) + " and a matching message") {
   const absl::Status& s = GetStatus(arg);
   *result_listener << "status is " << s;
-  return s.code() == code &&
-         ::testing::Matches(message_matcher)(std::string(s.message()));
+  return s.code() == code && ::testing::Matches(message_matcher)(std::string(s.message()));
 }
 
 MATCHER_P(IsOkAndHolds, matcher, "is OK and holds a matching value") {
@@ -55,9 +54,8 @@ MATCHER_P(IsOkAndHolds, matcher, "is OK and holds a matching value") {
 
 #define EXPECT_OK(expr) EXPECT_THAT((expr), ::gpurpc::testing::IsOk())
 #define ASSERT_OK(expr) ASSERT_THAT((expr), ::gpurpc::testing::IsOk())
-#define ASSERT_OK_AND_ASSIGN(lhs, expr)                                                \
-  ASSERT_OK_AND_ASSIGN_IMPL_(GPURPC_TESTING_CONCAT_(gpurpc_statusor_, __LINE__), lhs, \
-                             expr)
+#define ASSERT_OK_AND_ASSIGN(lhs, expr) \
+  ASSERT_OK_AND_ASSIGN_IMPL_(GPURPC_TESTING_CONCAT_(gpurpc_statusor_, __LINE__), lhs, expr)
 #define ASSERT_OK_AND_ASSIGN_IMPL_(statusor, lhs, expr) \
   auto statusor = (expr);                               \
   ASSERT_TRUE(statusor.ok()) << statusor.status();      \

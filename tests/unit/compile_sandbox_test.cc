@@ -17,16 +17,16 @@
 #include <sched.h>
 #include <signal.h>
 #include <stdlib.h>
+#include <sys/inotify.h>
 #include <sys/mount.h>
 #include <sys/prctl.h>
 #include <sys/ptrace.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
-#include <sys/inotify.h>
-#include <sys/resource.h>
-#include <sys/xattr.h>
 #include <sys/wait.h>
+#include <sys/xattr.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -401,9 +401,9 @@ TEST_P(SandboxModeTest, ConfinedProcessIsRefused) {
   EXPECT_PRED1(denied, results["open_etc_passwd"]);
   EXPECT_PRED1(denied, results["create_in_tmp"]);
   EXPECT_LT(results["write_toolkit"], 0);
-  for (const char* name : {"chmod_secret", "chown_secret", "utimensat_secret", "setxattr_secret",
-                           "fork", "prlimit_parent", "setpriority_parent", "affinity_parent",
-                           "inotify"}) {
+  for (const char* name :
+       {"chmod_secret", "chown_secret", "utimensat_secret", "setxattr_secret", "fork",
+        "prlimit_parent", "setpriority_parent", "affinity_parent", "inotify"}) {
     EXPECT_PRED1(denied, results[name]) << name;
   }
   EXPECT_EQ(results["getrlimit_self"], 0);

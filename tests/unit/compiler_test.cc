@@ -11,11 +11,11 @@
 #include <string>
 #include <vector>
 
-#include "gmock/gmock.h"
-#include "gtest/gtest.h"
 #include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
 #include "server/worker/compiler/sha256.h"
 #include "server/worker/compiler/std_headers.h"
 #include "tests/testing/status_matchers.h"
@@ -373,15 +373,13 @@ extern "C" __global__ void uniform(float* out, unsigned long long seed) {
 
 // Every shim compiles on its own, without a warning, in the C++ dialects it supports, to both
 // output kinds.
-class StdHeaderShimTest : public CompilerTest,
-                          public ::testing::WithParamInterface<std::string> {};
+class StdHeaderShimTest : public CompilerTest, public ::testing::WithParamInterface<std::string> {};
 
 TEST_P(StdHeaderShimTest, CompilesAlone) {
   // The C headers stand alone; the C++ ones are libcu++'s, which needs C++17.
   const std::string& name = GetParam();
-  const bool c_header = absl::EndsWith(name, ".h") ||
-                        (name.size() > 1 && name[0] == 'c' && name != "complex" &&
-                         name != "chrono");
+  const bool c_header = absl::EndsWith(name, ".h") || (name.size() > 1 && name[0] == 'c' &&
+                                                       name != "complex" && name != "chrono");
   // (dialect, target) pairs: each dialect and each output kind at least once.
   std::vector<std::pair<const char*, const char*>> cases = {{"-std=c++17", "sm_90"},
                                                             {"-std=c++20", "compute_75"}};
@@ -467,8 +465,8 @@ extern "C" __global__ void k(int* out) { out[0] = kMine; }
 }
 
 TEST_F(CompilerTest, UnshimmedStandardHeaderStillSaysItCannotBeOpened) {
-  ASSERT_OK_AND_ASSIGN(CompileResult result, compiler_->Compile(Request(
-      "#include <iostream>\n" + std::string(kKernel))));
+  ASSERT_OK_AND_ASSIGN(CompileResult result,
+                       compiler_->Compile(Request("#include <iostream>\n" + std::string(kKernel))));
   EXPECT_FALSE(result.success);
   EXPECT_THAT(result.log, HasSubstr("iostream"));
 }

@@ -50,7 +50,6 @@ bool MatchesDigitPattern(absl::string_view text, absl::string_view pattern) {
   return true;
 }
 
-
 using ::gpurpc::testing::IsOk;
 using ::gpurpc::testing::IsOkAndHolds;
 using ::gpurpc::testing::StatusIs;

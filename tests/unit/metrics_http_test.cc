@@ -2,8 +2,6 @@
 // what it answers to GET /metrics, to other paths and methods, to bodies, to oversized
 // requests, its connection bounds and idle timeout; and the --metrics-listen flag
 // (server/options.h), from the command line and the config file.
-#include "server/metrics/http_server.h"
-
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <poll.h>
@@ -25,6 +23,7 @@
 #include "absl/time/time.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "server/metrics/http_server.h"
 #include "server/metrics/registry.h"
 #include "server/options.h"
 #include "tests/testing/status_matchers.h"
@@ -160,15 +159,15 @@ TEST_F(MetricsHttpTest, GetMetricsAnswersTheRenderedTextAndNothingElseIsServed) 
 TEST_F(MetricsHttpTest, BodiesAreRefusedUnread) {
   ASSERT_NO_FATAL_FAILURE(Start());
   // A POST with a body that never arrives in full: answered at once, not waited for.
-  Reply post = Must(
-      "POST /metrics HTTP/1.1\r\nHost: t\r\nContent-Length: 1000000000\r\n\r\npartial body");
+  Reply post =
+      Must("POST /metrics HTTP/1.1\r\nHost: t\r\nContent-Length: 1000000000\r\n\r\npartial body");
   EXPECT_EQ(post.status, 405);
-  Reply with_body =
-      Must("GET /metrics HTTP/1.1\r\nHost: t\r\nContent-Length: 5\r\n\r\nhello");
+  Reply with_body = Must("GET /metrics HTTP/1.1\r\nHost: t\r\nContent-Length: 5\r\n\r\nhello");
   EXPECT_EQ(with_body.status, 400);
   EXPECT_THAT(with_body.body, HasSubstr("may not have a body"));
   Reply chunked = Must(
-      "GET /metrics HTTP/1.1\r\nHost: t\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhello\r\n0\r\n\r\n");
+      "GET /metrics HTTP/1.1\r\nHost: t\r\nTransfer-Encoding: "
+      "chunked\r\n\r\n5\r\nhello\r\n0\r\n\r\n");
   EXPECT_EQ(chunked.status, 400);
   EXPECT_EQ(renders_.load(), 0);
   // An explicit empty body is no body.
@@ -288,15 +287,15 @@ TEST(MetricsListenFlagTest, ParsedFromFlagsAndTheConfigFile) {
   auto none = Parse({});
   ASSERT_THAT(none, IsOk());
   EXPECT_EQ(none->metrics_listen, "");  // off by default
-  for (const char* good : {"127.0.0.1:9464", "0.0.0.0:0", "localhost:65535", "[::1]:9464",
-                           "[::]:1", "metrics.example.com:80"}) {
+  for (const char* good : {"127.0.0.1:9464", "0.0.0.0:0", "localhost:65535", "[::1]:9464", "[::]:1",
+                           "metrics.example.com:80"}) {
     auto parsed = Parse({absl::StrCat("--metrics-listen=", good)});
     ASSERT_THAT(parsed, IsOk()) << good;
     EXPECT_EQ(parsed->metrics_listen, good);
   }
-  for (const char* bad : {"9464", ":9464", "127.0.0.1:", "127.0.0.1:65536", "127.0.0.1:-1",
-                          "127.0.0.1:http", "::1:9464", "[::1]9464", "[nothost]:1",
-                          "unix:/tmp/x"}) {
+  for (const char* bad :
+       {"9464", ":9464", "127.0.0.1:", "127.0.0.1:65536", "127.0.0.1:-1", "127.0.0.1:http",
+        "::1:9464", "[::1]9464", "[nothost]:1", "unix:/tmp/x"}) {
     EXPECT_THAT(Parse({absl::StrCat("--metrics-listen=", bad)}).status(),
                 StatusIs(absl::StatusCode::kInvalidArgument,
                          ::testing::AllOf(HasSubstr("--metrics-listen"), HasSubstr(bad))))

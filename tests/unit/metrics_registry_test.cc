@@ -1,11 +1,9 @@
 // The metrics registry and its Prometheus text exposition (server/metrics/registry.h): names,
 // escaping, value formatting, the exact text of counters, gauges, histograms and callback
 // families, and consistency under concurrent updates.
-#include "server/metrics/registry.h"
-
+#include <atomic>
 #include <cmath>
 #include <cstdlib>
-#include <atomic>
 #include <limits>
 #include <map>
 #include <random>
@@ -18,6 +16,7 @@
 #include "absl/strings/str_split.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "server/metrics/registry.h"
 
 namespace gpurpc::metrics {
 namespace {

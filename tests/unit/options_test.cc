@@ -227,8 +227,8 @@ TEST(OptionsTest, KernelTimeoutAndSessionGrace) {
   ASSERT_THAT(off.status(), IsOk());
   EXPECT_EQ(off->QuotaFor("anyone").kernel_timeout_ms(), 0u);
 
-  for (const char* bad : {"--kernel-timeout=soon", "--kernel-timeout=-1s",
-                          "--kernel-timeout=10us", "--session-grace=-1s", "--session-grace=x"}) {
+  for (const char* bad : {"--kernel-timeout=soon", "--kernel-timeout=-1s", "--kernel-timeout=10us",
+                          "--session-grace=-1s", "--session-grace=x"}) {
     EXPECT_THAT(Parse({bad}).status(),
                 StatusIs(absl::StatusCode::kInvalidArgument,
                          HasSubstr(std::string(bad).substr(0, std::string(bad).find('=')))))

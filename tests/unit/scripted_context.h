@@ -152,7 +152,7 @@ class ScriptedContext final : public backend::Context {
   }
 
   absl::StatusOr<std::unique_ptr<backend::HostRegistration>> RegisterHostMemory(void*,
-                                                                               uint64_t) override {
+                                                                                uint64_t) override {
     return Unimplemented("RegisterHostMemory");
   }
   absl::Status CopyHostToDeviceAsync(backend::DevicePtr, const void*, uint64_t,

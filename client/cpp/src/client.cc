@@ -275,7 +275,8 @@ absl::StatusOr<Session> Client::OpenSessionOn(const std::shared_ptr<grpc::Channe
   // The direct path when asked for; best effort (the relay serves everything anyway).
   if (const char* direct = std::getenv("GPURPC_DIRECT");
       direct != nullptr && std::string(direct) == "1" && absl::StartsWith(target, "unix:")) {
-    if (absl::Status used = session.UseDirectChannel(); !used.ok() && std::getenv("GPURPC_CLIENT_DEBUG")) {
+    if (absl::Status used = session.UseDirectChannel();
+        !used.ok() && std::getenv("GPURPC_CLIENT_DEBUG")) {
       std::fprintf(stderr, "gpurpc: no direct channel for session %llu: %s\n",
                    static_cast<unsigned long long>(response.session_id()), used.ToString().c_str());
     }
@@ -301,9 +302,9 @@ std::vector<DaemonStatus> Client::Daemons() const {
 absl::StatusOr<Session> Client::OpenSession(int device_ordinal,
                                             const std::string& client_label) const {
   if (device_ordinal < 0 && device_ordinal != kAnyDevice) {
-    return absl::InvalidArgumentError(absl::StrFormat(
-        "device ordinal %d: give a device's ordinal (0 or more) or kAnyDevice (-1)",
-        device_ordinal));
+    return absl::InvalidArgumentError(
+        absl::StrFormat("device ordinal %d: give a device's ordinal (0 or more) or kAnyDevice (-1)",
+                        device_ordinal));
   }
   // One daemon and a device named: straight there, no round trip first.
   if (daemons_ == nullptr && device_ordinal >= 0) {
@@ -336,8 +337,8 @@ absl::StatusOr<Session> Client::OpenSession(int device_ordinal,
   const std::vector<internal::PlacementCandidate> candidates = internal::RankDevices(daemons);
   if (candidates.empty()) {
     std::string why = internal::DescribeUnavailable(daemons);
-    return absl::UnavailableError(absl::StrFormat(
-        "no daemon can take a new session%s%s", why.empty() ? "" : ": ", why));
+    return absl::UnavailableError(
+        absl::StrFormat("no daemon can take a new session%s%s", why.empty() ? "" : ": ", why));
   }
   absl::Status last;
   std::vector<std::string> tried;
@@ -351,8 +352,8 @@ absl::StatusOr<Session> Client::OpenSession(int device_ordinal,
         !absl::IsDeadlineExceeded(last)) {
       return last;
     }
-    tried.push_back(absl::StrFormat("%s device %d: %s", daemon.target, candidate.ordinal,
-                                    last.message()));
+    tried.push_back(
+        absl::StrFormat("%s device %d: %s", daemon.target, candidate.ordinal, last.message()));
   }
   return absl::Status(last.code(), absl::StrCat("no device took the session (tried ",
                                                 absl::StrJoin(tried, "; "), ")"));

@@ -296,16 +296,17 @@ absl::StatusOr<Client> Client::ConnectSeveral(std::vector<internal::TargetSpec> 
   for (const DaemonStatus& daemon : found) {
     if (absl::IsUnauthenticated(daemon.status)) {
       return absl::UnauthenticatedError(absl::StrCat(
-          "gpurpcd at ", daemon.target, " refused the connection's credentials: ",
-          daemon.status.message(),
-          has_credentials ? "" : " (no credentials were given: set ConnectOptions::token or "
-                                 "GPURPC_TOKEN / GPURPC_TOKEN_FILE, or use a TLS client "
-                                 "certificate)"));
+          "gpurpcd at ", daemon.target,
+          " refused the connection's credentials: ", daemon.status.message(),
+          has_credentials ? ""
+                          : " (no credentials were given: set ConnectOptions::token or "
+                            "GPURPC_TOKEN / GPURPC_TOKEN_FILE, or use a TLS client "
+                            "certificate)"));
     }
   }
-  return absl::UnavailableError(absl::StrFormat("cannot reach any of the %d gpurpcd addresses%s: %s",
-                                                found.size(), tls ? " over TLS" : "",
-                                                internal::DescribeUnavailable(found)));
+  return absl::UnavailableError(
+      absl::StrFormat("cannot reach any of the %d gpurpcd addresses%s: %s", found.size(),
+                      tls ? " over TLS" : "", internal::DescribeUnavailable(found)));
 }
 
 absl::StatusOr<Client> Client::Connect(const std::string& address, absl::Duration timeout) {
@@ -377,8 +378,9 @@ absl::StatusOr<Client> Client::Connect(const ConnectOptions& options) {
         internal::ResolveAll(specs->front().host, specs->front().port);
     several = addresses.ok() && addresses->size() > 1;
   }
-  if (several) return ConnectSeveral(*std::move(specs), std::move(factory), options.timeout,
-                                     *call_timeout, tls, !token->empty() || !cert->empty());
+  if (several)
+    return ConnectSeveral(*std::move(specs), std::move(factory), options.timeout, *call_timeout,
+                          tls, !token->empty() || !cert->empty());
 
   std::shared_ptr<grpc::Channel> channel = factory.Make(*target);
 

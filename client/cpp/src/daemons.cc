@@ -49,9 +49,9 @@ absl::StatusOr<std::vector<TargetSpec>> ParseTargets(const std::string& list) {
       const size_t bracket = rest.rfind(']');
       if (colon == std::string::npos || (bracket != std::string::npos && colon < bracket) ||
           colon == 0 || colon + 1 == rest.size()) {
-        return absl::InvalidArgumentError(absl::StrFormat(
-            "address '%s' (entry %d) needs a host and a port: dns:///HOST:PORT",
-            absl::CHexEscape(target.substr(0, 256)), index));
+        return absl::InvalidArgumentError(
+            absl::StrFormat("address '%s' (entry %d) needs a host and a port: dns:///HOST:PORT",
+                            absl::CHexEscape(target.substr(0, 256)), index));
       }
       spec.resolve = true;
       spec.host = rest.substr(0, colon);
@@ -102,9 +102,8 @@ std::vector<PlacementCandidate> RankDevices(const std::vector<DaemonStatus>& dae
   for (size_t i = 0; i < daemons.size(); ++i) {
     if (!daemons[i].status.ok() || !Accepting(daemons[i])) continue;
     for (const v1::DeviceInfo& device : daemons[i].devices.devices()) {
-      candidates.push_back(PlacementCandidate{i, device.ordinal(),
-                                              device.load().free_memory_bytes(),
-                                              device.load().sessions()});
+      candidates.push_back(PlacementCandidate{
+          i, device.ordinal(), device.load().free_memory_bytes(), device.load().sessions()});
     }
   }
   std::stable_sort(candidates.begin(), candidates.end(),
@@ -214,8 +213,8 @@ std::vector<DaemonStatus> Daemons::Probe(absl::Duration timeout) const {
       if (!instance.empty() && !instances.insert(instance).second) continue;  // seen already
       daemon.devices = std::move(call.response);
     } else if (call.status.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED) {
-      daemon.status = absl::UnavailableError(
-          absl::StrCat("no answer within ", absl::FormatDuration(timeout)));
+      daemon.status =
+          absl::UnavailableError(absl::StrCat("no answer within ", absl::FormatDuration(timeout)));
     } else {
       daemon.status = FromGrpcStatus(call.status);
     }

@@ -46,7 +46,7 @@ absl::StatusOr<std::vector<std::string>> ResolveAll(const std::string& host,
 struct ChannelFactory {
   std::shared_ptr<grpc::ChannelCredentials> credentials;
   grpc::ChannelArguments args;
-  std::string token;         // "" for none
+  std::string token;  // "" for none
   bool tls = false;
   bool name_overridden = false;  // args carry a server-name override the user gave
   // `tls_name`: the name the daemon's certificate must carry when the target is an address a

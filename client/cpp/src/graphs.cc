@@ -34,19 +34,19 @@ absl::Duration CleanupTimeout(const SessionCore& core) {
 
 // A unary ExecutionService call of the session, after the queued commands: its health first
 // (a FAULTED or lost session answers at once), its metadata, a deadline `timeout` from now.
-#define GPURPC_GRAPH_CALL(core, Method, request, response, timeout)                              \
-  [&]() -> absl::Status {                                                                        \
-    SessionCore& graph_core = (core);                                                            \
-    if (absl::Status usable = graph_core.CheckUsable(); !usable.ok()) return usable;             \
-    if (absl::Status queued = graph_core.Barrier(timeout); !queued.ok()) return queued;          \
-    return internal::RunUnary(                                                                   \
-        #Method,                                                                                 \
-        [&graph_core](grpc::ClientContext* context, const auto& rpc_request,                    \
-                      grpc::CompletionQueue* queue) {                                            \
-          return graph_core.execution().PrepareAsync##Method(context, rpc_request, queue);       \
-        },                                                                                       \
-        (request), (response), (timeout),                                                        \
-        [&graph_core](grpc::ClientContext* context) { graph_core.AddMetadata(context); });       \
+#define GPURPC_GRAPH_CALL(core, Method, request, response, timeout)                        \
+  [&]() -> absl::Status {                                                                  \
+    SessionCore& graph_core = (core);                                                      \
+    if (absl::Status usable = graph_core.CheckUsable(); !usable.ok()) return usable;       \
+    if (absl::Status queued = graph_core.Barrier(timeout); !queued.ok()) return queued;    \
+    return internal::RunUnary(                                                             \
+        #Method,                                                                           \
+        [&graph_core](grpc::ClientContext* context, const auto& rpc_request,               \
+                      grpc::CompletionQueue* queue) {                                      \
+          return graph_core.execution().PrepareAsync##Method(context, rpc_request, queue); \
+        },                                                                                 \
+        (request), (response), (timeout),                                                  \
+        [&graph_core](grpc::ClientContext* context) { graph_core.AddMetadata(context); }); \
   }()
 
 void SetDim(const Dim3& in, v1::Dim3* out) {

@@ -27,21 +27,22 @@ std::string Errno(absl::string_view what) { return absl::StrCat(what, ": ", std:
 
 // A unary HostRegionService call of the session (its health first, its metadata, a deadline
 // `timeout` from now), as client.cc's session calls.
-#define GPURPC_REGION_CALL(core, Method, request, response, timeout)                             \
-  [&]() -> absl::Status {                                                                        \
-    if (absl::Status usable = (core).CheckUsable(); !usable.ok()) return usable;                 \
-    auto stub = v1::HostRegionService::NewStub((core).channel());                                \
-    return internal::RunUnary(                                                                   \
-        #Method,                                                                                 \
-        [&stub](grpc::ClientContext* context, const auto& rpc_request,                          \
-                grpc::CompletionQueue* queue) {                                                  \
-          return stub->PrepareAsync##Method(context, rpc_request, queue);                        \
-        },                                                                                       \
-        (request), (response), (timeout),                                                        \
-        [&](grpc::ClientContext* context) { (core).AddMetadata(context); });                     \
+#define GPURPC_REGION_CALL(core, Method, request, response, timeout)             \
+  [&]() -> absl::Status {                                                        \
+    if (absl::Status usable = (core).CheckUsable(); !usable.ok()) return usable; \
+    auto stub = v1::HostRegionService::NewStub((core).channel());                \
+    return internal::RunUnary(                                                   \
+        #Method,                                                                 \
+        [&stub](grpc::ClientContext* context, const auto& rpc_request,           \
+                grpc::CompletionQueue* queue) {                                  \
+          return stub->PrepareAsync##Method(context, rpc_request, queue);        \
+        },                                                                       \
+        (request), (response), (timeout),                                        \
+        [&](grpc::ClientContext* context) { (core).AddMetadata(context); });     \
   }()
 
-absl::Status UnregisterRegion(internal::SessionCore& core, uint64_t region_id, absl::Duration timeout) {
+absl::Status UnregisterRegion(internal::SessionCore& core, uint64_t region_id,
+                              absl::Duration timeout) {
   // Commands queued before may still name the region: they go first.
   if (absl::Status status = core.Barrier(timeout); !status.ok()) return status;
   v1::UnregisterHostRegionRequest request;
@@ -73,8 +74,9 @@ absl::Status Attach(const std::string& socket_path, const v1::AttachHostRegionRe
     pollfd pfd{fd, POLLIN, 0};
     int ready = -1;
     do {
-      ready = poll(&pfd, 1, static_cast<int>(std::min<int64_t>(
-                                 absl::ToInt64Milliseconds(timeout), 24 * 3600 * 1000)));
+      ready = poll(&pfd, 1,
+                   static_cast<int>(
+                       std::min<int64_t>(absl::ToInt64Milliseconds(timeout), 24 * 3600 * 1000)));
     } while (ready < 0 && errno == EINTR);
     if (ready == 0) {
       status = absl::DeadlineExceededError(absl::StrFormat(
@@ -97,7 +99,8 @@ absl::Status Attach(const std::string& socket_path, const v1::AttachHostRegionRe
 
 absl::StatusOr<HostRegion> Session::CreateHostRegion(uint64_t size_bytes) const {
   if (core_ == nullptr) return absl::FailedPreconditionError("no session (moved from?)");
-  if (size_bytes == 0) return absl::InvalidArgumentError("CreateHostRegion: size_bytes must be > 0");
+  if (size_bytes == 0)
+    return absl::InvalidArgumentError("CreateHostRegion: size_bytes must be > 0");
   const int memfd = memfd_create("gpurpc-region", MFD_CLOEXEC | MFD_ALLOW_SEALING);
   if (memfd < 0) return absl::UnavailableError(Errno("memfd_create"));
   HostRegion region;
@@ -119,8 +122,8 @@ absl::StatusOr<HostRegion> Session::CreateHostRegion(uint64_t size_bytes) const 
     v1::RegisterHostRegionRequest request;
     request.set_size_bytes(size_bytes);
     v1::RegisterHostRegionResponse response;
-    status = GPURPC_REGION_CALL(*core_, RegisterHostRegion, request, &response,
-                                core_->call_timeout());
+    status =
+        GPURPC_REGION_CALL(*core_, RegisterHostRegion, request, &response, core_->call_timeout());
     if (status.ok()) {
       region.core_ = core_;
       region.id_ = response.region_id();
@@ -136,7 +139,7 @@ absl::StatusOr<HostRegion> Session::CreateHostRegion(uint64_t size_bytes) const 
       status = Attach(path, attach, memfd, core_->call_timeout());
     }
   }
-  close(memfd);  // the mappings, here and in the worker, keep the memory
+  close(memfd);                     // the mappings, here and in the worker, keep the memory
   if (!status.ok()) return status;  // `region`'s destructor unregisters and unmaps
   return region;
 }
@@ -146,8 +149,8 @@ absl::Status Session::UseDirectChannel() const {
   if (core_->direct()) return absl::OkStatus();
   v1::OpenDirectChannelRequest request;
   v1::OpenDirectChannelResponse response;
-  absl::Status status = GPURPC_REGION_CALL(*core_, OpenDirectChannel, request, &response,
-                                           core_->call_timeout());
+  absl::Status status =
+      GPURPC_REGION_CALL(*core_, OpenDirectChannel, request, &response, core_->call_timeout());
   if (!status.ok()) return status;
   int pair[2];
   if (socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, pair) != 0) {
@@ -220,7 +223,8 @@ absl::Status HostRegion::Unregister() {
 
 absl::Status HostRegion::CopyToDevice(const DeviceRef& dst, uint64_t region_offset_bytes,
                                       uint64_t size_bytes, const Stream* stream) const {
-  if (core_ == nullptr || id_ == 0) return absl::FailedPreconditionError("the region is not registered");
+  if (core_ == nullptr || id_ == 0)
+    return absl::FailedPreconditionError("the region is not registered");
   v1::Command command;
   v1::RegionCopyCommand* copy = command.mutable_region_copy();
   copy->set_region_id(id_);
@@ -239,7 +243,8 @@ absl::Status HostRegion::CopyToDevice(const DeviceRef& dst, uint64_t region_offs
 
 absl::Status HostRegion::CopyFromDevice(const DeviceRef& src, uint64_t region_offset_bytes,
                                         uint64_t size_bytes, const Stream* stream) const {
-  if (core_ == nullptr || id_ == 0) return absl::FailedPreconditionError("the region is not registered");
+  if (core_ == nullptr || id_ == 0)
+    return absl::FailedPreconditionError("the region is not registered");
   v1::Command command;
   v1::RegionCopyCommand* copy = command.mutable_region_copy();
   copy->set_region_id(id_);

@@ -434,9 +434,9 @@ absl::Duration SessionCore::call_timeout() const {
 }
 
 void SessionCore::SetDeviceOutputHandler(std::function<void(absl::string_view)> handler) {
-  auto shared = handler ? std::make_shared<const std::function<void(absl::string_view)>>(
-                              std::move(handler))
-                        : nullptr;
+  auto shared =
+      handler ? std::make_shared<const std::function<void(absl::string_view)>>(std::move(handler))
+              : nullptr;
   std::lock_guard<std::mutex> lock(commands_->mu);
   commands_->device_output = std::move(shared);
 }

@@ -22,12 +22,12 @@
 #include "absl/status/status.h"
 #include "absl/strings/string_view.h"
 #include "absl/time/time.h"
+#include "client/cpp/src/transport.h"
 #include "gpurpc/v1/device_service.pb.h"
 #include "gpurpc/v1/execution_service.grpc.pb.h"
 #include "gpurpc/v1/memory_service.grpc.pb.h"
 #include "gpurpc/v1/module_service.grpc.pb.h"
 #include "gpurpc/v1/session_service.grpc.pb.h"
-#include "client/cpp/src/transport.h"
 #include "grpcpp/alarm.h"
 #include "grpcpp/grpcpp.h"
 

@@ -95,7 +95,12 @@ enum class ContextLimit : int {
   kMaxL2FetchGranularity = 5,         // bytes, 0 to 128 (a hint)
   kPersistingL2CacheSize = 6,         // bytes
 };
-enum class CacheConfig : int { kPreferNone = 0, kPreferShared = 1, kPreferL1 = 2, kPreferEqual = 3 };
+enum class CacheConfig : int {
+  kPreferNone = 0,
+  kPreferShared = 1,
+  kPreferL1 = 2,
+  kPreferEqual = 3
+};
 // The settable function attributes.
 enum class FunctionAttribute : int {
   kMaxDynamicSharedSizeBytes = 8,
@@ -219,13 +224,12 @@ class Context {
   virtual absl::Status Upload(DevicePtr dst, const void* src, uint64_t size_bytes,
                               Stream* stream) = 0;
   // Device to host: waits for the work queued before it on `stream`, then fills `dst`.
-  virtual absl::Status Download(void* dst, DevicePtr src, uint64_t size_bytes,
-                                Stream* stream) = 0;
+  virtual absl::Status Download(void* dst, DevicePtr src, uint64_t size_bytes, Stream* stream) = 0;
   // Sets `count` elements of `element_size_bytes` (1, 2 or 4) to `value`, stream ordered.
   virtual absl::Status Memset(DevicePtr dst, uint32_t value, uint32_t element_size_bytes,
                               uint64_t count, Stream* stream) = 0;
-  virtual absl::Status CopyDeviceToDevice(DevicePtr dst, DevicePtr src,
-                                          uint64_t size_bytes, Stream* stream) = 0;
+  virtual absl::Status CopyDeviceToDevice(DevicePtr dst, DevicePtr src, uint64_t size_bytes,
+                                          Stream* stream) = 0;
 
   // Same-host regions. RegisterHostMemory pins [host, host + size_bytes) (size_bytes > 0)
   // for DMA; INVALID_ARGUMENT when the range overlaps memory already registered,
@@ -248,8 +252,7 @@ class Context {
   // the same, and what a driver would: it accepts well-formed PTX (as NVRTC emits it for its
   // CompileTarget), cubins and uncompressed fatbins (fake/fake_module_image.h), and its
   // modules have only the kernels the image defines that it implements on the host.
-  virtual absl::StatusOr<std::unique_ptr<Module>> LoadModule(
-      absl::Span<const uint8_t> image) = 0;
+  virtual absl::StatusOr<std::unique_ptr<Module>> LoadModule(absl::Span<const uint8_t> image) = 0;
 
   // Links `inputs` (at least one; the caller has bounded their number and sizes) with the
   // driver's JIT linker (cuLinkCreate, cuLinkAddData per input in order, cuLinkComplete)

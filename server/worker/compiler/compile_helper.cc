@@ -48,8 +48,8 @@ void CapLog(std::string* log) {
   if (log->size() <= kMaxLogBytes) return;
   const size_t full = log->size();
   log->resize(kMaxLogBytes);
-  absl::StrAppend(log, "\n[gpurpc: NVRTC's log was ", full, " bytes; only the first ",
-                  kMaxLogBytes, " are kept]\n");
+  absl::StrAppend(log, "\n[gpurpc: NVRTC's log was ", full, " bytes; only the first ", kMaxLogBytes,
+                  " are kept]\n");
 }
 
 // Exit statuses of the helper (besides 0).

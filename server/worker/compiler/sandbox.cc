@@ -482,8 +482,8 @@ absl::Status ApplySeccomp() {
   // Limits and scheduling of this process only (pid 0); glibc's getrlimit/setrlimit use
   // prlimit64(0, ...). Another pid could be the worker or the front end.
   const scmp_arg_cmp other_pid[] = {SCMP_A0(SCMP_CMP_NE, 0)};
-  for (const char* name : {"prlimit64", "sched_setaffinity", "sched_setscheduler",
-                           "sched_setparam", "sched_setattr"}) {
+  for (const char* name : {"prlimit64", "sched_setaffinity", "sched_setscheduler", "sched_setparam",
+                           "sched_setattr"}) {
     if (absl::Status status = add(name, eperm, 1, other_pid); !status.ok()) return status;
   }
   // clone without CLONE_THREAD makes a process (fork), which is refused above.

@@ -13,14 +13,16 @@ namespace {
 
 const std::vector<Header>& Shims() {
   static const auto* const kShims = new std::vector<Header>{
-      {"__gpurpc_std.h", R"gpurpc(// gpurpc: the C++ standard library names of libcu++ (cuda::std), visible as std:: too.
+      {"__gpurpc_std.h",
+       R"gpurpc(// gpurpc: the C++ standard library names of libcu++ (cuda::std), visible as std:: too.
 #pragma once
 extern "C++" {  // also inside SourceModule's default extern "C" { ... }
 namespace cuda { namespace std {} }
 namespace std { using namespace ::cuda::std; }
 }  // extern "C++"
 )gpurpc"},
-      {"algorithm", R"gpurpc(// gpurpc: <algorithm> for NVRTC: libcu++'s algorithms (its aggregate <cuda/std/__algorithm_>:
+      {"algorithm",
+       R"gpurpc(// gpurpc: <algorithm> for NVRTC: libcu++'s algorithms (its aggregate <cuda/std/__algorithm_>:
 // libcu++ has no public <cuda/std/algorithm> yet), their names as std:: too.
 #pragma once
 extern "C++" {  // also inside SourceModule's default extern "C" { ... }
@@ -28,18 +30,21 @@ extern "C++" {  // also inside SourceModule's default extern "C" { ... }
 #include <__gpurpc_std.h>
 }  // extern "C++"
 )gpurpc"},
-      {"array", R"gpurpc(// gpurpc: <array> for NVRTC: libcu++'s <cuda/std/array>, its names as std:: too.
+      {"array",
+       R"gpurpc(// gpurpc: <array> for NVRTC: libcu++'s <cuda/std/array>, its names as std:: too.
 #pragma once
 extern "C++" {  // also inside SourceModule's default extern "C" { ... }
 #include <cuda/std/array>
 #include <__gpurpc_std.h>
 }  // extern "C++"
 )gpurpc"},
-      {"assert.h", R"gpurpc(// gpurpc: <assert.h> for NVRTC: device assert() is built into NVRTC (a failed assert stops
+      {"assert.h",
+       R"gpurpc(// gpurpc: <assert.h> for NVRTC: device assert() is built into NVRTC (a failed assert stops
 // the kernel with an error that ends the session's context, as on a local GPU).
 #pragma once
 )gpurpc"},
-      {"atomic", R"gpurpc(// gpurpc: <atomic> for NVRTC: libcu++'s <cuda/std/atomic>, its names as std:: too.
+      {"atomic",
+       R"gpurpc(// gpurpc: <atomic> for NVRTC: libcu++'s <cuda/std/atomic>, its names as std:: too.
 #pragma once
 extern "C++" {  // also inside SourceModule's default extern "C" { ... }
 #include <cuda/std/atomic>
@@ -62,7 +67,8 @@ extern "C++" {  // also inside SourceModule's default extern "C" { ... }
 #include <float.h>
 }  // extern "C++"
 )gpurpc"},
-      {"chrono", R"gpurpc(// gpurpc: <chrono> for NVRTC: libcu++'s <cuda/std/chrono>, its names as std:: too.
+      {"chrono",
+       R"gpurpc(// gpurpc: <chrono> for NVRTC: libcu++'s <cuda/std/chrono>, its names as std:: too.
 #pragma once
 extern "C++" {  // also inside SourceModule's default extern "C" { ... }
 #include <cuda/std/chrono>
@@ -75,7 +81,8 @@ extern "C++" {  // also inside SourceModule's default extern "C" { ... }
 #include <limits.h>
 }  // extern "C++"
 )gpurpc"},
-      {"cmath", R"gpurpc(// gpurpc: <cmath> for NVRTC: std:: names for the CUDA math functions (see <math.h>).
+      {"cmath",
+       R"gpurpc(// gpurpc: <cmath> for NVRTC: std:: names for the CUDA math functions (see <math.h>).
 #pragma once
 extern "C++" {  // also inside SourceModule's default extern "C" { ... }
 #include <math.h>
@@ -143,7 +150,8 @@ using ::signbit;
 }
 }  // extern "C++"
 )gpurpc"},
-      {"complex", R"gpurpc(// gpurpc: <complex> for NVRTC: libcu++'s <cuda/std/complex>, its names as std:: too.
+      {"complex",
+       R"gpurpc(// gpurpc: <complex> for NVRTC: libcu++'s <cuda/std/complex>, its names as std:: too.
 #pragma once
 extern "C++" {  // also inside SourceModule's default extern "C" { ... }
 #include <cuda/std/complex>
@@ -221,7 +229,8 @@ using ::strchr;
 }
 }  // extern "C++"
 )gpurpc"},
-      {"float.h", R"gpurpc(// gpurpc: <float.h> for NVRTC: the IEEE 754 binary32/binary64 limits of device code.
+      {"float.h",
+       R"gpurpc(// gpurpc: <float.h> for NVRTC: the IEEE 754 binary32/binary64 limits of device code.
 #pragma once
 extern "C++" {  // also inside SourceModule's default extern "C" { ... }
 #define FLT_RADIX 2
@@ -251,35 +260,40 @@ extern "C++" {  // also inside SourceModule's default extern "C" { ... }
 #define FLT_EVAL_METHOD 0
 }  // extern "C++"
 )gpurpc"},
-      {"functional", R"gpurpc(// gpurpc: <functional> for NVRTC: libcu++'s <cuda/std/functional>, its names as std:: too.
+      {"functional",
+       R"gpurpc(// gpurpc: <functional> for NVRTC: libcu++'s <cuda/std/functional>, its names as std:: too.
 #pragma once
 extern "C++" {  // also inside SourceModule's default extern "C" { ... }
 #include <cuda/std/functional>
 #include <__gpurpc_std.h>
 }  // extern "C++"
 )gpurpc"},
-      {"initializer_list", R"gpurpc(// gpurpc: <initializer_list> for NVRTC: libcu++'s <cuda/std/initializer_list>, its names as std:: too.
+      {"initializer_list",
+       R"gpurpc(// gpurpc: <initializer_list> for NVRTC: libcu++'s <cuda/std/initializer_list>, its names as std:: too.
 #pragma once
 extern "C++" {  // also inside SourceModule's default extern "C" { ... }
 #include <cuda/std/initializer_list>
 #include <__gpurpc_std.h>
 }  // extern "C++"
 )gpurpc"},
-      {"iterator", R"gpurpc(// gpurpc: <iterator> for NVRTC: libcu++'s <cuda/std/iterator>, its names as std:: too.
+      {"iterator",
+       R"gpurpc(// gpurpc: <iterator> for NVRTC: libcu++'s <cuda/std/iterator>, its names as std:: too.
 #pragma once
 extern "C++" {  // also inside SourceModule's default extern "C" { ... }
 #include <cuda/std/iterator>
 #include <__gpurpc_std.h>
 }  // extern "C++"
 )gpurpc"},
-      {"limits", R"gpurpc(// gpurpc: <limits> for NVRTC: libcu++'s <cuda/std/limits>, its names as std:: too.
+      {"limits",
+       R"gpurpc(// gpurpc: <limits> for NVRTC: libcu++'s <cuda/std/limits>, its names as std:: too.
 #pragma once
 extern "C++" {  // also inside SourceModule's default extern "C" { ... }
 #include <cuda/std/limits>
 #include <__gpurpc_std.h>
 }  // extern "C++"
 )gpurpc"},
-      {"limits.h", R"gpurpc(// gpurpc: <limits.h> for NVRTC: libcu++'s <cuda/std/climits>; the same macros (LP64, signed
+      {"limits.h",
+       R"gpurpc(// gpurpc: <limits.h> for NVRTC: libcu++'s <cuda/std/climits>; the same macros (LP64, signed
 // char) here below C++17, which libcu++ needs.
 #pragma once
 extern "C++" {  // also inside SourceModule's default extern "C" { ... }
@@ -308,7 +322,8 @@ extern "C++" {  // also inside SourceModule's default extern "C" { ... }
 #endif  // __cplusplus >= 201703L
 }  // extern "C++"
 )gpurpc"},
-      {"math.h", R"gpurpc(// gpurpc: <math.h> for NVRTC. The CUDA math functions (sinf, sqrt, fabs ...) are built into
+      {"math.h",
+       R"gpurpc(// gpurpc: <math.h> for NVRTC. The CUDA math functions (sinf, sqrt, fabs ...) are built into
 // NVRTC; this adds the macros of C's <math.h> and the common M_ constants. (Not libcu++'s
 // <cuda/std/cmath>: its float overloads would be ambiguous with NVRTC's own.)
 #pragma once
@@ -343,42 +358,48 @@ extern "C++" {  // also inside SourceModule's default extern "C" { ... }
 #endif
 }  // extern "C++"
 )gpurpc"},
-      {"memory", R"gpurpc(// gpurpc: <memory> for NVRTC: libcu++'s <cuda/std/memory>, its names as std:: too.
+      {"memory",
+       R"gpurpc(// gpurpc: <memory> for NVRTC: libcu++'s <cuda/std/memory>, its names as std:: too.
 #pragma once
 extern "C++" {  // also inside SourceModule's default extern "C" { ... }
 #include <cuda/std/memory>
 #include <__gpurpc_std.h>
 }  // extern "C++"
 )gpurpc"},
-      {"numbers", R"gpurpc(// gpurpc: <numbers> for NVRTC: libcu++'s <cuda/std/numbers>, its names as std:: too.
+      {"numbers",
+       R"gpurpc(// gpurpc: <numbers> for NVRTC: libcu++'s <cuda/std/numbers>, its names as std:: too.
 #pragma once
 extern "C++" {  // also inside SourceModule's default extern "C" { ... }
 #include <cuda/std/numbers>
 #include <__gpurpc_std.h>
 }  // extern "C++"
 )gpurpc"},
-      {"numeric", R"gpurpc(// gpurpc: <numeric> for NVRTC: libcu++'s <cuda/std/numeric>, its names as std:: too.
+      {"numeric",
+       R"gpurpc(// gpurpc: <numeric> for NVRTC: libcu++'s <cuda/std/numeric>, its names as std:: too.
 #pragma once
 extern "C++" {  // also inside SourceModule's default extern "C" { ... }
 #include <cuda/std/numeric>
 #include <__gpurpc_std.h>
 }  // extern "C++"
 )gpurpc"},
-      {"optional", R"gpurpc(// gpurpc: <optional> for NVRTC: libcu++'s <cuda/std/optional>, its names as std:: too.
+      {"optional",
+       R"gpurpc(// gpurpc: <optional> for NVRTC: libcu++'s <cuda/std/optional>, its names as std:: too.
 #pragma once
 extern "C++" {  // also inside SourceModule's default extern "C" { ... }
 #include <cuda/std/optional>
 #include <__gpurpc_std.h>
 }  // extern "C++"
 )gpurpc"},
-      {"ratio", R"gpurpc(// gpurpc: <ratio> for NVRTC: libcu++'s <cuda/std/ratio>, its names as std:: too.
+      {"ratio",
+       R"gpurpc(// gpurpc: <ratio> for NVRTC: libcu++'s <cuda/std/ratio>, its names as std:: too.
 #pragma once
 extern "C++" {  // also inside SourceModule's default extern "C" { ... }
 #include <cuda/std/ratio>
 #include <__gpurpc_std.h>
 }  // extern "C++"
 )gpurpc"},
-      {"span", R"gpurpc(// gpurpc: <span> for NVRTC: libcu++'s <cuda/std/span>, its names as std:: too.
+      {"span",
+       R"gpurpc(// gpurpc: <span> for NVRTC: libcu++'s <cuda/std/span>, its names as std:: too.
 #pragma once
 extern "C++" {  // also inside SourceModule's default extern "C" { ... }
 #include <cuda/std/span>
@@ -397,7 +418,8 @@ typedef decltype(static_cast<int*>(0) - static_cast<int*>(0)) ptrdiff_t;
 #endif
 }  // extern "C++"
 )gpurpc"},
-      {"stdint.h", R"gpurpc(// gpurpc: <stdint.h> for NVRTC: libcu++'s <cuda/std/cstdint>, which under NVRTC declares these
+      {"stdint.h",
+       R"gpurpc(// gpurpc: <stdint.h> for NVRTC: libcu++'s <cuda/std/cstdint>, which under NVRTC declares these
 // names in the global namespace; the same declarations here below C++17 (libcu++ needs it).
 #pragma once
 extern "C++" {  // also inside SourceModule's default extern "C" { ... }
@@ -467,7 +489,8 @@ typedef uint64_t uintmax_t;
 #endif  // __cplusplus >= 201703L
 }  // extern "C++"
 )gpurpc"},
-      {"stdio.h", R"gpurpc(// gpurpc: <stdio.h> for NVRTC. Device code has printf (built into NVRTC), nothing else of
+      {"stdio.h",
+       R"gpurpc(// gpurpc: <stdio.h> for NVRTC. Device code has printf (built into NVRTC), nothing else of
 // stdio: no files, no streams. Its output reaches the session's client at the next
 // synchronisation.
 #pragma once
@@ -478,7 +501,8 @@ extern "C++" {  // also inside SourceModule's default extern "C" { ... }
 #endif
 }  // extern "C++"
 )gpurpc"},
-      {"stdlib.h", R"gpurpc(// gpurpc: <stdlib.h> for NVRTC. Device code has malloc, free and abs (built into NVRTC);
+      {"stdlib.h",
+       R"gpurpc(// gpurpc: <stdlib.h> for NVRTC. Device code has malloc, free and abs (built into NVRTC);
 // this adds labs/llabs' companions div, ldiv and lldiv and the EXIT_ macros.
 #pragma once
 extern "C++" {  // also inside SourceModule's default extern "C" { ... }
@@ -497,7 +521,8 @@ __device__ inline lldiv_t lldiv(long long n, long long d) {
 #endif
 }  // extern "C++"
 )gpurpc"},
-      {"string.h", R"gpurpc(// gpurpc: <string.h> for NVRTC. Device code has memcpy and memset (built into NVRTC); here
+      {"string.h",
+       R"gpurpc(// gpurpc: <string.h> for NVRTC. Device code has memcpy and memset (built into NVRTC); here
 // are memcmp, memchr, memmove and the common str* functions.
 #pragma once
 extern "C++" {  // also inside SourceModule's default extern "C" { ... }
@@ -568,28 +593,32 @@ __device__ inline char* strchr(char* s, int c) {
 }
 }  // extern "C++"
 )gpurpc"},
-      {"tuple", R"gpurpc(// gpurpc: <tuple> for NVRTC: libcu++'s <cuda/std/tuple>, its names as std:: too.
+      {"tuple",
+       R"gpurpc(// gpurpc: <tuple> for NVRTC: libcu++'s <cuda/std/tuple>, its names as std:: too.
 #pragma once
 extern "C++" {  // also inside SourceModule's default extern "C" { ... }
 #include <cuda/std/tuple>
 #include <__gpurpc_std.h>
 }  // extern "C++"
 )gpurpc"},
-      {"type_traits", R"gpurpc(// gpurpc: <type_traits> for NVRTC: libcu++'s <cuda/std/type_traits>, its names as std:: too.
+      {"type_traits",
+       R"gpurpc(// gpurpc: <type_traits> for NVRTC: libcu++'s <cuda/std/type_traits>, its names as std:: too.
 #pragma once
 extern "C++" {  // also inside SourceModule's default extern "C" { ... }
 #include <cuda/std/type_traits>
 #include <__gpurpc_std.h>
 }  // extern "C++"
 )gpurpc"},
-      {"utility", R"gpurpc(// gpurpc: <utility> for NVRTC: libcu++'s <cuda/std/utility>, its names as std:: too.
+      {"utility",
+       R"gpurpc(// gpurpc: <utility> for NVRTC: libcu++'s <cuda/std/utility>, its names as std:: too.
 #pragma once
 extern "C++" {  // also inside SourceModule's default extern "C" { ... }
 #include <cuda/std/utility>
 #include <__gpurpc_std.h>
 }  // extern "C++"
 )gpurpc"},
-      {"variant", R"gpurpc(// gpurpc: <variant> for NVRTC: libcu++'s <cuda/std/variant>, its names as std:: too.
+      {"variant",
+       R"gpurpc(// gpurpc: <variant> for NVRTC: libcu++'s <cuda/std/variant>, its names as std:: too.
 #pragma once
 extern "C++" {  // also inside SourceModule's default extern "C" { ... }
 #include <cuda/std/variant>

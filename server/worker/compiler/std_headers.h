@@ -5,8 +5,8 @@
 //
 //   C:   assert.h float.h limits.h math.h stddef.h stdint.h stdio.h stdlib.h string.h
 //   C++: cassert cfloat climits cmath cstddef cstdint cstdio cstdlib cstring, and
-//        algorithm array atomic bit chrono complex functional initializer_list iterator limits memory
-//        numbers numeric optional ratio span tuple type_traits utility variant
+//        algorithm array atomic bit chrono complex functional initializer_list iterator limits
+//        memory numbers numeric optional ratio span tuple type_traits utility variant
 //
 // What they give is what device code can have: the C headers declare what NVRTC has built in
 // (printf, malloc/free, memcpy/memset, the CUDA math functions) plus macros and typedefs

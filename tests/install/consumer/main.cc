@@ -14,8 +14,7 @@ int main() {
   }
   const absl::Status status = Run(x, y);
   if (!status.ok()) {
-    std::fprintf(stderr, "consumer: the README example failed: %s\n",
-                 status.ToString().c_str());
+    std::fprintf(stderr, "consumer: the README example failed: %s\n", status.ToString().c_str());
     return 1;
   }
   for (size_t i = 0; i < kN; ++i) {

@@ -429,8 +429,8 @@ class HostRegion {
   // Region bytes [region_offset_bytes, + size_bytes) to `dst`, or `src` to them. Range
   // errors (outside the region or the buffer, size 0) come back from the daemon, at the next
   // synchronising call like every queued command's.
-  absl::Status CopyToDevice(const DeviceRef& dst, uint64_t region_offset_bytes,
-                            uint64_t size_bytes, const Stream* stream = nullptr) const;
+  absl::Status CopyToDevice(const DeviceRef& dst, uint64_t region_offset_bytes, uint64_t size_bytes,
+                            const Stream* stream = nullptr) const;
   absl::Status CopyFromDevice(const DeviceRef& src, uint64_t region_offset_bytes,
                               uint64_t size_bytes, const Stream* stream = nullptr) const;
   // Unregisters now; NOT_FOUND when already gone. The mapping stays until destruction.

@@ -889,8 +889,8 @@ class CudaContext final : public Context {
                                      Stream* stream) override {
     if (size_bytes == 0) return absl::OkStatus();
     GPURPC_RETURN_IF_ERROR(core_->MakeCurrent());
-    const CUresult result = api_.cuMemcpyHtoDAsync(static_cast<CUdeviceptr>(dst), src,
-                                                   size_bytes, ToCuStream(stream));
+    const CUresult result =
+        api_.cuMemcpyHtoDAsync(static_cast<CUdeviceptr>(dst), src, size_bytes, ToCuStream(stream));
     if (result != CUDA_SUCCESS) {
       return core_->Error(result, "cuMemcpyHtoDAsync",
                           absl::StrCat("dst=", HexAddress(dst), " size_bytes=", size_bytes));
@@ -902,8 +902,8 @@ class CudaContext final : public Context {
                                      Stream* stream) override {
     if (size_bytes == 0) return absl::OkStatus();
     GPURPC_RETURN_IF_ERROR(core_->MakeCurrent());
-    const CUresult result = api_.cuMemcpyDtoHAsync(dst, static_cast<CUdeviceptr>(src), size_bytes,
-                                                   ToCuStream(stream));
+    const CUresult result =
+        api_.cuMemcpyDtoHAsync(dst, static_cast<CUdeviceptr>(src), size_bytes, ToCuStream(stream));
     if (result != CUDA_SUCCESS) {
       return core_->Error(result, "cuMemcpyDtoHAsync",
                           absl::StrCat("src=", HexAddress(src), " size_bytes=", size_bytes));
@@ -956,7 +956,8 @@ class CudaContext final : public Context {
       }
     }
     if (!info_log.empty()) spdlog::debug("cuModuleLoadDataEx info log: {}", info_log);
-    return std::unique_ptr<Module>(std::make_unique<CudaModule>(core_, module, device_memory_bytes));
+    return std::unique_ptr<Module>(
+        std::make_unique<CudaModule>(core_, module, device_memory_bytes));
   }
 
   absl::StatusOr<LinkedModule> LinkModule(absl::Span<const LinkInput> inputs,
@@ -1101,8 +1102,8 @@ class CudaContext final : public Context {
     CUfunc_cache config = CU_FUNC_CACHE_PREFER_NONE;
     GPURPC_RETURN_IF_ERROR(core_->Check(api_.cuCtxGetCacheConfig(&config), "cuCtxGetCacheConfig"));
     if (config < CU_FUNC_CACHE_PREFER_NONE || config > CU_FUNC_CACHE_PREFER_EQUAL) {
-      return absl::InternalError(absl::StrCat("cuCtxGetCacheConfig: unknown CUfunc_cache ",
-                                              static_cast<int>(config)));
+      return absl::InternalError(
+          absl::StrCat("cuCtxGetCacheConfig: unknown CUfunc_cache ", static_cast<int>(config)));
     }
     return static_cast<CacheConfig>(config);
   }
@@ -1123,8 +1124,7 @@ class CudaContext final : public Context {
             "CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT", value);
     }
     return absl::InvalidArgumentError(absl::StrCat("cuFuncSetAttribute: attribute ",
-                                                   static_cast<int>(attribute),
-                                                   " cannot be set"));
+                                                   static_cast<int>(attribute), " cannot be set"));
   }
 
   absl::Status SetFunctionCacheConfig(Function* function, CacheConfig config) override {

@@ -997,7 +997,15 @@ class DeviceState {
   };
 
   enum class WorkKind {
-    kUpload, kUploadFromHost, kDownload, kMemset, kCopy, kKernel, kRecord, kWait, kGraph
+    kUpload,
+    kUploadFromHost,
+    kDownload,
+    kMemset,
+    kCopy,
+    kKernel,
+    kRecord,
+    kWait,
+    kGraph
   };
 
   struct Work {
@@ -1863,8 +1871,8 @@ class FakeContext final : public Context {
       GPURPC_ASSIGN_OR_RETURN(const MemInfo memory, state_->GetMemInfo());
       if (after - before > memory.free_bytes) {
         return absl::ResourceExhaustedError(absl::StrCat(
-            kCall, ": ", kOutOfMemory, ": CUlimit ", index, " = ", value, " needs ",
-            after - before, " more bytes of device memory, ", memory.free_bytes, " are free"));
+            kCall, ": ", kOutOfMemory, ": CUlimit ", index, " = ", value, " needs ", after - before,
+            " more bytes of device memory, ", memory.free_bytes, " are free"));
       }
     }
     limits_ = next;
@@ -1898,7 +1906,8 @@ class FakeContext final : public Context {
     GPURPC_ASSIGN_OR_RETURN(FakeFunction * fake, OwnFunction(kCall, function));
     switch (attribute) {
       case FunctionAttribute::kMaxDynamicSharedSizeBytes:
-        if (value < 0 || value > kSharedMemoryPerBlockOptinBytes - fake->attributes().shared_size_bytes) {
+        if (value < 0 ||
+            value > kSharedMemoryPerBlockOptinBytes - fake->attributes().shared_size_bytes) {
           return absl::InvalidArgumentError(absl::StrCat(
               kCall, ": ", kInvalidValue, ": CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES = ",
               value, " for kernel '", fake->name(), "' (at most ",
@@ -1915,8 +1924,8 @@ class FakeContext final : public Context {
         fake->set_carveout(value);
         return absl::OkStatus();
     }
-    return absl::InvalidArgumentError(absl::StrCat(kCall, ": ", kInvalidValue, ": attribute ",
-                                                   static_cast<int>(attribute)));
+    return absl::InvalidArgumentError(
+        absl::StrCat(kCall, ": ", kInvalidValue, ": attribute ", static_cast<int>(attribute)));
   }
   absl::Status SetFunctionCacheConfig(Function* function, CacheConfig config) override {
     constexpr absl::string_view kCall = "cuFuncSetCacheConfig";
@@ -2003,10 +2012,10 @@ class FakeContext final : public Context {
     }
     GPURPC_RETURN_IF_ERROR(CheckLaunchConfig(*kernel, config));
     if (packed_args.size() != PackedSizeBytes(kernel->kernel())) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          kCall, ": ", kInvalidValue, ": kernel '", kernel->name(), "' takes ",
-          PackedSizeBytes(kernel->kernel()), " bytes of packed arguments, got ",
-          packed_args.size()));
+      return absl::InvalidArgumentError(
+          absl::StrCat(kCall, ": ", kInvalidValue, ": kernel '", kernel->name(), "' takes ",
+                       PackedSizeBytes(kernel->kernel()), " bytes of packed arguments, got ",
+                       packed_args.size()));
     }
     const uint64_t threads =
         SaturatingMul(SaturatingMul(uint64_t{config.grid.x} * config.grid.y, config.grid.z),
@@ -2047,9 +2056,12 @@ class FakeContext final : public Context {
   absl::Mutex limits_mu_;
   // By CUlimit value.
   std::array<uint64_t, kLimitCount> limits_ ABSL_GUARDED_BY(limits_mu_) = {
-      kDefaultStackBytes,          kDefaultPrintfFifoBytes,
-      kDefaultMallocHeapBytes,     kDefaultDevRuntimeSyncDepth,
-      kDefaultDevRuntimePendingLaunchCount, kDefaultMaxL2FetchGranularity,
+      kDefaultStackBytes,
+      kDefaultPrintfFifoBytes,
+      kDefaultMallocHeapBytes,
+      kDefaultDevRuntimeSyncDepth,
+      kDefaultDevRuntimePendingLaunchCount,
+      kDefaultMaxL2FetchGranularity,
       0};
   std::atomic<CacheConfig> cache_config_{CacheConfig::kPreferNone};
 };

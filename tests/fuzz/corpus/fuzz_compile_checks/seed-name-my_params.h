@@ -1,1 +1,1 @@
-3my/params.h
+3my / params.h
