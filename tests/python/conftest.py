@@ -34,6 +34,7 @@ sys.path.insert(0, str(CLIENT_SRC))
 import grpc  # noqa: E402
 
 import gpurpc.driver as cuda  # noqa: E402
+from gpurpc import _context  # noqa: E402
 from gpurpc._core import Client  # noqa: E402
 from gpurpc.v1 import device_service_pb2  # noqa: E402
 
@@ -156,7 +157,7 @@ def ctx(daemon: str) -> Iterator[cuda.Context]:
     try:
         yield context
     finally:
-        while cuda.Context.get_current() is context and cuda._stack():
+        while cuda.Context.get_current() is context and _context._stack():
             cuda.Context.pop()
         context.detach()
 

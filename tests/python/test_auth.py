@@ -34,7 +34,7 @@ import pytest
 
 import gpurpc.admin
 import gpurpc.driver as cuda
-from gpurpc import _core
+from gpurpc import _core, _devices
 from gpurpc.v1 import device_service_pb2, session_service_pb2
 
 from conftest import CLIENT_SRC, REPO_ROOT, _free_port
@@ -55,9 +55,9 @@ def _clean_client_env(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     """No GPURPC_* settings leak in, and the driver's default connection is restored."""
     for name in CLIENT_ENV:
         monkeypatch.delenv(name, raising=False)
-    saved = cuda._default_client
+    saved = _devices._default_client
     yield
-    cuda._default_client = saved
+    _devices._default_client = saved
 
 
 # Set by the user (a run against a daemon started elsewhere, e.g. on a GPU box), read before
@@ -463,12 +463,12 @@ def test_token_reaches_every_path_of_a_session(token_daemon: Daemon,
 def test_init_keeps_or_replaces_the_connection(token_daemon: Daemon,
                                                tokens: Dict[str, object]) -> None:
     cuda.init(address=token_daemon.tcp, token=str(tokens["alice"]))
-    first = cuda._default_client
+    first = _devices._default_client
     cuda.init()                                                    # nothing asked: kept
     cuda.init(address=token_daemon.tcp, token=str(tokens["alice"]))  # the same: kept
-    assert cuda._default_client is first
+    assert _devices._default_client is first
     cuda.init(address=token_daemon.tcp, token=str(tokens["bob"]))    # other credentials
-    assert cuda._default_client is not first
+    assert _devices._default_client is not first
     assert gpurpc.admin.server_info().tenant == "bob"
     # A refused init leaves the working connection in place.
     _expect_error(lambda: cuda.init(address=token_daemon.tcp, token="xyzzy-not-a-token"),

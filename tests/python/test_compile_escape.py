@@ -24,6 +24,7 @@ from typing import Iterator, List, NamedTuple, Optional, Tuple
 import pytest
 
 import gpurpc.driver as drv
+from gpurpc import _devices
 from gpurpc.compiler import SourceModule
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -83,7 +84,7 @@ class Daemon(NamedTuple):
         return pids
 
     def compile_sandbox(self) -> str:
-        return drv._client().list_devices(refresh=True).compile_sandbox
+        return _devices._client().list_devices(refresh=True).compile_sandbox
 
 
 def _binary() -> Path:
@@ -135,11 +136,11 @@ def session_on(secret: Secret):
     """Starts a daemon with the given flags and opens a session on it, current in this thread;
     the test's usual daemon connection is put back afterwards."""
     started: List[Tuple[Daemon, drv.Context]] = []
-    previous = drv._default_client
+    previous = _devices._default_client
 
     def start(name: str, flags: List[str]) -> Daemon:
         daemon = _start(secret, name, flags)
-        drv._default_client = None
+        _devices._default_client = None
         deadline = time.monotonic() + 60
         while True:
             try:
@@ -162,9 +163,9 @@ def session_on(secret: Secret):
             except Exception:  # noqa: BLE001 - the daemon may be gone already
                 pass
             _stop(daemon)
-        if drv._default_client is not None and drv._default_client is not previous:
-            drv._default_client.close()
-        drv._default_client = previous
+        if _devices._default_client is not None and _devices._default_client is not previous:
+            _devices._default_client.close()
+        _devices._default_client = previous
 
 
 def _compile(source: str, options: Optional[List[str]] = None) -> str:

@@ -21,7 +21,7 @@ import grpc
 import pytest
 
 import gpurpc.driver as cuda
-from gpurpc import _core, cli, tools
+from gpurpc import _context, _core, _devices, cli, tools
 from gpurpc.v1 import device_service_pb2 as dev_pb
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -66,12 +66,12 @@ def test_a_bad_entry_is_a_clear_error_naming_it(address: str, entry: str) -> Non
 
 
 def test_init_refuses_a_bad_list_before_connecting() -> None:
-    saved = cuda._default_client
+    saved = _devices._default_client
     try:
         with pytest.raises(cuda.LogicError, match="empty entry"):
             cuda.init(address="unix:/nowhere/a.sock,,unix:/nowhere/b.sock")
     finally:
-        cuda._default_client = saved
+        _devices._default_client = saved
 
 
 def _fake_getaddrinfo(table: Dict[str, List[str]]) -> Callable:
@@ -350,18 +350,18 @@ def connect(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Iterator[Callabl
     for variable in ("GPURPC_DEVICE", "CUDA_DEVICE"):
         monkeypatch.delenv(variable, raising=False)
     monkeypatch.setenv("HOME", str(tmp_path))  # no ~/.cuda_device
-    saved = cuda._default_client
-    saved_stack = list(cuda._stack())
+    saved = _devices._default_client
+    saved_stack = list(_context._stack())
     made: List[cuda.Client] = []
 
     def connect(address: str) -> None:
-        cuda._default_client = None
+        _devices._default_client = None
         cuda.init(address=address, timeout=30)
-        made.append(cuda._client())
+        made.append(_devices._client())
 
     yield connect
-    cuda._stack()[:] = saved_stack
-    cuda._default_client = saved
+    _context._stack()[:] = saved_stack
+    _devices._default_client = saved
     for client in made:
         client.close()
 
@@ -374,7 +374,7 @@ class Contexts:
 
     def add(self, ctx: cuda.Context) -> cuda.Context:
         self.items.append(ctx)
-        stack = cuda._stack()
+        stack = _context._stack()
         if stack and stack[-1] is ctx:
             stack.pop()
         return ctx
@@ -413,7 +413,7 @@ def _unix_list(daemons: List[Daemon]) -> str:
 
 def test_devices_are_numbered_over_the_daemons_in_order(trio, connect, contexts) -> None:
     connect(_unix_list(trio))
-    client = cuda._client()
+    client = _devices._client()
     assert client.multi_daemon
     assert cuda.Device.count() == 3
     devices = [cuda.Device(i) for i in range(3)]
@@ -521,7 +521,7 @@ def test_autoinit_places_its_session(trio) -> None:
 def test_the_same_daemon_under_two_addresses_counts_once(trio, connect, contexts) -> None:
     # Unix socket and TCP port of daemon 0, then daemon 1, then daemon 0's socket again.
     connect(f"{trio[0].unix},{trio[0].tcp},{trio[1].unix},{trio[0].unix}")
-    daemons = cuda._client().daemons()
+    daemons = _devices._client().daemons()
     assert [d.target for d in daemons] == [trio[0].unix, trio[1].unix]
     assert cuda.Device.count() == 2
     assert [cuda.Device(i).daemon_target for i in range(2)] == [trio[0].unix, trio[1].unix]
@@ -532,20 +532,20 @@ def test_a_dns_name_stands_for_its_addresses(trio, connect, contexts, monkeypatc
     port = trio[0].tcp.rsplit(":", 1)[1]
     # localhost: the name of the first daemon's address (one address: one channel, as ever).
     connect(f"dns:///localhost:{port}")
-    assert not cuda._client().multi_daemon and cuda.Device.count() == 1
+    assert not _devices._client().multi_daemon and cuda.Device.count() == 1
     contexts.add(cuda.pick_device().make_context())
     assert trio[0].load().sessions == 1
     contexts.close()
     # Two dns:/// names: several daemons, each name resolved to its addresses.
     connect(f"dns:///localhost:{port},dns:///{trio[1].tcp}")
-    daemons = cuda._client().daemons()
+    daemons = _devices._client().daemons()
     assert [d.target for d in daemons] == [f"ipv4:{trio[0].tcp}", f"ipv4:{trio[1].tcp}"]
     # A name with three addresses (a headless Service): 127.0.0.1-3 behind one name.
     monkeypatch.setattr(_core.socket, "getaddrinfo", _fake_getaddrinfo(
         {"gpus.test": ["127.0.0.3", "127.0.0.1", "127.0.0.2"]}))
     _idle(trio)
     connect(f"dns:///gpus.test:{port}")
-    client = cuda._client()
+    client = _devices._client()
     assert client.multi_daemon and cuda.Device.count() == 3
     assert [d.daemon_target for d in (cuda.Device(i) for i in range(3))] == [
         f"ipv4:{d.tcp}" for d in trio]
@@ -561,7 +561,7 @@ def test_a_daemon_that_is_down_is_passed_over(fresh, connect, contexts) -> None:
     daemons[1].stop()
     assert cuda.Device.count() == 2
     assert [cuda.Device(i).daemon_target for i in range(2)] == [daemons[0].unix, daemons[2].unix]
-    status = cuda._client().daemons()
+    status = _devices._client().daemons()
     assert [d.ok for d in status] == [True, False, True]
     assert status[1].target == daemons[1].unix and status[1].error is not None
     for _ in range(4):
@@ -593,7 +593,7 @@ def test_a_draining_daemon_is_passed_over(fresh, connect, contexts) -> None:
     contexts.add(cuda.Device(1).make_context())
     daemons[0].signal(signal.SIGTERM)
     _poll("daemon 0 draining", lambda: not daemons[0].list_devices().accepting_sessions)
-    status = cuda._client().daemons()
+    status = _devices._client().daemons()
     assert [d.accepting for d in status] == [False, True]
     assert cuda.pick_device().daemon_target == daemons[1].unix
     placed = contexts.add(tools.make_default_context())
@@ -642,7 +642,7 @@ def test_an_open_refused_passes_on_and_every_refusal_is_named(fresh, connect,
 def test_one_daemon_places_without_an_extra_round_trip(trio, connect, contexts) -> None:
     from gpurpc import debug
     connect(trio[0].unix)
-    assert not cuda._client().multi_daemon
+    assert not _devices._client().multi_daemon
     debug.reset_rpc_counts()
     contexts.add(cuda.pick_device().make_context())
     contexts.add(tools.make_default_context())
@@ -656,7 +656,7 @@ def test_cli_reports_each_daemon(fresh, monkeypatch) -> None:
     import json
     daemons = fresh(3)
     daemons[2].stop()
-    saved = cuda._default_client
+    saved = _devices._default_client
     try:
         out = io.StringIO()
         assert cli.main(["--address", _unix_list(daemons), "status"], out) == 1
@@ -679,6 +679,6 @@ def test_cli_reports_each_daemon(fresh, monkeypatch) -> None:
         assert cli.main(["--address", daemons[0].unix, "status"], out) == 0
         assert out.getvalue().startswith("gpurpcd ") and "SESSIONS" not in out.getvalue()
     finally:
-        if cuda._default_client is not None and cuda._default_client is not saved:
-            cuda._default_client.close()
-        cuda._default_client = saved
+        if _devices._default_client is not None and _devices._default_client is not saved:
+            _devices._default_client.close()
+        _devices._default_client = saved

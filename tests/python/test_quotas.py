@@ -20,6 +20,7 @@ import pytest
 import gpurpc.admin
 import gpurpc.driver as cuda
 import gpurpc.gpuarray as gpuarray
+from gpurpc import _devices
 
 from conftest import REPO_ROOT, _wait_ready
 
@@ -54,10 +55,10 @@ tenant_quotas {{
                                 stdout=log, stderr=subprocess.STDOUT, env=env)
     address = f"unix:{socket}"
     _wait_ready(address, proc, log_path, deadline_s=30)
-    saved = cuda._default_client
+    saved = _devices._default_client
     cuda.init(address=address)
     yield address
-    cuda._default_client = saved
+    _devices._default_client = saved
     proc.terminate()
     proc.wait(timeout=15)
 

@@ -23,7 +23,7 @@ import pytest
 
 import gpurpc.driver as cuda
 import gpurpc.gpuarray as gpuarray
-from gpurpc import _core, _regions, debug
+from gpurpc import _core, _devices, _regions, debug
 from gpurpc.compiler import SourceModule
 from gpurpc.v1 import common_pb2, execution_service_pb2 as ex, host_region_service_pb2 as hr
 
@@ -413,7 +413,7 @@ def test_forced_off_uses_grpc(daemon: str) -> None:
         assert counts.get("MemoryService.UploadStream") == 1, counts
         assert not any(k.startswith("HostRegionService") for k in counts), counts
         ctx.host_regions = None  # back to the connection's
-        assert ctx.host_regions == cuda._client().host_regions
+        assert ctx.host_regions == _devices._client().host_regions
     finally:
         cuda.Context.pop()
         ctx.detach()
@@ -482,9 +482,9 @@ def _start_daemon(tmp: Path, extra: List[str], config: str = "") -> Tuple[subpro
 @pytest.fixture(scope="module")
 def no_socket_daemon(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     proc, address = _start_daemon(tmp_path_factory.mktemp("noregions"), ["--region-socket="])
-    saved = cuda._default_client
+    saved = _devices._default_client
     yield address
-    cuda._default_client = saved
+    _devices._default_client = saved
     proc.terminate()
     proc.wait(timeout=15)
 
@@ -532,9 +532,9 @@ tenant_quotas {{
 }}
 """
     proc, address = _start_daemon(tmp_path_factory.mktemp("regionquota"), [], config)
-    saved = cuda._default_client
+    saved = _devices._default_client
     yield address
-    cuda._default_client = saved
+    _devices._default_client = saved
     proc.terminate()
     proc.wait(timeout=15)
 

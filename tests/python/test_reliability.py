@@ -26,7 +26,7 @@ import pytest
 import gpurpc
 import gpurpc.admin
 import gpurpc.driver as cuda
-from gpurpc import _core
+from gpurpc import _core, _devices
 from gpurpc.compiler import SourceModule
 
 from conftest import CLIENT_SRC, REPO_ROOT, _wait_ready
@@ -135,7 +135,7 @@ def daemons(tmp_path: Path) -> Iterator[Callable[..., Daemon]]:
     """Starts daemons for a test (``daemons(*flags, ...)``) and ends them afterwards; the
     connection of ``gpurpc.driver`` is restored too."""
     started: List[Daemon] = []
-    saved = cuda._default_client
+    saved = _devices._default_client
 
     def start(*flags: str, name: str = "", socket: Optional[Path] = None,
               idle_timeout: str = "30s") -> Daemon:
@@ -149,7 +149,7 @@ def daemons(tmp_path: Path) -> Iterator[Callable[..., Daemon]]:
     finally:
         for daemon in started:
             daemon.close()
-        cuda._default_client = saved
+        _devices._default_client = saved
 
 
 def _context() -> cuda.Context:

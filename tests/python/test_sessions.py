@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 import gpurpc.driver as cuda
-from gpurpc import debug
+from gpurpc import _context, debug
 from gpurpc._core import _make_callable
 from gpurpc.v1 import session_service_pb2
 
@@ -188,14 +188,14 @@ def test_no_current_context_message(daemon: str) -> None:
     errors = []
 
     def run() -> None:
-        saved = cuda._last_context
-        cuda._last_context = None
+        saved = _context._last_context
+        _context._last_context = None
         try:
             cuda.mem_alloc(16)
         except cuda.LogicError as e:
             errors.append(str(e))
         finally:
-            cuda._last_context = saved
+            _context._last_context = saved
     t = threading.Thread(target=run)
     t.start()
     t.join()

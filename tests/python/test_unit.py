@@ -12,7 +12,7 @@ import pytest
 
 import gpurpc
 import gpurpc.driver as cuda
-from gpurpc import _core, _errors, compiler, tools
+from gpurpc import _core, _errors, _functions, _memory, compiler, tools
 from gpurpc.v1 import common_pb2, execution_service_pb2 as ex, module_service_pb2 as mod
 
 
@@ -150,20 +150,21 @@ def test_compile_error_str_has_pycuda_layout() -> None:
 
 def test_plain_python_numbers_are_rejected_like_pycuda() -> None:
     with pytest.raises(TypeError, match=r"invalid type on parameter #2 \(0-based\)"):
-        cuda._pack_arg(2, 5)
+        _functions._pack_arg(2, 5)
     with pytest.raises(TypeError, match="invalid type on parameter #0"):
-        cuda._pack_arg(0, 1.5)
+        _functions._pack_arg(0, 1.5)
 
 
 def test_numpy_scalars_structs_and_arrays_pack_by_value() -> None:
-    assert cuda._pack_arg(0, np.float32(1.5)) == struct.pack("<f", 1.5)
-    assert cuda._pack_arg(0, np.uint64(7)) == struct.pack("<Q", 7)
-    assert cuda._pack_arg(0, np.intp(0x1234)) == struct.pack("<q", 0x1234)
+    assert _functions._pack_arg(0, np.float32(1.5)) == struct.pack("<f", 1.5)
+    assert _functions._pack_arg(0, np.uint64(7)) == struct.pack("<Q", 7)
+    assert _functions._pack_arg(0, np.intp(0x1234)) == struct.pack("<q", 0x1234)
     float4 = np.dtype([("x", np.float32), ("y", np.float32), ("z", np.float32), ("w", np.float32)])
     v = np.array((1, 2, 3, 4), dtype=float4)[()]
-    assert cuda._pack_arg(0, v) == np.array([1, 2, 3, 4], np.float32).tobytes()
-    assert cuda._pack_arg(0, np.arange(3, dtype=np.int32)) == np.arange(3, dtype=np.int32).tobytes()
-    assert cuda._pack_arg(0, cuda.In(np.zeros(3))) is None
+    assert _functions._pack_arg(0, v) == np.array([1, 2, 3, 4], np.float32).tobytes()
+    ints = np.arange(3, dtype=np.int32)
+    assert _functions._pack_arg(0, ints) == ints.tobytes()
+    assert _functions._pack_arg(0, cuda.In(np.zeros(3))) is None
 
 
 class _Holder(cuda.PointerHolderBase):
@@ -172,21 +173,21 @@ class _Holder(cuda.PointerHolderBase):
 
 
 def test_pointer_like_objects_pack_as_addresses() -> None:
-    assert cuda._pack_arg(0, _Holder()) == struct.pack("<Q", 0xABC000)
+    assert _functions._pack_arg(0, _Holder()) == struct.pack("<Q", 0xABC000)
 
     class FakeArray:
         gpudata = 0x1000
 
-    assert cuda._pack_arg(0, FakeArray()) == struct.pack("<Q", 0x1000)
+    assert _functions._pack_arg(0, FakeArray()) == struct.pack("<Q", 0x1000)
 
     class Indexable:
         def __index__(self) -> int:
             return 0x2000
 
-    assert cuda._pack_arg(0, Indexable()) == struct.pack("<Q", 0x2000)
-    assert cuda._address(np.uint64(0x10)) == 0x10
+    assert _functions._pack_arg(0, Indexable()) == struct.pack("<Q", 0x2000)
+    assert _memory._address(np.uint64(0x10)) == 0x10
     with pytest.raises(TypeError, match="expected a device pointer"):
-        cuda._address("not a pointer")
+        _memory._address("not a pointer")
 
 
 def _function(params: list[tuple[int, int]], name: str = "k") -> cuda.Function:
@@ -250,11 +251,11 @@ def test_prepared_call_names_a_bad_value() -> None:
 
 
 def test_struct_format_parsing() -> None:
-    assert [i[1] for i in cuda._parse_format("PPfi")] == [8, 8, 4, 4]
-    assert [i[1] for i in cuda._parse_format("3f12sQ")] == [4, 4, 4, 12, 8]
-    assert cuda._type_char(np.float32) == "f"
-    assert cuda._type_char(np.dtype([("a", np.int32), ("b", np.int32)])) == "8s"
-    assert cuda._type_char(cuda.DeviceAllocation) == "P"
+    assert [i[1] for i in _functions._parse_format("PPfi")] == [8, 8, 4, 4]
+    assert [i[1] for i in _functions._parse_format("3f12sQ")] == [4, 4, 4, 12, 8]
+    assert _functions._type_char(np.float32) == "f"
+    assert _functions._type_char(np.dtype([("a", np.int32), ("b", np.int32)])) == "8s"
+    assert _functions._type_char(cuda.DeviceAllocation) == "P"
 
 
 def test_texrefs_and_missing_block_are_rejected() -> None:
@@ -269,13 +270,13 @@ def test_texrefs_and_missing_block_are_rejected() -> None:
 
 def test_host_views_follow_memory_order() -> None:
     a = np.asfortranarray(np.arange(6, dtype=np.int16).reshape(2, 3))
-    assert bytes(cuda._readable(a)) == a.tobytes(order="F")
+    assert bytes(_memory._readable(a)) == a.tobytes(order="F")
     strided = np.arange(10, dtype=np.int32)[::2]
-    assert bytes(cuda._readable(strided)) == strided.tobytes()
+    assert bytes(_memory._readable(strided)) == strided.tobytes()
     with pytest.raises(ValueError, match="contiguous"):
-        cuda._writable(strided, "memcpy_dtoh")
+        _memory._writable(strided, "memcpy_dtoh")
     with pytest.raises(ValueError, match="read-only"):
-        cuda._writable(b"abc", "memcpy_dtoh")
+        _memory._writable(b"abc", "memcpy_dtoh")
 
 
 # -- compiler helpers ----------------------------------------------------------------------

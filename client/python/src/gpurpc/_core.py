@@ -99,8 +99,9 @@ CLEANUP_TIMEOUT_S = 10.0             # frees of garbage-collected handles (likew
 RECONNECT_TIMEOUT_S = 10.0           # a retried call's wait for a lost connection
 WATCH_INITIAL_BACKOFF_S = 0.05       # first wait before re-opening a broken watch; doubles
 
-# The client builds its callables from the service descriptors rather than the generated
-# *_pb2_grpc stubs, which need grpcio >= 1.63: this works with any grpcio.
+# Callables are built from the service descriptors, not the generated *_pb2_grpc stubs: the
+# command stream sends batches serialised here (request_serializer=None), which the stubs
+# cannot express. The *_pb2_grpc modules ship for users calling the API with plain grpcio.
 _SERVICE_MODULES = {
     "AdminService": admin_service_pb2,
     "DeviceService": device_service_pb2,

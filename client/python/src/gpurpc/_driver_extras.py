@@ -35,7 +35,7 @@ from typing import TYPE_CHECKING, Any, Iterator, Optional, Tuple
 import grpc
 import numpy as np
 
-from . import _core, _regions
+from . import _context, _core, _memory, _regions, _streams
 from ._core import SessionCore, device_pointer
 from ._enums import device_attribute
 from ._errors import LogicError
@@ -104,9 +104,9 @@ def _size(value: Any, what: str) -> int:
 
 def _not_owned(core: SessionCore, address: int) -> str:
     """Why ``address`` is not memory of core's session (for an error message)."""
-    drv = _drv()
-    others = [c.session_id for c in list(drv._sessions_with_allocations)
-              if c is not core and not c.closed and drv._find_allocation(c, address) is not None]
+    others = [c.session_id for c in list(_memory._sessions_with_allocations)
+              if c is not core and not c.closed
+              and _memory._find_allocation(c, address) is not None]
     where = (f"it is inside memory of gpurpc session {others[0]}, but device addresses are "
              "valid only in the session that allocated them" if others else
              "only memory from mem_alloc of this session, not yet freed, can be used here")
@@ -118,7 +118,7 @@ def _check_device_range(core: SessionCore, address: int, lo: int, hi: int, side:
     """Checks that bytes [address + lo, address + hi) lie within one live allocation of core's
     session; LogicError naming ``side`` and the bytes otherwise."""
     start = address + lo
-    alloc = _drv()._find_allocation(core, start)
+    alloc = _memory._find_allocation(core, start)
     if alloc is None:
         raise LogicError(f"{label}: the {side} (first byte at 0x{start:x}) "
                          f"{_not_owned(core, start)}", code=_INVALID, operation=label)
@@ -148,7 +148,7 @@ def _stream_for(core: SessionCore, stream: Any, label: str) -> int:
         raise LogicError(f"{label}: the stream belongs to gpurpc session "
                          f"{stream._core.session_id}, but the memory to session "
                          f"{core.session_id}", code=_INVALID, operation=label)
-    return drv._stream_id(stream)
+    return _streams._stream_id(stream)
 
 
 # =============================================================================================
@@ -185,7 +185,7 @@ def mem_alloc_pitch(width: int, height: int, access_size: int) -> Tuple["DeviceA
     if width == 0 or height == 0:
         raise LogicError(f"cuMemAllocPitch failed: width and height must be positive, got "
                          f"width={width}, height={height}", code=_INVALID, operation=label)
-    core = _drv()._current_core(label)
+    core = _context._current_core(label)
     alignment = _pitch_alignment(core)
     pitch = -(-width // alignment) * alignment
     max_pitch = int(core.device_info.attributes.get(int(device_attribute.MAX_PITCH), 0))
@@ -193,7 +193,7 @@ def mem_alloc_pitch(width: int, height: int, access_size: int) -> Tuple["DeviceA
         raise LogicError(f"cuMemAllocPitch failed: a pitch of {pitch} bytes (width {width}) "
                          f"exceeds the device's MAX_PITCH of {max_pitch}", code=_INVALID,
                          operation=label)
-    return _drv()._alloc(core, pitch * height), pitch
+    return _memory._alloc(core, pitch * height), pitch
 
 
 def mem_get_address_range(ptr: Any) -> Tuple[int, int]:
@@ -204,11 +204,10 @@ def mem_get_address_range(ptr: Any) -> Tuple[int, int]:
         (its own session for a DeviceAllocation, GPUArray or pool block; the current context's
         for a plain int); the message names the session it belongs to, when it is known.
     """
-    drv = _drv()
     label = "mem_get_address_range"
-    address = drv._address(ptr)
-    core = drv._core_for(ptr, label)
-    alloc = drv._find_allocation(core, address)
+    address = _memory._address(ptr)
+    core = _memory._core_for(ptr, label)
+    alloc = _memory._find_allocation(core, address)
     if alloc is None:
         raise LogicError(f"cuMemGetAddressRange failed: 0x{address:x} "
                          f"{_not_owned(core, address)}", code=_INVALID, operation=label)
@@ -220,7 +219,6 @@ def mem_get_address_range(ptr: Any) -> Tuple[int, int]:
 
 def _memset_2d(dest: Any, pitch: Any, data: Any, width: Any, height: Any, element_size: int,
                stream: Any, sync: bool, label: str) -> None:
-    drv = _drv()
     pitch = _size(pitch, f"{label}: pitch")
     width = _size(width, f"{label}: width")
     height = _size(height, f"{label}: height")
@@ -233,8 +231,8 @@ def _memset_2d(dest: Any, pitch: Any, data: Any, width: Any, height: Any, elemen
     bits = 8 * element_size
     if not -(1 << (bits - 1)) <= value < (1 << bits):
         raise ValueError(f"{label}: data {value} does not fit in {bits} bits")
-    address = drv._address(dest)
-    core = drv._core_for(dest, label)
+    address = _memory._address(dest)
+    core = _memory._core_for(dest, label)
     stream_id = _stream_for(core, stream, label)
     row = width * element_size
     if width == 0 or height == 0:
@@ -323,12 +321,11 @@ def _is_device_like(obj: Any) -> bool:
         return False
     return (isinstance(obj, (drv.DeviceAllocation, drv.PointerHolderBase, np.integer))
             or (isinstance(obj, int) and not isinstance(obj, bool))
-            or drv._owner_core(obj) is not None or hasattr(obj, "gpudata")
+            or _memory._owner_core(obj) is not None or hasattr(obj, "gpudata")
             or hasattr(obj, "__cuda_array_interface__"))
 
 
 def _host_endpoint(buffer: Any, writable: bool, what: str) -> _Endpoint:
-    drv = _drv()
     if _is_device_like(buffer):
         raise TypeError(f"{what} takes a host buffer (numpy array, bytes, bytearray, ...), got "
                         f"{type(buffer).__name__}, which is device memory; use "
@@ -345,18 +342,17 @@ def _host_endpoint(buffer: Any, writable: bool, what: str) -> _Endpoint:
                             f"{type(buffer).__name__}") from None
         if not (view.c_contiguous or view.f_contiguous):
             raise ValueError(f"{what}: the host buffer must be contiguous")
-    flat = drv._writable(buffer, what) if writable else drv._readable(buffer)
+    flat = _memory._writable(buffer, what) if writable else _memory._readable(buffer)
     return _Endpoint(memory_type.HOST, buffer, view=flat)
 
 
 def _device_endpoint(devptr: Any, what: str) -> _Endpoint:
-    drv = _drv()
     if isinstance(devptr, (np.ndarray, bytes, bytearray, memoryview)):
         raise TypeError(f"{what} takes a device pointer (DeviceAllocation, int address, "
                         f"GPUArray), got host memory ({type(devptr).__name__}); use "
                         f"{what.replace('device', 'host')}")
-    address = drv._address(devptr)
-    return _Endpoint(memory_type.DEVICE, devptr, address=address, owner=drv._owner_core(devptr))
+    address = _memory._address(devptr)
+    return _Endpoint(memory_type.DEVICE, devptr, address=address, owner=_memory._owner_core(devptr))
 
 
 class _Size:
@@ -642,7 +638,7 @@ class Memcpy2D:
             return stream._core
         if src.kind == memory_type.HOST and dst.kind == memory_type.HOST:
             return None
-        return _drv()._current_core(label)
+        return _context._current_core(label)
 
 
 class Memcpy3D(Memcpy2D):
@@ -721,9 +717,8 @@ def _copy_dtod(core: SessionCore, geometry: _Geometry, src: int, dst: int, strea
 
 def _copy_htod(core: SessionCore, geometry: _Geometry, view: memoryview, dst: int, lo: int,
                hi: int, stream_id: int, sync: bool, label: str) -> None:
-    drv = _drv()
     if geometry.single:  # one run: memcpy_htod's path (regions, staging, streaming)
-        drv._upload(core, dst + geometry.dst, view[lo:hi], stream_id, sync, label)
+        _memory._upload(core, dst + geometry.dst, view[lo:hi], stream_id, sync, label)
         return
     with core.lock:
         core.check_open(label)
@@ -749,9 +744,8 @@ def _copy_htod(core: SessionCore, geometry: _Geometry, view: memoryview, dst: in
 
 def _copy_dtoh(core: SessionCore, geometry: _Geometry, src: int, view: memoryview, lo: int,
                hi: int, stream_id: int, sync: bool, label: str) -> None:
-    drv = _drv()
     if geometry.single:  # one run: memcpy_dtoh's path (regions, staging, streaming)
-        drv._download(core, src + geometry.src, view[lo:hi], stream_id, sync, label)
+        _memory._download(core, src + geometry.src, view[lo:hi], stream_id, sync, label)
         return
     src_lo, src_hi = geometry.extent(geometry.src, geometry.src_pitch, geometry.src_slice)
     useful = geometry.w * geometry.h * geometry.d
@@ -760,7 +754,7 @@ def _copy_dtoh(core: SessionCore, geometry: _Geometry, src: int, view: memoryvie
         core.check_open(label)
         commands = core.commands
         region = _region_of_view(core, view, lo, hi)
-        if region is None and span <= 2 * useful and span <= drv._DOWNLOAD_COMMAND_BYTES:
+        if region is None and span <= 2 * useful and span <= _memory._DOWNLOAD_COMMAND_BYTES:
             # Dense rows: one download of the whole source span, scattered on arrival.
             commands.add(label, auto=not sync,
                          sink=functools.partial(_span_sink, geometry, view, src_lo, span),
@@ -768,7 +762,7 @@ def _copy_dtoh(core: SessionCore, geometry: _Geometry, src: int, view: memoryvie
                          download=_ex.DownloadCommand(source=device_pointer(src + src_lo),
                                                       size_bytes=span, stream_id=stream_id))
         else:
-            step = drv._DOWNLOAD_COMMAND_BYTES
+            step = _memory._DOWNLOAD_COMMAND_BYTES
             for s, d, n in geometry.runs():
                 if region is not None:
                     _regions._queue_copy(commands, label, region[0], region[1] + d - lo,
@@ -777,7 +771,7 @@ def _copy_dtoh(core: SessionCore, geometry: _Geometry, src: int, view: memoryvie
                 for o in range(0, n, step):
                     size = min(step, n - o)
                     commands.add(label, auto=not sync,
-                                 sink=functools.partial(drv._write_into, view, d + o, size),
+                                 sink=functools.partial(_memory._write_into, view, d + o, size),
                                  download_bytes=size,
                                  download=_ex.DownloadCommand(
                                      source=device_pointer(src + s + o), size_bytes=size,

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from typing import List
 
-from . import driver as _driver
+from . import _devices
 from .v1 import admin_service_pb2, device_service_pb2
 
 __all__ = ["server_info", "list_sessions", "close_session"]
@@ -25,16 +25,16 @@ __all__ = ["server_info", "list_sessions", "close_session"]
 
 def server_info() -> device_service_pb2.GetServerInfoResponse:
     """The caller's tenant, auth method, admin flag, quota and use, and the compile sandbox."""
-    return _driver._client().server_info()
+    return _devices._client().server_info()
 
 
 def list_sessions(tenant: str = "") -> List[admin_service_pb2.SessionSummary]:
     """Every open session of every tenant (of ``tenant`` only, when given), ordered by tenant
     then age. Admin tenants only."""
-    return list(_driver._client().admin_list_sessions(tenant).sessions)
+    return list(_devices._client().admin_list_sessions(tenant).sessions)
 
 
 def close_session(session_id: int) -> str:
     """Closes any tenant's session, freeing what it holds; returns the tenant that held it.
     Admin tenants only; NOT_FOUND (a LogicError) for an unknown id."""
-    return _driver._client().admin_close_session(session_id).tenant
+    return _devices._client().admin_close_session(session_id).tenant

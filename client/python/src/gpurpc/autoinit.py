@@ -19,6 +19,7 @@ import atexit
 import os
 from typing import Optional
 
+from . import _devices
 from . import driver as _cuda
 
 _cuda.init()
@@ -38,7 +39,7 @@ def _open(dev: _cuda.Device) -> _cuda.Context:
 
 _number = _named_device()
 context: _cuda.Context = (_cuda.Device(_number).make_context() if _number is not None
-                          else _cuda._place(_open, "gpurpc.autoinit"))
+                          else _devices._place(_open, "gpurpc.autoinit"))
 device: _cuda.Device = context._device
 
 

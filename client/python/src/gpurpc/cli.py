@@ -32,7 +32,7 @@ from typing import Any, Dict, List, Optional, Sequence
 
 from google.protobuf import json_format
 
-from . import _errors
+from . import _devices, _errors
 from . import driver as _driver
 from .v1 import session_service_pb2
 
@@ -80,7 +80,7 @@ def _sessions_table(sessions: Sequence[Any], out: Any) -> None:
 
 
 def _status(args: argparse.Namespace, out: Any) -> int:
-    client = _driver._client()
+    client = _devices._client()
     if client.multi_daemon:
         return _status_several(client, args, out)
     info = client.server_info()
@@ -196,7 +196,7 @@ def _status_several(client: Any, args: argparse.Namespace, out: Any) -> int:
 def _ping(args: argparse.Namespace, out: Any) -> int:
     if args.count < 1:
         raise _UsageError("ping: -n must be at least 1")
-    client = _driver._client()
+    client = _devices._client()
     if client.multi_daemon:
         return _ping_several(client, args, out)
     times = _round_trips(client, args.count)
@@ -256,7 +256,7 @@ def _ping_several(client: Any, args: argparse.Namespace, out: Any) -> int:
 
 
 def _sessions(args: argparse.Namespace, out: Any) -> int:
-    sessions = list(_driver._client().admin_list_sessions(args.tenant).sessions)
+    sessions = list(_devices._client().admin_list_sessions(args.tenant).sessions)
     if args.json:
         out.write(json.dumps([_json(s) for s in sessions], indent=2) + "\n")
     else:
@@ -265,7 +265,7 @@ def _sessions(args: argparse.Namespace, out: Any) -> int:
 
 
 def _close(args: argparse.Namespace, out: Any) -> int:
-    tenant = _driver._client().admin_close_session(args.session_id).tenant
+    tenant = _devices._client().admin_close_session(args.session_id).tenant
     if args.json:
         out.write(json.dumps({"session_id": args.session_id, "tenant": tenant}) + "\n")
     else:

@@ -29,6 +29,7 @@ import tempfile
 import warnings
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
+from . import _context
 from . import driver as _drv
 from ._errors import CompileError, LogicError
 from .v1 import module_service_pb2 as _mod
@@ -131,7 +132,7 @@ def _compile_request(source: str, options: Optional[Sequence[str]], no_extern_c:
 
 
 def _run_compile(request: _mod.CompileRequest, keep: bool) -> _mod.CompileResponse:
-    core = _drv._current_core("SourceModule")
+    core = _context._current_core("SourceModule")
     reply = core.call("ModuleService.Compile", request, op="ModuleService.Compile")
     if keep:
         directory = tempfile.mkdtemp(prefix="gpurpc-compile-")
@@ -191,7 +192,7 @@ class SourceModule:
                  include_dirs: Sequence[str] = ()) -> None:
         request = _compile_request(source, options, no_extern_c, arch, code, include_dirs, False)
         reply = _run_compile(request, keep)
-        core = _drv._current_core("SourceModule")
+        core = _context._current_core("SourceModule")
         self.module = _drv.Module(core, reply.module_id)
         self.cubin: bytes = bytes(reply.image)
         self.log: str = reply.log

@@ -49,6 +49,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
+from . import _context
 from . import driver as _drv
 from . import gpuarray as _ga
 from ._errors import LogicError
@@ -210,7 +211,7 @@ _RANDN_KERNELS: Dict[np.dtype, Tuple[str, int]] = {
 
 
 def _session_cache(name: str) -> Dict[Any, Any]:
-    core = _drv._current_core("gpurpc.curandom")
+    core = _context._current_core("gpurpc.curandom")
     return core.caches.setdefault(name, {})
 
 
@@ -693,7 +694,7 @@ class _RandomNumberGeneratorBase:
     _prepare_source = ""
 
     def __init__(self) -> None:
-        self._core = _drv._current_core(type(self).__name__)
+        self._core = _context._current_core(type(self).__name__)
         dev = _drv.Context.get_device()
         self.block_count: int = dev.get_attribute(
             _drv.device_attribute.MULTIPROCESSOR_COUNT) or 1

@@ -19,6 +19,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
 
+from . import _context
 from . import driver as _drv
 from .compiler import SourceModule
 from .tools import Argument, ScalarArg, VectorArg, dtype_to_ctype, parse_c_args
@@ -64,7 +65,7 @@ def splay(n: int, dev: Optional[_drv.Device] = None,
           ) -> Tuple[Tuple[int, int], Tuple[int, int, int]]:
     """PyCUDA's launch shape for n elements: ``((blocks, 1), (threads, 1, 1))``."""
     if dev is None:
-        core = _drv._current_core("splay")
+        core = _context._current_core("splay")
         cache = core.caches.setdefault("splay", {})
         result = cache.get(n)
         if result is None:
@@ -197,7 +198,7 @@ class ElementwiseKernel:
         self._get_func(False)  # compile now: errors show where the kernel is defined
 
     def _get_func(self, use_range: bool) -> _drv.Function:
-        core = _drv._current_core("ElementwiseKernel")
+        core = _context._current_core("ElementwiseKernel")
         key = (core, use_range)
         func = self._funcs.get(key)  # type: ignore[arg-type]
         if func is None:

@@ -36,6 +36,7 @@ from typing import Any, Callable, List, Literal, Optional, Sequence, Tuple
 
 import numpy as np
 
+from . import _context, _memory
 from . import driver as _drv
 from .compiler import SourceModule
 from .elementwise import COMPLEX_PREAMBLE, ElementwiseKernel, splay
@@ -114,12 +115,12 @@ _create_vector_types()
 # helpers
 
 def _default_allocator() -> Callable[[int], Any]:
-    return _session_pool(_drv._current_core("gpuarray")).allocate
+    return _session_pool(_context._current_core("gpuarray")).allocate
 
 
 def _kernel(key: Tuple, build: Callable[[], Any]) -> Any:
     """Memoizes generated kernels per session."""
-    core = _drv._current_core("gpuarray")
+    core = _context._current_core("gpuarray")
     cache = core.caches.setdefault("gpuarray_kernels", {})
     kernel = cache.get(key)
     if kernel is None:
@@ -371,7 +372,7 @@ class GPUArray:
     @property
     def ptr(self) -> int:
         """The device address (0 for an empty array)."""
-        return 0 if self.gpudata is None else _drv._address(self.gpudata)
+        return 0 if self.gpudata is None else _memory._address(self.gpudata)
 
     @property
     def flags(self) -> _Flags:
@@ -724,7 +725,7 @@ class GPUArray:
             size *= s
         gpudata = None
         if size and self.gpudata is not None:
-            gpudata = _drv._address(self.gpudata) + offset_bytes
+            gpudata = _memory._address(self.gpudata) + offset_bytes
             if offset_bytes == 0 and shape == self.shape and strides == self.strides:
                 gpudata = self.gpudata
         return GPUArray(shape, self.dtype, allocator=self.allocator, base=self, gpudata=gpudata,

@@ -16,6 +16,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
 
+from . import _context, _memory
 from . import driver as _drv
 from . import elementwise
 from .compiler import SourceModule
@@ -120,7 +121,7 @@ class ReductionKernel:
         self._get_funcs()
 
     def _get_funcs(self) -> Tuple[_drv.Function, _drv.Function]:
-        core = _drv._current_core("ReductionKernel")
+        core = _context._current_core("ReductionKernel")
         funcs = self._funcs.get(core)  # type: ignore[call-overload]
         if funcs is None:
             out_type = dtype_to_ctype(self.dtype_out)
@@ -174,7 +175,7 @@ class ReductionKernel:
             shifted = []
             for arg, descr, value in zip(args, self.arguments, invocation_args):
                 if isinstance(descr, VectorArg):
-                    value = _drv._address(value) + start * descr.dtype.itemsize
+                    value = _memory._address(value) + start * descr.dtype.itemsize
                 shifted.append(value)
             invocation_args = shifted
 

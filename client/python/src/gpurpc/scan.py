@@ -32,6 +32,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
+from . import _context
 from . import driver as _drv
 from . import elementwise as _elementwise
 from .compiler import SourceModule
@@ -250,7 +251,7 @@ class _ScanKernelBase:
         self._get_module()  # compile now: errors show where the kernel is defined
 
     def _get_module(self) -> SourceModule:
-        core = _drv._current_core(type(self).__name__)
+        core = _context._current_core(type(self).__name__)
         mod = self._modules.get(core)  # type: ignore[call-overload]
         if mod is None:
             mod = self._modules[core] = SourceModule(  # type: ignore[index]
@@ -260,7 +261,7 @@ class _ScanKernelBase:
         return mod
 
     def _get_funcs(self) -> Tuple[_drv.Function, Optional[_drv.Function], _drv.Function]:
-        core = _drv._current_core(type(self).__name__)
+        core = _context._current_core(type(self).__name__)
         funcs = self._funcs.get(core)  # type: ignore[call-overload]
         if funcs is None:
             mod = self._get_module()

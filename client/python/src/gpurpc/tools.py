@@ -33,6 +33,7 @@ from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tupl
 
 import numpy as np
 
+from . import _context, _devices, _memory
 from . import driver as _drv
 from ._core import SessionCore
 from ._errors import LogicError
@@ -239,7 +240,7 @@ _memoized_functions: "weakref.WeakSet[Any]" = weakref.WeakSet()
 
 
 def _current_key() -> SessionCore:
-    return _drv._current_core("context_dependent_memoize")
+    return _context._current_core("context_dependent_memoize")
 
 
 def context_dependent_memoize(func: Callable) -> Callable:
@@ -494,7 +495,7 @@ def _session_pool(core: SessionCore) -> DeviceMemoryPool:
     pool = core.caches.get("gpuarray_pool")
     if pool is None:
         pool = core.caches["gpuarray_pool"] = _TightDeviceMemoryPool(
-            functools.partial(_drv._alloc, core))
+            functools.partial(_memory._alloc, core))
         core.caches.setdefault("oom_handlers", []).append(pool.free_held)
     return pool
 
@@ -628,13 +629,13 @@ def make_default_context(ctx_maker: Optional[Callable[[_drv.Device], _drv.Contex
         def ctx_maker(dev: _drv.Device) -> _drv.Context:
             return dev.make_context()
     _drv.init()
-    client = _drv._client()
+    client = _devices._client()
     if not client.multi_daemon and not client.list_devices().devices:
         raise _drv.RuntimeError("make_default_context(): the daemon serves no device")
     chosen = _device_from_environment()
     if chosen is not None:
         return ctx_maker(_drv.Device(chosen))
-    return _drv._place(ctx_maker, "make_default_context()")
+    return _devices._place(ctx_maker, "make_default_context()")
 
 
 def get_default_device(default: int = 0) -> _drv.Device:
@@ -800,7 +801,7 @@ def _open_test_context() -> _drv.Context:
 
 def _close_test_context(ctx: _drv.Context) -> None:
     try:
-        if _drv.Context.get_current() is ctx and _drv._stack():
+        if _drv.Context.get_current() is ctx and _context._stack():
             _drv.Context.pop()
     finally:
         ctx.detach()  # a gpurpc context is a session: close it, as PyCUDA's pop destroys it
