@@ -28,6 +28,7 @@
 #include "server/worker/backend/backend.h"
 #include "server/worker/compiler/compiler.h"
 #include "tests/testing/fake_kernels.h"
+#include "tests/testing/pack_args.h"
 #include "tests/testing/status_matchers.h"
 
 namespace gpurpc::backend {
@@ -37,6 +38,7 @@ using ::gpurpc::testing::IsOk;
 using ::gpurpc::testing::IsOkAndHolds;
 using ::gpurpc::testing::kFakeKernelsPtx;
 using ::gpurpc::testing::kFakeKernelsSource;
+using ::gpurpc::testing::PackArgs;
 using ::gpurpc::testing::StatusIs;
 using ::testing::AllOf;
 using ::testing::Each;
@@ -58,28 +60,6 @@ absl::Span<const uint8_t> AsBytes(absl::string_view text) {
 }
 
 std::string Hex(DevicePtr ptr) { return absl::StrFormat("0x%x", ptr); }
-
-// Packs arguments at the offsets the function reports, as the session layer does.
-template <typename... Args>
-std::vector<uint8_t> PackArgs(const Function& function, Args... args) {
-  const std::vector<ParamInfo>& params = function.params();
-  EXPECT_EQ(params.size(), sizeof...(Args));
-  std::vector<uint8_t> packed(
-      params.empty() ? 0 : params.back().offset_bytes + params.back().size_bytes);
-  size_t index = 0;
-  const auto put = [&](auto value) {
-    if (index >= params.size()) return;
-    const ParamInfo& param = params[index++];
-    EXPECT_EQ(param.size_bytes, sizeof(value));
-    if (param.offset_bytes + sizeof(value) > packed.size()) {
-      ADD_FAILURE() << "parameter past the packed size";
-      return;
-    }
-    std::memcpy(packed.data() + param.offset_bytes, &value, sizeof(value));
-  };
-  (put(args), ...);
-  return packed;
-}
 
 LaunchConfig Linear(uint32_t threads) {
   LaunchConfig config;
@@ -279,12 +259,15 @@ TEST_F(FakeBackendTest, MemInfoTracksAllocationsAndFrees) {
               IsOkAndHolds(::testing::Field(&MemInfo::free_bytes, kTotalMemoryBytes)));
 }
 
-TEST_F(FakeBackendTest, FreeOfAnUnknownAddressIsNotFound) {
+TEST_F(FakeBackendTest, FreeOfAnUnknownAddressIsInvalidArgument) {
   const DevicePtr ptr = Alloc(64);
-  EXPECT_THAT(context_->Free(ptr + 8), StatusIs(absl::StatusCode::kNotFound));
-  EXPECT_THAT(context_->Free(12345), StatusIs(absl::StatusCode::kNotFound));
+  // As cuMemFree's CUDA_ERROR_INVALID_VALUE (backend.h): an address is not a name.
+  EXPECT_THAT(context_->Free(ptr + 8), StatusIs(absl::StatusCode::kInvalidArgument));
+  EXPECT_THAT(context_->Free(12345), StatusIs(absl::StatusCode::kInvalidArgument));
   ASSERT_THAT(context_->Free(ptr), IsOk());
-  EXPECT_THAT(context_->Free(ptr), StatusIs(absl::StatusCode::kNotFound, HasSubstr(Hex(ptr))));
+  EXPECT_THAT(context_->Free(ptr), StatusIs(absl::StatusCode::kInvalidArgument,
+                                            AllOf(HasSubstr("cuMemFree: CUDA_ERROR_INVALID_VALUE"),
+                                                  HasSubstr(Hex(ptr)))));
 }
 
 TEST(FakeBackendLargeMemoryTest, MultiGibibyteAllocationsAreZeroedLazily) {

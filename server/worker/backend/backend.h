@@ -7,14 +7,18 @@
 // backend only executes raw, already-validated operations on device addresses.
 //
 // Error contract for every method (absl codes, see DESIGN §3):
-// - INVALID_ARGUMENT: the driver rejected an argument or an image.
+// - INVALID_ARGUMENT: the driver rejected an argument or an image. Device addresses are
+//   arguments: an address argument that no allocation covers is INVALID_ARGUMENT, never
+//   NOT_FOUND (a kernel's access outside one is an execution fault: ABORTED).
 // - NOT_FOUND: a name (kernel, global) that the module does not have.
 // - RESOURCE_EXHAUSTED: out of device memory or another driver resource.
 // - ABORTED: a sticky execution fault (illegal address, trap, misaligned access, launch
 //   failure...). The context is unusable afterwards; the worker reports it and exits.
 // - DATA_LOSS: an uncorrectable ECC error (also sticky).
-// - UNAVAILABLE: no driver or no device.
-// - FAILED_PRECONDITION: CUDA graph capture misuse (see Context::BeginCapture).
+// - UNAVAILABLE: no driver or no device; also "not ready yet" (CUDA_ERROR_NOT_READY, see
+//   Context::ElapsedTime).
+// - FAILED_PRECONDITION: CUDA graph capture misuse (see Context::BeginCapture), and events
+//   that cannot be timed (see Context::ElapsedTime).
 // - INTERNAL: anything else.
 // Messages name the driver call and the CUDA error name, e.g.
 // "cuStreamSynchronize: CUDA_ERROR_ILLEGAL_ADDRESS (an illegal memory access was
@@ -215,8 +219,14 @@ class Context {
   // virtual "compute_XX" (PTX), because it runs no device code.
   virtual std::string CompileTarget() const = 0;
 
-  // Memory. Alloc returns the device address of `size_bytes` (> 0) new bytes.
+  // Memory. Alloc returns the device address of `size_bytes` (> 0) new bytes; 0 bytes is
+  // INVALID_ARGUMENT (cuMemAlloc's CUDA_ERROR_INVALID_VALUE).
   virtual absl::StatusOr<DevicePtr> Alloc(uint64_t size_bytes) = 0;
+  // Frees an allocation made by Alloc (waiting for the context's queued work, as cuMemFree
+  // does). An address that no live allocation starts at (never allocated, inside an
+  // allocation, already freed) is INVALID_ARGUMENT naming cuMemFree (the driver's
+  // CUDA_ERROR_INVALID_VALUE), not NOT_FOUND; the session layer answers NOT_FOUND for
+  // unknown buffer handles before a backend is asked.
   virtual absl::Status Free(DevicePtr ptr) = 0;
   virtual absl::StatusOr<MemInfo> GetMemInfo() = 0;
 
@@ -226,6 +236,11 @@ class Context {
   // Device to host: waits for the work queued before it on `stream`, then fills `dst`.
   virtual absl::Status Download(void* dst, DevicePtr src, uint64_t size_bytes, Stream* stream) = 0;
   // Sets `count` elements of `element_size_bytes` (1, 2 or 4) to `value`, stream ordered.
+  // Another element size is INVALID_ARGUMENT, and so is (for count > 0) a `dst` not
+  // aligned to the element size (cuMemsetD16/D32's CUDA_ERROR_INVALID_VALUE).
+  //
+  // Upload, Download, Memset and CopyDeviceToDevice of 0 bytes (count 0) succeed whatever
+  // the addresses, as the driver's copies do, without enqueueing anything.
   virtual absl::Status Memset(DevicePtr dst, uint32_t value, uint32_t element_size_bytes,
                               uint64_t count, Stream* stream) = 0;
   virtual absl::Status CopyDeviceToDevice(DevicePtr dst, DevicePtr src, uint64_t size_bytes,
@@ -292,7 +307,12 @@ class Context {
   // True when the event has completed (or was never recorded).
   virtual absl::StatusOr<bool> QueryEvent(Event* event) = 0;
   virtual absl::Status SynchronizeEvent(Event* event) = 0;
-  // Milliseconds between two recorded, completed events.
+  // Milliseconds between two recorded, completed events (>= 0 when `end` was recorded after
+  // `start` on one stream). The driver answers CUDA_ERROR_INVALID_HANDLE for an event
+  // created with timing disabled or never recorded; both backends answer
+  // FAILED_PRECONDITION naming cuEventElapsedTime for those (the event's state, not a bad
+  // argument: DESIGN §3, which clients rely on), and UNAVAILABLE (CUDA_ERROR_NOT_READY)
+  // while either has not completed.
   virtual absl::StatusOr<float> ElapsedTime(Event* start, Event* end) = 0;
 
   // Context and function configuration. Every method answers UNIMPLEMENTED unless the

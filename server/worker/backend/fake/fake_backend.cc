@@ -78,12 +78,22 @@
 #include "common/status_macros.h"
 #include "server/worker/backend/backend.h"
 #include "server/worker/backend/fake/fake_graph.h"
+#include "server/worker/backend/fake/fake_kernels.h"
 #include "server/worker/backend/fake/fake_module_image.h"
 #include "server/worker/backend/module_footprint.h"
 #include "server/worker/backend/ptx_globals.h"
 
 namespace gpurpc::backend {
 namespace {
+
+using fake::Arg;
+using fake::BuiltinKernel;
+using fake::BuiltinKernelNames;
+using fake::FindBuiltinKernel;
+using fake::KernelKind;
+using fake::LoadElement;
+using fake::PackedSizeBytes;
+using fake::StoreElement;
 
 using Clock = std::chrono::steady_clock;
 
@@ -209,87 +219,6 @@ uint64_t AlignUp(uint64_t value, uint64_t alignment) {
   return (value + alignment - 1) / alignment * alignment;
 }
 
-// Element i of a host buffer, through memcpy because the bytes carry no C++ object.
-template <typename T>
-T LoadElement(const uint8_t* base, uint64_t i) {
-  T value;
-  std::memcpy(&value, base + i * sizeof(T), sizeof(T));
-  return value;
-}
-
-template <typename T>
-void StoreElement(uint8_t* base, uint64_t i, T value) {
-  std::memcpy(base + i * sizeof(T), &value, sizeof(T));
-}
-
-enum class KernelKind {
-  kMultiplyThem,
-  kAxpyF32,
-  kFillU32,
-  kAddOneF32,
-  kCopyBytes,
-  kFaultIllegalAddress,
-  kSpinUs,
-  kPrintI32,
-};
-
-struct BuiltinKernel {
-  KernelKind kind;
-  const char* name;
-  // The C signature, for messages.
-  const char* signature;
-  // Laid out as the CUDA compiler lays out the C signature: each parameter at an offset
-  // aligned to its size.
-  std::vector<ParamInfo> params;
-};
-
-const std::vector<BuiltinKernel>& BuiltinKernels() {
-  static const auto* const kKernels = new std::vector<BuiltinKernel>{
-      // PyCUDA's canonical example.
-      {KernelKind::kMultiplyThem,
-       "multiply_them",
-       "(float* dest, const float* a, const float* b)",
-       {{0, 8}, {8, 8}, {16, 8}}},
-      {KernelKind::kAxpyF32,
-       "axpy_f32",
-       "(float a, const float* x, float* y, unsigned long long n)",
-       {{0, 4}, {8, 8}, {16, 8}, {24, 8}}},
-      {KernelKind::kFillU32,
-       "fill_u32",
-       "(unsigned* out, unsigned value, unsigned long long n)",
-       {{0, 8}, {8, 4}, {16, 8}}},
-      {KernelKind::kAddOneF32,
-       "add_one_f32",
-       "(float* data, unsigned long long n)",
-       {{0, 8}, {8, 8}}},
-      {KernelKind::kCopyBytes,
-       "copy_bytes",
-       "(char* dst, const char* src, unsigned long long n)",
-       {{0, 8}, {8, 8}, {16, 8}}},
-      {KernelKind::kFaultIllegalAddress, "fault_illegal_address", "()", {}},
-      {KernelKind::kSpinUs, "spin_us", "(unsigned long long microseconds)", {{0, 8}}},
-      // Device printf: one line "<name> <i> <value>" per element, as a GPU would print
-      // them (to the worker's stdout, which device_output.h hands to the client).
-      {KernelKind::kPrintI32,
-       "print_i32",
-       "(const int* values, unsigned long long n)",
-       {{0, 8}, {8, 8}}},
-  };
-  return *kKernels;
-}
-
-std::string BuiltinKernelNames() {
-  return absl::StrJoin(BuiltinKernels(), ", ",
-                       [](std::string* out, const BuiltinKernel& k) { out->append(k.name); });
-}
-
-const BuiltinKernel* FindBuiltinKernel(absl::string_view name) {
-  for (const BuiltinKernel& kernel : BuiltinKernels()) {
-    if (kernel.name == name) return &kernel;
-  }
-  return nullptr;
-}
-
 bool SameLayout(const std::vector<ParamInfo>& a, const std::vector<ParamInfo>& b) {
   if (a.size() != b.size()) return false;
   for (size_t i = 0; i < a.size(); ++i) {
@@ -306,19 +235,6 @@ std::string DescribeLayout(const std::vector<ParamInfo>& params) {
                                       absl::StrAppend(out, p.offset_bytes, ":", p.size_bytes);
                                     }),
                       "]");
-}
-
-uint64_t PackedSizeBytes(const BuiltinKernel& kernel) {
-  if (kernel.params.empty()) return 0;
-  return uint64_t{kernel.params.back().offset_bytes} + kernel.params.back().size_bytes;
-}
-
-// Parameter `index` from a packed argument buffer whose size has been checked.
-template <typename T>
-T Arg(const BuiltinKernel& kernel, absl::Span<const uint8_t> packed_args, size_t index) {
-  T value;
-  std::memcpy(&value, packed_args.data() + kernel.params[index].offset_bytes, sizeof(T));
-  return value;
 }
 
 class DeviceState;
@@ -647,18 +563,19 @@ class DeviceState {
                                                      element_size_bytes,
                                                      " bytes; it must be 1, 2 or 4"));
     }
+    const std::optional<uint64_t> size_bytes = CheckedMul(count, element_size_bytes);
+    if (!size_bytes) {
+      return absl::InvalidArgumentError(absl::StrCat(call, ": ", kInvalidValue, ": ", count,
+                                                     " elements overflow the address space"));
+    }
+    // Like an empty copy (and the CUDA backend), an empty memset succeeds whatever the address.
+    if (*size_bytes == 0) return absl::OkStatus();
     // cuMemsetD16/D32 require an address aligned to the element.
     if (dst % element_size_bytes != 0) {
       return absl::InvalidArgumentError(absl::StrCat(call, ": ", kInvalidValue, ": address ",
                                                      Hex(dst), " is not aligned to ",
                                                      element_size_bytes, " bytes"));
     }
-    const std::optional<uint64_t> size_bytes = CheckedMul(count, element_size_bytes);
-    if (!size_bytes) {
-      return absl::InvalidArgumentError(absl::StrCat(call, ": ", kInvalidValue, ": ", count,
-                                                     " elements overflow the address space"));
-    }
-    if (*size_bytes == 0) return absl::OkStatus();
     GPURPC_RETURN_IF_ERROR(MakeRoomLocked(call, queue, 0));
     GPURPC_RETURN_IF_ERROR(ResolveLocked(call, dst, *size_bytes).status());
     Work work;
@@ -1076,9 +993,12 @@ class DeviceState {
     if (fault_.empty()) fault_ = absl::StrCat(error, " in ", where);
   }
 
+  // What cuMemFree answers for an address that no live allocation starts at (never
+  // allocated, inside an allocation, or already freed): CUDA_ERROR_INVALID_VALUE, so
+  // INVALID_ARGUMENT (backend.h: an address is an argument, NOT_FOUND is for names).
   static absl::Status NoAllocation(DevicePtr ptr) {
-    return absl::NotFoundError(
-        absl::StrCat("cuMemFree: no live fake allocation starts at ", Hex(ptr)));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "cuMemFree: ", kInvalidValue, ": no live fake allocation starts at ", Hex(ptr)));
   }
 
   // The queue of `stream` (nullptr: the legacy stream), if it belongs to this context and
@@ -1443,88 +1363,18 @@ class DeviceState {
     return host;
   }
 
-  // Element i is processed when i < threads (and i < n for kernels that take n). Every
-  // pointer's whole range is resolved before anything is written, so a faulting kernel
-  // writes nothing; the context is unusable afterwards anyway.
+  // Runs a built-in kernel (fake_kernels.h) on this state's memory; an access outside a live
+  // allocation (or a misaligned one) poisons the context the way it would on a GPU.
   void RunKernelLocked(const BuiltinKernel& k, uint64_t threads, absl::Span<const uint8_t> args)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    const auto access = [&](size_t param, uint64_t count,
-                            uint64_t element_size_bytes) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-      return KernelAccessLocked(k, Arg<DevicePtr>(k, args, param), count, element_size_bytes);
+    const auto access = [&](DevicePtr ptr, uint64_t count, uint64_t element_size_bytes)
+                            ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+                              return KernelAccessLocked(k, ptr, count, element_size_bytes);
+                            };
+    const auto fault = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+      PoisonLocked(kIllegalAddress, absl::StrCat("fake kernel '", k.name, "'"));
     };
-    switch (k.kind) {
-      case KernelKind::kMultiplyThem: {
-        const uint64_t n = threads;
-        uint8_t* const dest = access(0, n, sizeof(float));
-        if (dest == nullptr) return;
-        const uint8_t* const a = access(1, n, sizeof(float));
-        if (a == nullptr) return;
-        const uint8_t* const b = access(2, n, sizeof(float));
-        if (b == nullptr) return;
-        for (uint64_t i = 0; i < n; ++i) {
-          StoreElement<float>(dest, i, LoadElement<float>(a, i) * LoadElement<float>(b, i));
-        }
-        return;
-      }
-      case KernelKind::kAxpyF32: {
-        const float alpha = Arg<float>(k, args, 0);
-        const uint64_t n = std::min(threads, Arg<uint64_t>(k, args, 3));
-        if (n == 0) return;
-        const uint8_t* const x = access(1, n, sizeof(float));
-        if (x == nullptr) return;
-        uint8_t* const y = access(2, n, sizeof(float));
-        if (y == nullptr) return;
-        for (uint64_t i = 0; i < n; ++i) {
-          StoreElement<float>(y, i, alpha * LoadElement<float>(x, i) + LoadElement<float>(y, i));
-        }
-        return;
-      }
-      case KernelKind::kFillU32: {
-        const uint32_t value = Arg<uint32_t>(k, args, 1);
-        const uint64_t n = std::min(threads, Arg<uint64_t>(k, args, 2));
-        if (n == 0) return;
-        uint8_t* const out = access(0, n, sizeof(uint32_t));
-        if (out == nullptr) return;
-        for (uint64_t i = 0; i < n; ++i) StoreElement<uint32_t>(out, i, value);
-        return;
-      }
-      case KernelKind::kAddOneF32: {
-        const uint64_t n = std::min(threads, Arg<uint64_t>(k, args, 1));
-        if (n == 0) return;
-        uint8_t* const data = access(0, n, sizeof(float));
-        if (data == nullptr) return;
-        for (uint64_t i = 0; i < n; ++i) {
-          StoreElement<float>(data, i, LoadElement<float>(data, i) + 1.0f);
-        }
-        return;
-      }
-      case KernelKind::kCopyBytes: {
-        const uint64_t n = std::min(threads, Arg<uint64_t>(k, args, 2));
-        if (n == 0) return;
-        uint8_t* const dst = access(0, n, 1);
-        if (dst == nullptr) return;
-        const uint8_t* const src = access(1, n, 1);
-        if (src == nullptr) return;
-        std::memmove(dst, src, n);
-        return;
-      }
-      case KernelKind::kFaultIllegalAddress:
-        PoisonLocked(kIllegalAddress, absl::StrCat("fake kernel '", k.name, "'"));
-        return;
-      case KernelKind::kSpinUs:
-        return;  // SpinLocked
-      case KernelKind::kPrintI32: {
-        const uint64_t n = std::min(threads, Arg<uint64_t>(k, args, 1));
-        if (n == 0) return;
-        const uint8_t* const values = access(0, n, sizeof(int32_t));
-        if (values == nullptr) return;
-        for (uint64_t i = 0; i < n; ++i) {
-          std::printf("print_i32 %llu %d\n", static_cast<unsigned long long>(i),
-                      LoadElement<int32_t>(values, i));
-        }
-        return;
-      }
-    }
+    fake::RunBuiltinKernel(k, threads, args, access, fault);
   }
 
   const uint64_t total_memory_bytes_;
