@@ -52,6 +52,7 @@
 #include "gpurpc/v1/module_service.pb.h"
 #include "server/worker/backend/backend.h"
 #include "server/worker/compiler/compiler.h"
+#include "server/worker/handle_table.h"
 #include "server/worker/watchdog.h"
 
 namespace gpurpc::worker {
@@ -362,13 +363,16 @@ class Session {
   // non-sticky errors come back unchanged; the first sticky fault (ABORTED or DATA_LOSS) is
   // recorded, runs on_fault_ and comes back unchanged; a sticky fault after the first comes
   // back as fault() (FAILED_PRECONDITION naming the first).
-  absl::Status Check(absl::Status status);
+  // Every backend result goes through it before it is returned.
+  absl::Status RecordFault(absl::Status status);
   template <typename T>
-  absl::StatusOr<T> Check(absl::StatusOr<T> value) {
-    if (!value.ok()) Check(value.status()).IgnoreError();
-    return value;
+  absl::StatusOr<T> RecordFault(absl::StatusOr<T> value) {
+    if (value.ok()) return value;
+    return RecordFault(value.status());
   }
 
+  // fault()'s FAILED_PRECONDITION, once a fault was recorded.
+  absl::Status FaultLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::StatusOr<std::shared_ptr<backend::Stream>> FindStream(uint64_t stream_id)
       ABSL_LOCKS_EXCLUDED(mu_);
   absl::StatusOr<std::shared_ptr<backend::Event>> FindEvent(uint64_t event_id)
@@ -448,14 +452,16 @@ class Session {
   absl::Status fault_ ABSL_GUARDED_BY(mu_);
   uint32_t compiles_running_ ABSL_GUARDED_BY(mu_) = 0;
   std::map<backend::DevicePtr, Range> ranges_ ABSL_GUARDED_BY(mu_);  // by start address
-  std::unordered_map<uint64_t, backend::DevicePtr> buffers_ ABSL_GUARDED_BY(mu_);
-  std::unordered_map<uint64_t, std::shared_ptr<ModuleEntry>> modules_ ABSL_GUARDED_BY(mu_);
-  std::unordered_map<uint64_t, std::shared_ptr<FunctionEntry>> functions_ ABSL_GUARDED_BY(mu_);
-  std::unordered_map<uint64_t, std::shared_ptr<backend::Stream>> streams_ ABSL_GUARDED_BY(mu_);
-  std::unordered_map<uint64_t, std::shared_ptr<backend::Event>> events_ ABSL_GUARDED_BY(mu_);
-  std::unordered_map<uint64_t, std::shared_ptr<RegionEntry>> regions_ ABSL_GUARDED_BY(mu_);
-  uint64_t region_bytes_ ABSL_GUARDED_BY(mu_) = 0;                // summed over regions_
-  std::vector<std::string> direct_tickets_ ABSL_GUARDED_BY(mu_);  // unused
+  // The handles the client holds, one table per kind (handle_table.h).
+  HandleTable<backend::DevicePtr> buffers_ ABSL_GUARDED_BY(mu_){"buffer"};
+  HandleTable<std::shared_ptr<ModuleEntry>> modules_ ABSL_GUARDED_BY(mu_){"module"};
+  HandleTable<std::shared_ptr<FunctionEntry>> functions_ ABSL_GUARDED_BY(mu_){"function"};
+  HandleTable<std::shared_ptr<backend::Stream>> streams_ ABSL_GUARDED_BY(mu_){"stream"};
+  HandleTable<std::shared_ptr<backend::Event>> events_ ABSL_GUARDED_BY(mu_){"event"};
+  HandleTable<std::shared_ptr<RegionEntry>> regions_ ABSL_GUARDED_BY(mu_){"region"};
+  uint64_t region_bytes_ ABSL_GUARDED_BY(mu_) = 0;  // summed over regions_
+  // Direct-channel tickets issued and not yet claimed (session_regions.cc).
+  std::vector<std::string> direct_tickets_ ABSL_GUARDED_BY(mu_);
   // CUDA graphs: every stream's capture state (by stream id; stream 0's is legacy_capture_),
   // the streams that capture, graphs, graph execs (and instantiations under way), and the
   // bytes they count against kMaxGraphBytesPerSession.
@@ -464,8 +470,8 @@ class Session {
   const std::shared_ptr<StreamCapture> legacy_capture_ = NewStreamCapture(/*blocking=*/false);
   std::set<uint64_t> capturing_streams_ ABSL_GUARDED_BY(mu_);
   std::set<uint64_t> blocking_capturing_streams_ ABSL_GUARDED_BY(mu_);
-  std::unordered_map<uint64_t, std::shared_ptr<GraphEntry>> graphs_ ABSL_GUARDED_BY(mu_);
-  std::unordered_map<uint64_t, std::shared_ptr<GraphExecEntry>> graph_execs_ ABSL_GUARDED_BY(mu_);
+  HandleTable<std::shared_ptr<GraphEntry>> graphs_ ABSL_GUARDED_BY(mu_){"graph"};
+  HandleTable<std::shared_ptr<GraphExecEntry>> graph_execs_ ABSL_GUARDED_BY(mu_){"graph exec"};
   size_t graph_execs_pending_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t graph_bytes_ ABSL_GUARDED_BY(mu_) = 0;
   // The sizes of capturing_streams_ and blocking_capturing_streams_, read without mu_.

@@ -117,14 +117,11 @@ std::shared_ptr<Session::StreamCapture> Session::NewStreamCapture(bool blocking)
 absl::StatusOr<Session::StreamAndCapture> Session::FindStreamCapture(uint64_t stream_id) {
   if (stream_id == 0) return StreamAndCapture{nullptr, legacy_capture_};
   absl::MutexLock lock(&mu_);
-  auto it = streams_.find(stream_id);
-  if (it == streams_.end()) {
-    return absl::NotFoundError(absl::StrFormat("no stream %d in this session", stream_id));
-  }
+  GPURPC_ASSIGN_OR_RETURN(std::shared_ptr<backend::Stream> stream, streams_.Find(stream_id));
   std::shared_ptr<StreamCapture>& capture = stream_captures_[stream_id];
   // CreateStream makes one for every stream; a non-blocking one is the safe guess.
   if (capture == nullptr) capture = NewStreamCapture(/*blocking=*/false);
-  return StreamAndCapture{it->second, capture};
+  return StreamAndCapture{std::move(stream), capture};
 }
 
 absl::Status Session::ReserveGraphBytesLocked(uint64_t bytes, const char* what) {
@@ -247,7 +244,7 @@ absl::Status Session::BeginCapture(uint64_t stream_id, int mode) {
     capturing_streams_.insert(stream_id);
     captures_active_.store(capturing_streams_.size(), std::memory_order_release);
   }
-  absl::Status status = Check(context_->BeginCapture(target->stream.get()));
+  absl::Status status = RecordFault(context_->BeginCapture(target->stream.get()));
   absl::MutexLock lock(&mu_);
   if (!status.ok()) {
     capturing_streams_.erase(stream_id);
@@ -279,7 +276,7 @@ absl::StatusOr<v1::EndCaptureResponse> Session::EndCapture(uint64_t stream_id) {
         "EndCapture: stream %d is not capturing; begin a capture first (BeginCapture)", stream_id));
   }
   absl::StatusOr<std::unique_ptr<backend::Graph>> graph =
-      Check(context_->EndCapture(target->stream.get()));
+      RecordFault(context_->EndCapture(target->stream.get()));
   // The capture is over, whatever the driver said.
   std::vector<GraphNodeRecord> nodes = std::move(capture.nodes);
   const uint64_t bytes = capture.bytes;
@@ -325,7 +322,7 @@ absl::StatusOr<v1::EndCaptureResponse> Session::EndCapture(uint64_t stream_id) {
   response.set_node_count(static_cast<uint32_t>(entry->nodes.size()));
   absl::MutexLock lock(&mu_);
   const uint64_t id = NewIdLocked();
-  graphs_[id] = std::move(entry);
+  graphs_.Insert(id, std::move(entry));
   response.set_graph_id(id);
   return response;
 }
@@ -341,7 +338,7 @@ absl::StatusOr<v1::GetCaptureInfoResponse> Session::GetCaptureInfo(uint64_t stre
   absl::MutexLock capture_lock(&capture.mu);
   if (!capture.active) return response;
   GPURPC_ASSIGN_OR_RETURN(backend::CaptureStatus status,
-                          Check(context_->QueryCapture(target->stream.get())));
+                          RecordFault(context_->QueryCapture(target->stream.get())));
   // Capturing as far as the session knows: a driver that says otherwise lost the capture.
   response.set_status(status == backend::CaptureStatus::kActive ? v1::CAPTURE_STATUS_ACTIVE
                                                                 : v1::CAPTURE_STATUS_INVALIDATED);
@@ -361,7 +358,7 @@ void Session::AbandonCapture(uint64_t stream_id, backend::Stream* stream) {
   absl::MutexLock capture_lock(&capture->mu);
   if (!capture->active) return;
   // The graph, if the driver makes one, is dropped at once.
-  Check(context_->EndCapture(stream).status()).IgnoreError();
+  RecordFault(context_->EndCapture(stream).status()).IgnoreError();
   capture->active = false;
   capture->nodes.clear();
   const uint64_t bytes = std::exchange(capture->bytes, 0);
@@ -378,17 +375,16 @@ void Session::ReleaseGraphs() {
   {
     absl::MutexLock lock(&mu_);
     for (uint64_t id : capturing_streams_) {
-      auto it = streams_.find(id);
-      if (it != streams_.end()) capturing.emplace_back(id, it->second);
+      if (const auto* stream = streams_.Lookup(id)) capturing.emplace_back(id, *stream);
     }
   }
   for (auto& [id, stream] : capturing) AbandonCapture(id, stream.get());
-  std::unordered_map<uint64_t, std::shared_ptr<GraphExecEntry>> execs;
-  std::unordered_map<uint64_t, std::shared_ptr<GraphEntry>> graphs;
+  decltype(graph_execs_)::Map execs;
+  decltype(graphs_)::Map graphs;
   {
     absl::MutexLock lock(&mu_);
-    execs.swap(graph_execs_);
-    graphs.swap(graphs_);
+    execs = graph_execs_.TakeAll();
+    graphs = graphs_.TakeAll();
     graph_bytes_ = 0;
   }
   // Outside mu_: backend calls. Execs first (each holds its graph's backend object).
@@ -403,12 +399,7 @@ absl::StatusOr<uint64_t> Session::InstantiateGraph(uint64_t graph_id) {
   std::shared_ptr<GraphEntry> graph;
   {
     absl::MutexLock lock(&mu_);
-    auto it = graphs_.find(graph_id);
-    if (it == graphs_.end()) {
-      return absl::NotFoundError(
-          absl::StrFormat("InstantiateGraph: no graph %d in this session", graph_id));
-    }
-    graph = it->second;
+    GPURPC_ASSIGN_OR_RETURN(graph, graphs_.Find(graph_id, "InstantiateGraph"));
     if (graph_execs_.size() + graph_execs_pending_ >= kMaxGraphExecsPerSession) {
       return absl::ResourceExhaustedError(absl::StrFormat(
           "InstantiateGraph: this session holds %d graph execs, the most it may; destroy some "
@@ -419,8 +410,9 @@ absl::StatusOr<uint64_t> Session::InstantiateGraph(uint64_t graph_id) {
     ++graph_execs_pending_;
   }
   absl::StatusOr<std::unique_ptr<backend::GraphExec>> exec =
-      Check(context_->InstantiateGraph(graph->graph));
+      RecordFault(context_->InstantiateGraph(graph->graph));
   auto entry = std::make_shared<GraphExecEntry>();
+  const absl::Status instantiated = exec.status();
   if (exec.ok()) {
     entry->exec = *std::move(exec);
     absl::MutexLock exec_lock(&entry->mu);
@@ -431,11 +423,11 @@ absl::StatusOr<uint64_t> Session::InstantiateGraph(uint64_t graph_id) {
   --graph_execs_pending_;
   if (entry->exec == nullptr) {
     graph_bytes_ -= std::min(graph->bytes, graph_bytes_);
-    return exec.status();
+    return instantiated;
   }
   const uint64_t id = NewIdLocked();
   entry->name = std::make_shared<const std::string>(absl::StrCat("graph exec ", id));
-  graph_execs_[id] = std::move(entry);
+  graph_execs_.Insert(id, std::move(entry));
   return id;
 }
 
@@ -444,12 +436,7 @@ absl::Status Session::LaunchGraph(const v1::LaunchGraphCommand& launch) {
   std::shared_ptr<GraphExecEntry> exec;
   {
     absl::MutexLock lock(&mu_);
-    auto it = graph_execs_.find(launch.graph_exec_id());
-    if (it == graph_execs_.end()) {
-      return absl::NotFoundError(
-          absl::StrFormat("LaunchGraph: no graph exec %d in this session", launch.graph_exec_id()));
-    }
-    exec = it->second;
+    GPURPC_ASSIGN_OR_RETURN(exec, graph_execs_.Find(launch.graph_exec_id(), "LaunchGraph"));
   }
   const uint64_t stream_id = launch.stream_id();
   absl::StatusOr<StreamAndCapture> target = FindStreamCapture(stream_id);
@@ -460,7 +447,8 @@ absl::Status Session::LaunchGraph(const v1::LaunchGraphCommand& launch) {
   if (stream_id == 0 && blocking_captures_active_.load(std::memory_order_acquire) > 0) {
     return RefuseWhileCapturing(0, "LaunchGraph");
   }
-  GPURPC_RETURN_IF_ERROR(Check(context_->LaunchGraph(exec->exec.get(), target->stream.get())));
+  GPURPC_RETURN_IF_ERROR(
+      RecordFault(context_->LaunchGraph(exec->exec.get(), target->stream.get())));
   // Timed like one kernel: the whole graph from when the work before it on the stream ends.
   if (Watchdog* watchdog = watchdog_ptr_.load(std::memory_order_acquire)) {
     watchdog->OnLaunch(stream_id, target->stream.get(), exec->name);
@@ -473,13 +461,7 @@ absl::Status Session::DestroyGraph(uint64_t graph_id) {
   std::shared_ptr<GraphEntry> graph;
   {
     absl::MutexLock lock(&mu_);
-    auto it = graphs_.find(graph_id);
-    if (it == graphs_.end()) {
-      return absl::NotFoundError(
-          absl::StrFormat("DestroyGraph: no graph %d in this session", graph_id));
-    }
-    graph = std::move(it->second);
-    graphs_.erase(it);
+    GPURPC_ASSIGN_OR_RETURN(graph, graphs_.Take(graph_id, "DestroyGraph"));
     graph_bytes_ -= std::min(graph->bytes, graph_bytes_);
   }
   // Destroyed here, outside mu_ (a backend call), unless a graph exec or a call still uses it.
@@ -491,13 +473,7 @@ absl::Status Session::DestroyGraphExec(uint64_t graph_exec_id) {
   std::shared_ptr<GraphExecEntry> exec;
   {
     absl::MutexLock lock(&mu_);
-    auto it = graph_execs_.find(graph_exec_id);
-    if (it == graph_execs_.end()) {
-      return absl::NotFoundError(
-          absl::StrFormat("DestroyGraphExec: no graph exec %d in this session", graph_exec_id));
-    }
-    exec = std::move(it->second);
-    graph_execs_.erase(it);
+    GPURPC_ASSIGN_OR_RETURN(exec, graph_execs_.Take(graph_exec_id, "DestroyGraphExec"));
   }
   uint64_t bytes;
   {
@@ -514,12 +490,7 @@ absl::StatusOr<v1::GetGraphNodesResponse> Session::GetGraphNodes(uint64_t graph_
   std::shared_ptr<GraphEntry> graph;
   {
     absl::MutexLock lock(&mu_);
-    auto it = graphs_.find(graph_id);
-    if (it == graphs_.end()) {
-      return absl::NotFoundError(
-          absl::StrFormat("GetGraphNodes: no graph %d in this session", graph_id));
-    }
-    graph = it->second;
+    GPURPC_ASSIGN_OR_RETURN(graph, graphs_.Find(graph_id, "GetGraphNodes"));
   }
   v1::GetGraphNodesResponse response;
   for (size_t i = 0; i < graph->nodes.size(); ++i) {
@@ -548,18 +519,8 @@ absl::Status Session::UpdateGraphExec(uint64_t graph_exec_id, uint64_t graph_id)
   std::shared_ptr<GraphEntry> graph;
   {
     absl::MutexLock lock(&mu_);
-    auto exec_it = graph_execs_.find(graph_exec_id);
-    if (exec_it == graph_execs_.end()) {
-      return absl::NotFoundError(
-          absl::StrFormat("UpdateGraphExec: no graph exec %d in this session", graph_exec_id));
-    }
-    auto graph_it = graphs_.find(graph_id);
-    if (graph_it == graphs_.end()) {
-      return absl::NotFoundError(
-          absl::StrFormat("UpdateGraphExec: no graph %d in this session", graph_id));
-    }
-    exec = exec_it->second;
-    graph = graph_it->second;
+    GPURPC_ASSIGN_OR_RETURN(exec, graph_execs_.Find(graph_exec_id, "UpdateGraphExec"));
+    GPURPC_ASSIGN_OR_RETURN(graph, graphs_.Find(graph_id, "UpdateGraphExec"));
   }
   absl::MutexLock exec_lock(&exec->mu);
   if (exec->destroyed) {
@@ -587,7 +548,8 @@ absl::Status Session::UpdateGraphExec(uint64_t graph_exec_id, uint64_t graph_id)
     absl::MutexLock lock(&mu_);
     GPURPC_RETURN_IF_ERROR(ReserveGraphBytesLocked(after - before, "UpdateGraphExec"));
   }
-  absl::Status status = Check(context_->UpdateGraphExec(exec->exec.get(), graph->graph.get()));
+  absl::Status status =
+      RecordFault(context_->UpdateGraphExec(exec->exec.get(), graph->graph.get()));
   if (!status.ok()) {
     if (after > before) ReleaseGraphBytes(after - before);
     return status;
@@ -606,12 +568,7 @@ absl::Status Session::SetGraphExecKernelNodeArgs(
   std::shared_ptr<GraphExecEntry> exec;
   {
     absl::MutexLock lock(&mu_);
-    auto it = graph_execs_.find(exec_id);
-    if (it == graph_execs_.end()) {
-      return absl::NotFoundError(
-          absl::StrFormat("%s: no graph exec %d in this session", kCall, exec_id));
-    }
-    exec = it->second;
+    GPURPC_ASSIGN_OR_RETURN(exec, graph_execs_.Find(exec_id, kCall));
   }
   absl::MutexLock exec_lock(&exec->mu);
   if (exec->destroyed) {
@@ -666,8 +623,8 @@ absl::Status Session::SetGraphExecKernelNodeArgs(
     absl::MutexLock lock(&mu_);
     GPURPC_RETURN_IF_ERROR(ReserveGraphBytesLocked(cost - node.cost_bytes, kCall));
   }
-  absl::Status status = Check(context_->SetGraphExecKernelNode(exec->exec.get(), index,
-                                                               function->function, config, packed));
+  absl::Status status = RecordFault(context_->SetGraphExecKernelNode(
+      exec->exec.get(), index, function->function, config, packed));
   if (!status.ok()) {
     if (cost > node.cost_bytes) ReleaseGraphBytes(cost - node.cost_bytes);
     return status;

@@ -81,7 +81,7 @@ absl::StatusOr<v1::RegisterHostRegionResponse> Session::RegisterHostRegion(uint6
         Bytes(size_bytes), Bytes(limit), Bytes(region_bytes_)));
   }
   const uint64_t id = NewIdLocked();
-  regions_.emplace(id, std::make_shared<RegionEntry>(context_.get(), size_bytes, ticket));
+  regions_.Insert(id, std::make_shared<RegionEntry>(context_.get(), size_bytes, ticket));
   region_bytes_ += size_bytes;
   v1::RegisterHostRegionResponse response;
   response.set_region_id(id);
@@ -95,24 +95,24 @@ absl::Status Session::AttachHostRegion(uint64_t region_id, const std::string& ti
   std::shared_ptr<RegionEntry> entry;
   {
     absl::MutexLock lock(&mu_);
-    auto it = regions_.find(region_id);
+    const std::shared_ptr<RegionEntry>* found = regions_.Lookup(region_id);
     // One answer for every way of not holding the right ticket.
-    if (it == regions_.end() || it->second->state != RegionEntry::State::kPending ||
-        !SameTicket(it->second->ticket, ticket)) {
+    if (found == nullptr || (*found)->state != RegionEntry::State::kPending ||
+        !SameTicket((*found)->ticket, ticket)) {
       return absl::NotFoundError(absl::StrFormat(
           "no region %d of this session waits for its memfd with that ticket", region_id));
     }
-    entry = it->second;
+    entry = *found;
     entry->state = RegionEntry::State::kAttaching;
   }
   absl::StatusOr<std::unique_ptr<MappedRegion>> mapping = MappedRegion::Map(fd, entry->size_bytes);
   absl::StatusOr<std::unique_ptr<backend::HostRegistration>> registration;
   if (mapping.ok()) {
-    registration = Check(context_->RegisterHostMemory((*mapping)->data(), entry->size_bytes));
+    registration = RecordFault(context_->RegisterHostMemory((*mapping)->data(), entry->size_bytes));
   }
   absl::MutexLock lock(&mu_);
-  auto it = regions_.find(region_id);
-  const bool still_ours = it != regions_.end() && it->second == entry;
+  const std::shared_ptr<RegionEntry>* current = regions_.Lookup(region_id);
+  const bool still_ours = current != nullptr && *current == entry;
   if (!mapping.ok() || !registration.ok()) {
     if (still_ours) entry->state = RegionEntry::State::kPending;  // the client may retry
     return !mapping.ok() ? mapping.status() : registration.status();
@@ -132,12 +132,7 @@ absl::Status Session::UnregisterHostRegion(uint64_t region_id) {
   std::shared_ptr<RegionEntry> entry;
   {
     absl::MutexLock lock(&mu_);
-    auto it = regions_.find(region_id);
-    if (it == regions_.end()) {
-      return absl::NotFoundError(absl::StrFormat("no region %d in this session", region_id));
-    }
-    entry = std::move(it->second);
-    regions_.erase(it);
+    GPURPC_ASSIGN_OR_RETURN(entry, regions_.Take(region_id));
     region_bytes_ -= std::min(region_bytes_, entry->size_bytes);
   }
   entry.reset();  // waits for queued work unless a copy still holds it (it then does)
@@ -154,17 +149,12 @@ absl::Status Session::CopyHostRegion(const v1::RegionCopyCommand& command) {
   std::shared_ptr<RegionEntry> entry;
   {
     absl::MutexLock lock(&mu_);
-    auto it = regions_.find(command.region_id());
-    if (it == regions_.end()) {
-      return absl::NotFoundError(
-          absl::StrFormat("%s: no region %d in this session", what, command.region_id()));
-    }
-    if (it->second->state != RegionEntry::State::kAttached) {
+    GPURPC_ASSIGN_OR_RETURN(entry, regions_.Find(command.region_id(), what));
+    if (entry->state != RegionEntry::State::kAttached) {
       return absl::FailedPreconditionError(absl::StrFormat(
           "%s: region %d has no memfd attached yet (send it on the region socket first)", what,
           command.region_id()));
     }
-    entry = it->second;
   }
   const uint64_t offset = command.region_offset_bytes();
   if (offset > entry->size_bytes || command.size_bytes() > entry->size_bytes - offset) {
@@ -181,9 +171,11 @@ absl::Status Session::CopyHostRegion(const v1::RegionCopyCommand& command) {
   GPURPC_RETURN_IF_ERROR(RefuseWhileCapturing(command.stream_id(), what));
   uint8_t* const host = entry->mapping->data() + offset;
   if (command.to_device()) {
-    return Check(context_->CopyHostToDeviceAsync(device, host, command.size_bytes(), stream.get()));
+    return RecordFault(
+        context_->CopyHostToDeviceAsync(device, host, command.size_bytes(), stream.get()));
   }
-  return Check(context_->CopyDeviceToHostAsync(host, device, command.size_bytes(), stream.get()));
+  return RecordFault(
+      context_->CopyDeviceToHostAsync(host, device, command.size_bytes(), stream.get()));
 }
 
 absl::StatusOr<v1::OpenDirectChannelResponse> Session::OpenDirectChannel() {

@@ -12,11 +12,7 @@
 #include "spdlog/spdlog.h"
 
 namespace gpurpc::worker {
-namespace {
-
-bool IsSticky(const absl::Status& status) { return IsStickyFault(status); }
-
-}  // namespace
+namespace {}  // namespace
 
 std::string FormatKernelTimeout(uint64_t timeout_ms) {
   if (timeout_ms % 1000 == 0) return absl::StrCat(timeout_ms / 1000, "s");
@@ -85,7 +81,7 @@ void Watchdog::StopWatchingLocked(const std::string& why) {
 bool Watchdog::Accept(const absl::Status& status, const char* call) {
   if (status.ok()) return true;
   absl::MutexLock lock(&mu_);
-  if (IsSticky(status)) {
+  if (IsStickyFault(status)) {
     // Not a timeout: the context is gone and the session reports the fault.
     if (watching_)
       spdlog::info("kernel watchdog stops after a sticky fault: {}", status.ToString());
@@ -134,7 +130,7 @@ void Watchdog::OnLaunch(uint64_t stream_id, backend::Stream* stream,
     if (created.ok()) {
       event = created->get();
       events_.push_back(*std::move(created));
-    } else if (IsSticky(created.status())) {
+    } else if (IsStickyFault(created.status())) {
       StopWatchingLocked("");
       return;
     } else {
@@ -170,7 +166,7 @@ void Watchdog::OnLaunch(uint64_t stream_id, backend::Stream* stream,
     }
   }
   if (!recorded.ok()) {
-    if (IsSticky(recorded)) {
+    if (IsStickyFault(recorded)) {
       Accept(recorded, "cuEventRecord");
     } else {
       spdlog::warn(

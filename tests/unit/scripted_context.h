@@ -74,6 +74,11 @@ class ScriptedContext final : public backend::Context {
     absl::MutexLock lock(&mu_);
     launch_hook_ = std::move(hook);
   }
+  // Likewise inside every RecordEvent, before its answer.
+  void set_record_hook(std::function<void()> hook) {
+    absl::MutexLock lock(&mu_);
+    record_hook_ = std::move(hook);
+  }
   // Modules loaded and not yet destroyed.
   int modules_alive() const {
     absl::MutexLock lock(&mu_);
@@ -187,6 +192,7 @@ class ScriptedContext final : public backend::Context {
     return std::unique_ptr<backend::Event>(new Event(this));
   }
   absl::Status RecordEvent(backend::Event* event, backend::Stream* stream) override {
+    RunHook(&ScriptedContext::record_hook_);
     absl::MutexLock lock(&mu_);
     if (!record_status_.ok()) return record_status_;
     auto* scripted = static_cast<Event*>(event);
@@ -309,6 +315,7 @@ class ScriptedContext final : public backend::Context {
   int modules_alive_ ABSL_GUARDED_BY(mu_) = 0;
   std::function<void()> get_function_hook_ ABSL_GUARDED_BY(mu_);
   std::function<void()> launch_hook_ ABSL_GUARDED_BY(mu_);
+  std::function<void()> record_hook_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace gpurpc::testing

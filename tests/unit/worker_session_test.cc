@@ -6,9 +6,12 @@
 #include <memory>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
+#include "absl/synchronization/mutex.h"
 #include "absl/synchronization/notification.h"
+#include "absl/time/time.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "server/worker/session.h"
@@ -275,6 +278,38 @@ class ScriptedSessionTest : public ::testing::Test {
   ScriptedContext* context_ = nullptr;
   std::unique_ptr<Session> session_;
 };
+
+// Two calls in the backend when the fault happens: the first reports it as it is, the second
+// as the session's earlier fault. (The second used to take the session's lock twice and hang
+// the worker.)
+TEST_F(ScriptedSessionTest, ASecondCallObservingTheFaultReportsTheFirst) {
+  absl::StatusOr<uint64_t> event = session_->CreateEvent(false, false);
+  ASSERT_THAT(event, IsOk());
+  context_->set_record_status(absl::AbortedError("cuEventRecord: CUDA_ERROR_ILLEGAL_ADDRESS"));
+  // Both calls are inside the backend before either returns.
+  absl::Mutex mu;
+  int inside = 0;
+  context_->set_record_hook([&] {
+    absl::MutexLock lock(&mu);
+    ++inside;
+    mu.AwaitWithTimeout(absl::Condition(
+                            +[](int* n) { return *n >= 2; }, &inside),
+                        absl::Seconds(30));
+  });
+  absl::Status results[2];
+  std::thread first([&] { results[0] = session_->RecordEvent(*event, 0); });
+  std::thread second([&] { results[1] = session_->RecordEvent(*event, 0); });
+  first.join();
+  second.join();
+  {
+    absl::MutexLock lock(&mu);
+    ASSERT_EQ(inside, 2);
+  }
+  if (results[0].code() != absl::StatusCode::kAborted) std::swap(results[0], results[1]);
+  EXPECT_THAT(results[0], StatusIs(absl::StatusCode::kAborted, HasSubstr("ILLEGAL_ADDRESS")));
+  EXPECT_THAT(results[1], StatusIs(absl::StatusCode::kFailedPrecondition,
+                                   HasSubstr("FAULTED earlier: cuEventRecord")));
+}
 
 TEST_F(ScriptedSessionTest, NarrowIntegerArgumentsMustFitTheirType) {
   // (unsigned char, unsigned short, unsigned)
