@@ -7,7 +7,9 @@
 #include <cerrno>
 #include <cstdint>
 #include <cstdlib>
-#include <mutex>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/synchronization/mutex.h"
 
 namespace gpurpc {
 
@@ -20,8 +22,8 @@ namespace gpurpc {
 // Thread-safe.
 class HandleIdGenerator {
  public:
-  uint64_t Next() {
-    std::lock_guard<std::mutex> lock(mu_);
+  uint64_t Next() ABSL_LOCKS_EXCLUDED(mu_) {
+    absl::MutexLock lock(&mu_);
     for (;;) {
       if (next_ == kBlock) Refill();
       const uint64_t id = block_[next_++];
@@ -32,7 +34,7 @@ class HandleIdGenerator {
  private:
   static constexpr int kBlock = 32;
 
-  void Refill() {
+  void Refill() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     uint8_t* out = reinterpret_cast<uint8_t*>(block_);
     size_t left = sizeof(block_);
     while (left > 0) {
@@ -47,9 +49,9 @@ class HandleIdGenerator {
     next_ = 0;
   }
 
-  std::mutex mu_;
-  uint64_t block_[kBlock] = {};
-  int next_ = kBlock;
+  absl::Mutex mu_;
+  uint64_t block_[kBlock] ABSL_GUARDED_BY(mu_) = {};
+  int next_ ABSL_GUARDED_BY(mu_) = kBlock;  // the next unused id of block_
 };
 
 }  // namespace gpurpc

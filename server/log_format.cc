@@ -5,12 +5,13 @@
 #include <atomic>
 #include <cstdio>
 #include <ctime>
-#include <mutex>
 #include <utility>
 #include <vector>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/synchronization/mutex.h"
 #include "grpc/support/log.h"
 #include "spdlog/details/os.h"
 #include "spdlog/sinks/stdout_color_sinks.h"
@@ -52,9 +53,9 @@ std::atomic<spdlog::logger*> grpc_logger{nullptr};
 // Every logger gRPC's lines were ever routed to, never destroyed; reachable, so that a leak
 // checker does not count it.
 void KeepForGrpc(std::shared_ptr<spdlog::logger> logger) {
-  static auto* mu = new std::mutex;
-  static auto* kept = new std::vector<std::shared_ptr<spdlog::logger>>;
-  std::lock_guard<std::mutex> lock(*mu);
+  static auto* const mu = new absl::Mutex;  // guards *kept
+  static auto* const kept ABSL_PT_GUARDED_BY(mu) = new std::vector<std::shared_ptr<spdlog::logger>>;
+  absl::MutexLock lock(mu);
   kept->push_back(logger);
   grpc_logger.store(logger.get(), std::memory_order_release);
 }

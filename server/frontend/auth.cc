@@ -19,6 +19,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
+#include "absl/synchronization/mutex.h"
 #include "common/grpc_status.h"
 #include "spdlog/spdlog.h"
 
@@ -145,7 +146,7 @@ absl::Status Authenticator::Start() {
   auto table = TokenTable::Load(options_.tokens_file);
   if (!table.ok()) return table.status();
   spdlog::info("{} bearer token(s) from {}", (*table)->size(), options_.tokens_file);
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   tokens_ = *std::move(table);
   return absl::OkStatus();
 }
@@ -155,7 +156,7 @@ absl::Status Authenticator::ReloadTokens() {
   auto table = TokenTable::Load(options_.tokens_file);
   if (!table.ok()) return table.status();
   spdlog::info("reloaded {} bearer token(s) from {}", (*table)->size(), options_.tokens_file);
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   tokens_ = *std::move(table);
   token_cache_.clear();
   return absl::OkStatus();
@@ -164,17 +165,17 @@ absl::Status Authenticator::ReloadTokens() {
 void Authenticator::RegisterUnixPeer(int fd, uid_t uid, pid_t pid) {
   std::string name;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    absl::MutexLock lock(&mu_);
     if (auto it = user_names_.find(uid); it != user_names_.end()) name = it->second;
   }
   if (name.empty()) {
     // Asked once per uid: the name service may be slow, and this runs on the accept thread.
     name = UserName(uid);
-    std::lock_guard<std::mutex> lock(mu_);
+    absl::MutexLock lock(&mu_);
     user_names_[uid] = name;
   }
   UnixPeer peer{uid, pid, std::move(name)};
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   // A reused fd number replaces the entry of a connection gRPC has already closed: a call
   // keeps its connection (and so its fd) open while it is being served.
   unix_peers_[fd] = std::move(peer);
@@ -184,14 +185,14 @@ std::string Authenticator::TenantForToken(absl::string_view token) const {
   const std::string key = Sha256(token);
   std::shared_ptr<const TokenTable> table;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    absl::MutexLock lock(&mu_);
     if (auto it = token_cache_.find(key); it != token_cache_.end()) return it->second;
     table = tokens_;
   }
   if (table == nullptr) return "";
   std::string tenant = table->Find(token);
   if (!tenant.empty()) {
-    std::lock_guard<std::mutex> lock(mu_);
+    absl::MutexLock lock(&mu_);
     if (tokens_ == table) token_cache_[key] = tenant;  // not across a reload
   }
   return tenant;
@@ -204,7 +205,7 @@ absl::StatusOr<Identity> Authenticator::Authenticate(const grpc::ServerContextBa
   if (absl::StartsWith(identity.peer, kUnixPeerPrefix)) {
     int fd = -1;
     if (absl::SimpleAtoi(absl::string_view(identity.peer).substr(strlen(kUnixPeerPrefix)), &fd)) {
-      std::lock_guard<std::mutex> lock(mu_);
+      absl::MutexLock lock(&mu_);
       if (auto it = unix_peers_.find(fd); it != unix_peers_.end()) {
         identity.tenant = it->second.tenant;
         identity.method = "unix-peer";

@@ -22,12 +22,12 @@
 
 #include <map>
 #include <memory>
-#include <mutex>
 #include <set>
 #include <string>
 #include <unordered_map>
 #include <vector>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
@@ -75,24 +75,25 @@ class Authenticator {
   explicit Authenticator(const DaemonOptions& options);
 
   // Loads the tokens file, if any. The daemon does not start when this fails.
-  absl::Status Start();
+  absl::Status Start() ABSL_LOCKS_EXCLUDED(mu_);
   // Re-reads the tokens file; on error the previous table stays in force.
-  absl::Status ReloadTokens();
+  absl::Status ReloadTokens() ABSL_LOCKS_EXCLUDED(mu_);
 
   // Called by the Unix listener for each accepted connection before gRPC sees it.
-  void RegisterUnixPeer(int fd, uid_t uid, pid_t pid);
+  void RegisterUnixPeer(int fd, uid_t uid, pid_t pid) ABSL_LOCKS_EXCLUDED(mu_);
 
   // The caller's identity, or UNAUTHENTICATED saying what is missing or wrong (never
   // quoting a token).
-  absl::StatusOr<Identity> Authenticate(const grpc::ServerContextBase& context) const;
+  absl::StatusOr<Identity> Authenticate(const grpc::ServerContextBase& context) const
+      ABSL_LOCKS_EXCLUDED(mu_);
 
   // For TLS listeners: a check gRPC runs on each call's metadata before it reads the
   // request, so that a caller without valid credentials cannot make the daemon buffer a
   // large message first. The handlers still call Authenticate. Must not outlive this.
   std::shared_ptr<grpc::AuthMetadataProcessor> EarlyCheck() const;
-  absl::Status EarlyCheckStatus(
-      const grpc::AuthContext* auth,
-      const std::multimap<grpc::string_ref, grpc::string_ref>& metadata) const;
+  absl::Status EarlyCheckStatus(const grpc::AuthContext* auth,
+                                const std::multimap<grpc::string_ref, grpc::string_ref>& metadata)
+      const ABSL_LOCKS_EXCLUDED(mu_);
 
   bool IsAdmin(const std::string& tenant) const ABSL_LOCKS_EXCLUDED(admins_mu_) {
     absl::MutexLock lock(&admins_mu_);
@@ -110,26 +111,28 @@ class Authenticator {
     pid_t pid;
     std::string tenant;
   };
-  std::string TenantForToken(absl::string_view token) const;
+  std::string TenantForToken(absl::string_view token) const ABSL_LOCKS_EXCLUDED(mu_);
   // The TCP rules of Authenticate, from the parts of a call.
   absl::StatusOr<Identity> AuthenticateTcp(
       const grpc::AuthContext* auth,
-      const std::multimap<grpc::string_ref, grpc::string_ref>& metadata) const;
+      const std::multimap<grpc::string_ref, grpc::string_ref>& metadata) const
+      ABSL_LOCKS_EXCLUDED(mu_);
 
   const DaemonOptions options_;
   mutable absl::Mutex admins_mu_;
   std::set<std::string> admins_ ABSL_GUARDED_BY(admins_mu_);
 
-  mutable std::mutex mu_;
-  std::shared_ptr<const TokenTable> tokens_;  // guarded by mu_
+  // Guards the token table, the Unix peers, the user-name cache and the token cache.
+  mutable absl::Mutex mu_;
+  std::shared_ptr<const TokenTable> tokens_ ABSL_GUARDED_BY(mu_);
   // By fd. gRPC 1.51 keeps a connection's fd open while any call on it is being served
   // (checked by an attacker's review: a call outliving its client kept the fd until it
   // ended), so the fd of a call names its connection. Newer gRPC releases close the fd when
   // the connection drops; building against one needs another way to tie calls to peers.
-  std::unordered_map<int, UnixPeer> unix_peers_;       // guarded by mu_
-  std::unordered_map<uid_t, std::string> user_names_;  // guarded by mu_
+  std::unordered_map<int, UnixPeer> unix_peers_ ABSL_GUARDED_BY(mu_);
+  std::unordered_map<uid_t, std::string> user_names_ ABSL_GUARDED_BY(mu_);
   // Verified tokens by their SHA-256, so that a call costs one hash, not one per entry.
-  mutable std::unordered_map<std::string, std::string> token_cache_;  // guarded by mu_
+  mutable std::unordered_map<std::string, std::string> token_cache_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace gpurpc::frontend

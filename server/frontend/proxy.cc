@@ -2,14 +2,15 @@
 
 #include <algorithm>
 #include <memory>
-#include <mutex>
 #include <string>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/container/flat_hash_map.h"
 #include "absl/strings/escaping.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/synchronization/mutex.h"
 #include "common/grpc_status.h"
 #include "common/limits.h"
 #include "google/protobuf/descriptor.h"
@@ -177,7 +178,7 @@ class RelayReactor final : public grpc::ServerGenericBidiReactor {
         unary_(!shape.client_streaming && !shape.server_streaming),
         worker_half_(this) {
     // Callbacks may fire on other threads before the constructor is done.
-    std::lock_guard<std::mutex> lock(mu_);
+    absl::MutexLock lock(&mu_);
     // A command stream stays open for the life of a client: it keeps the session alive by
     // its traffic, not by being open, so that a vanished client is still reclaimed.
     counts_as_in_flight_ = context_->method() != kCommandStreamMethod;
@@ -203,23 +204,18 @@ class RelayReactor final : public grpc::ServerGenericBidiReactor {
   }
 
   // Server half.
-  void OnReadDone(bool ok) override {
+  void OnReadDone(bool ok) override ABSL_LOCKS_EXCLUDED(mu_) {
     bool start_unary = false;
     {
-      std::lock_guard<std::mutex> lock(mu_);
+      absl::MutexLock lock(&mu_);
       start_unary = OnReadDoneLocked(ok);
     }
     // Outside the lock: the completion must be free to take it whenever it runs.
-    if (start_unary) {
-      CountToWorker(from_client_);
-      session_->stub().UnaryCall(&worker_context_, context_->method(), grpc::StubOptions(),
-                                 &from_client_, &from_worker_,
-                                 [this](grpc::Status status) { OnWorkerUnaryDone(status); });
-    }
+    if (start_unary) StartUnaryWorkerCall();
   }
 
   // True when the unary call to the worker is to start now.
-  bool OnReadDoneLocked(bool ok) {
+  bool OnReadDoneLocked(bool ok) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     session_->Touch();
     if (!to_worker_open_) return false;
     if (!client_streaming_) {
@@ -279,7 +275,7 @@ class RelayReactor final : public grpc::ServerGenericBidiReactor {
   }
 
   // The request is refused (refusal_ says why) before the worker saw it.
-  void RefuseLocked() {
+  void RefuseLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     worker_context_.TryCancel();
     if (!unary_) {
       CloseToWorkerLocked();  // the worker call ends cancelled: OnWorkerDone finishes
@@ -291,8 +287,8 @@ class RelayReactor final : public grpc::ServerGenericBidiReactor {
     MaybeFinishLocked();
   }
 
-  void OnWriteDone(bool ok) override {
-    std::lock_guard<std::mutex> lock(mu_);
+  void OnWriteDone(bool ok) override ABSL_LOCKS_EXCLUDED(mu_) {
+    absl::MutexLock lock(&mu_);
     server_write_pending_ = false;
     if (ok) {
       // A message read from the worker meanwhile goes out now, and the read pump goes on
@@ -315,10 +311,10 @@ class RelayReactor final : public grpc::ServerGenericBidiReactor {
     if (ledger_ == Ledger::kNone) worker_context_.TryCancel();
   }
 
-  void OnDone() override {
+  void OnDone() override ABSL_LOCKS_EXCLUDED(mu_) {
     bool last;
     {
-      std::lock_guard<std::mutex> lock(mu_);
+      absl::MutexLock lock(&mu_);
       server_done_ = true;
       last = worker_done_;
     }
@@ -337,8 +333,19 @@ class RelayReactor final : public grpc::ServerGenericBidiReactor {
     RelayReactor* relay_;
   };
 
-  void OnWorkerReadDone(bool ok) {
-    std::lock_guard<std::mutex> lock(mu_);
+  // Starts the unary worker call with the request in from_client_; its answer lands in
+  // from_worker_. Runs without mu_ (the completion must be free to take it whenever it
+  // runs): OnReadDoneLocked has closed the client -> worker side, so nothing else touches
+  // either buffer until the completion, OnWorkerUnaryDone, takes mu_.
+  void StartUnaryWorkerCall() ABSL_LOCKS_EXCLUDED(mu_) ABSL_NO_THREAD_SAFETY_ANALYSIS {
+    CountToWorker(from_client_);
+    session_->stub().UnaryCall(&worker_context_, context_->method(), grpc::StubOptions(),
+                               &from_client_, &from_worker_,
+                               [this](grpc::Status status) { OnWorkerUnaryDone(status); });
+  }
+
+  void OnWorkerReadDone(bool ok) ABSL_LOCKS_EXCLUDED(mu_) {
+    absl::MutexLock lock(&mu_);
     if (ok && !LedgerOnAnswerLocked()) {
       // Refused by the ledger: the client does not get the answer; read the worker call
       // to its end, and refusal_ becomes the status.
@@ -363,8 +370,8 @@ class RelayReactor final : public grpc::ServerGenericBidiReactor {
     }
   }
 
-  void OnWorkerWriteDone(bool ok) {
-    std::lock_guard<std::mutex> lock(mu_);
+  void OnWorkerWriteDone(bool ok) ABSL_LOCKS_EXCLUDED(mu_) {
+    absl::MutexLock lock(&mu_);
     worker_write_pending_ = false;
     if (!ok || !client_streaming_ || !to_worker_open_) {
       CloseToWorkerLocked();  // a one-message call's only write, or the worker is gone
@@ -380,7 +387,7 @@ class RelayReactor final : public grpc::ServerGenericBidiReactor {
   }
 
   // The message in from_client_ goes to the worker, and the next one is read from the client.
-  void WriteToWorkerLocked() {
+  void WriteToWorkerLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     to_worker_.Swap(&from_client_);
     from_client_.Clear();
     CountToWorker(to_worker_);
@@ -391,7 +398,7 @@ class RelayReactor final : public grpc::ServerGenericBidiReactor {
 
   // The answer in from_worker_ goes to the client, and the next one is read from the worker
   // (while its side is open).
-  void WriteToClientLocked() {
+  void WriteToClientLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     to_client_.Swap(&from_worker_);
     from_worker_.Clear();
     CountToClient(to_client_);
@@ -400,17 +407,17 @@ class RelayReactor final : public grpc::ServerGenericBidiReactor {
     if (from_worker_open_) worker_half_.StartRead(&from_worker_);
   }
 
-  void OnWorkerDone(const grpc::Status& status) {
+  void OnWorkerDone(const grpc::Status& status) ABSL_LOCKS_EXCLUDED(mu_) {
     grpc::Status final_status = Translate(status);
-    std::lock_guard<std::mutex> lock(mu_);
+    absl::MutexLock lock(&mu_);
     WorkerFinishedLocked(std::move(final_status));
     MaybeFinishLocked();
   }
 
   // The unary worker call ended; its answer, if any, is in from_worker_.
-  void OnWorkerUnaryDone(const grpc::Status& status) {
+  void OnWorkerUnaryDone(const grpc::Status& status) ABSL_LOCKS_EXCLUDED(mu_) {
     grpc::Status final_status = Translate(status);  // may wait for a dying worker: unlocked
-    std::lock_guard<std::mutex> lock(mu_);
+    absl::MutexLock lock(&mu_);
     // Refused by the ledger: the client does not get the answer, refusal_ is the status.
     const bool answered = status.ok() && LedgerOnAnswerLocked();
     WorkerFinishedLocked(std::move(final_status));
@@ -424,7 +431,7 @@ class RelayReactor final : public grpc::ServerGenericBidiReactor {
   }
 
   // The worker's side is over with `final_status` (translated).
-  void WorkerFinishedLocked(grpc::Status final_status) {
+  void WorkerFinishedLocked(grpc::Status final_status) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     LedgerAfterWorkerLocked(final_status);
     if (!refusal_.ok()) final_status = refusal_;
     if (counts_as_in_flight_) {
@@ -437,7 +444,7 @@ class RelayReactor final : public grpc::ServerGenericBidiReactor {
   }
 
   // Maps what the worker answered to what the client sees, and records faults.
-  grpc::Status Translate(const grpc::Status& status) {
+  grpc::Status Translate(const grpc::Status& status) ABSL_LOCKS_EXCLUDED(mu_) {
     if (IsStickyFault(status)) {
       // The worker reported a sticky CUDA fault: its context is lost for good.
       session_->MarkFaulted(status.error_message());
@@ -492,7 +499,7 @@ class RelayReactor final : public grpc::ServerGenericBidiReactor {
 
   // Reads the client's request of a ledger call before it goes on to the worker. False when
   // the call is refused (refusal_ says why).
-  bool LedgerBeforeWorkerLocked() {
+  bool LedgerBeforeWorkerLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     if (ledger_ == Ledger::kAllocate && !request_seen_) {
       request_seen_ = true;
       v1::AllocateRequest request;
@@ -556,7 +563,7 @@ class RelayReactor final : public grpc::ServerGenericBidiReactor {
   // Allocate's reservation to its buffer, charges the globals of a module that LoadModule,
   // LinkModule or Compile loaded (unloading it when they are over quota) and the local memory of a
   // kernel that GetFunction found. False when the answer is refused (refusal_ says why).
-  bool LedgerOnAnswerLocked() {
+  bool LedgerOnAnswerLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     switch (ledger_) {
       case Ledger::kAllocate: {
         v1::AllocateResponse response;
@@ -617,7 +624,7 @@ class RelayReactor final : public grpc::ServerGenericBidiReactor {
   }
 
   // module_id 0: nothing was loaded (compile_only, or a failed compile).
-  bool ChargeModuleLocked(uint64_t module_id, uint64_t bytes) {
+  bool ChargeModuleLocked(uint64_t module_id, uint64_t bytes) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     if (module_id == 0) return true;
     if (Admitted(sessions_->ChargeModule(*session_, module_id, bytes))) return true;
     UnloadInBackground(sessions_, session_, module_id);
@@ -625,13 +632,13 @@ class RelayReactor final : public grpc::ServerGenericBidiReactor {
   }
 
   // True for OK; otherwise records the refusal and returns false.
-  bool Admitted(const absl::Status& status) {
+  bool Admitted(const absl::Status& status) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     if (status.ok()) return true;
     refusal_ = ToGrpcStatus(status);
     return false;
   }
 
-  void LedgerAfterWorkerLocked(const grpc::Status& status) {
+  void LedgerAfterWorkerLocked(const grpc::Status& status) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     switch (ledger_) {
       case Ledger::kAllocate:
         if (reserved_bytes_ > 0) sessions_->CancelReservation(*session_, reserved_bytes_);
@@ -681,18 +688,18 @@ class RelayReactor final : public grpc::ServerGenericBidiReactor {
   }
 
   // Each pump ends once; ending it releases its hold on the worker call.
-  void CloseToWorkerLocked() {
+  void CloseToWorkerLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     if (!to_worker_open_) return;
     to_worker_open_ = false;
     if (!unary_) worker_half_.RemoveHold();
   }
-  void CloseFromWorkerLocked() {
+  void CloseFromWorkerLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     if (!from_worker_open_) return;
     from_worker_open_ = false;
     if (!unary_) worker_half_.RemoveHold();
   }
 
-  void MaybeFinishLocked() {
+  void MaybeFinishLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     if (worker_done_ && !server_write_pending_ && !held_from_worker_ && !finished_) {
       finished_ = true;
       Finish(final_status_);
@@ -706,37 +713,48 @@ class RelayReactor final : public grpc::ServerGenericBidiReactor {
   std::shared_ptr<SessionRecord> session_;
   const Ledger ledger_;
   const bool client_streaming_;
-  const bool unary_;           // neither side streams: relayed as a unary worker call
-  bool request_held_ = false;  // a one-message call's message is in from_client_
-  grpc::ByteBuffer extra_;     // where a one-message call's half-close (or excess) is read
-  bool request_seen_ = false;
-  uint64_t reserved_bytes_ = 0;
+  const bool unary_;  // neither side streams: relayed as a unary worker call
+  // Guards the relay's state: the ledger's view of the call, both pumps and their buffers,
+  // and how far each half has got. gRPC's callbacks take it (never while calling out to
+  // something that may wait; see Translate).
+  absl::Mutex mu_;
+  // a one-message call's message is in from_client_
+  bool request_held_ ABSL_GUARDED_BY(mu_) = false;
+  // where a one-message call's half-close (or excess) is read
+  grpc::ByteBuffer extra_ ABSL_GUARDED_BY(mu_);
+  bool request_seen_ ABSL_GUARDED_BY(mu_) = false;
+  uint64_t reserved_bytes_ ABSL_GUARDED_BY(mu_) = 0;
   // SetContextLimit of a device-memory limit: its ledger slot (-1: none) and value.
-  int limit_slot_ = -1;
-  uint64_t limit_value_ = 0;
-  uint64_t released_id_ = 0;  // Free's buffer, UnregisterHostRegion's region
-  uint64_t unloaded_module_ = 0;
-  grpc::Status refusal_;
+  int limit_slot_ ABSL_GUARDED_BY(mu_) = -1;
+  uint64_t limit_value_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t released_id_ ABSL_GUARDED_BY(mu_) = 0;  // Free's buffer, UnregisterHostRegion's region
+  uint64_t unloaded_module_ ABSL_GUARDED_BY(mu_) = 0;
+  grpc::Status refusal_ ABSL_GUARDED_BY(mu_);
+  // Not guarded: gRPC's ClientContext is thread-safe for TryCancel (OnCancel) and is read
+  // unlocked for the worker's trailers (Translate).
   grpc::ClientContext worker_context_;
-  WorkerHalf worker_half_;
-  grpc::ByteBuffer from_client_;  // being read from the client
-  grpc::ByteBuffer to_worker_;    // being written to the worker
-  grpc::ByteBuffer from_worker_;  // being read from the worker
-  grpc::ByteBuffer to_client_;    // being written to the client
-  bool worker_write_pending_ = false;
-  bool held_from_client_ = false;  // from_client_ waits for the worker write to end
-  bool held_from_worker_ = false;  // from_worker_ waits for the client write to end
-  bool client_half_closed_ = false;
+  WorkerHalf worker_half_ ABSL_GUARDED_BY(mu_);
+  // The unary relay hands from_client_ and from_worker_ to its worker call unlocked
+  // (StartUnaryWorkerCall).
+  grpc::ByteBuffer from_client_ ABSL_GUARDED_BY(mu_);  // being read from the client
+  grpc::ByteBuffer to_worker_ ABSL_GUARDED_BY(mu_);    // being written to the worker
+  grpc::ByteBuffer from_worker_ ABSL_GUARDED_BY(mu_);  // being read from the worker
+  grpc::ByteBuffer to_client_ ABSL_GUARDED_BY(mu_);    // being written to the client
+  bool worker_write_pending_ ABSL_GUARDED_BY(mu_) = false;
+  // from_client_ waits for the worker write to end
+  bool held_from_client_ ABSL_GUARDED_BY(mu_) = false;
+  // from_worker_ waits for the client write to end
+  bool held_from_worker_ ABSL_GUARDED_BY(mu_) = false;
+  bool client_half_closed_ ABSL_GUARDED_BY(mu_) = false;
 
-  std::mutex mu_;
-  bool counts_as_in_flight_ = true;
-  bool to_worker_open_ = true;
-  bool from_worker_open_ = true;
-  bool server_write_pending_ = false;
-  bool worker_done_ = false;
-  bool server_done_ = false;
-  bool finished_ = false;
-  grpc::Status final_status_;
+  bool counts_as_in_flight_ ABSL_GUARDED_BY(mu_) = true;
+  bool to_worker_open_ ABSL_GUARDED_BY(mu_) = true;
+  bool from_worker_open_ ABSL_GUARDED_BY(mu_) = true;
+  bool server_write_pending_ ABSL_GUARDED_BY(mu_) = false;
+  bool worker_done_ ABSL_GUARDED_BY(mu_) = false;
+  bool server_done_ ABSL_GUARDED_BY(mu_) = false;
+  bool finished_ ABSL_GUARDED_BY(mu_) = false;
+  grpc::Status final_status_ ABSL_GUARDED_BY(mu_);
 
   friend class WorkerHalf;
 };

@@ -165,7 +165,7 @@ absl::StatusOr<v1::AttachHostRegionReply> WorkerProcess::AttachRegionLocked(
   if (region_fd_ < 0) {
     return absl::UnavailableError("the session's region channel is closed");
   }
-  auto broken = [&](absl::Status status) {
+  auto broken = [&](absl::Status status) ABSL_EXCLUSIVE_LOCKS_REQUIRED(region_mu_) {
     // A late answer could not be told from the next one: no more attaches on this worker.
     close(region_fd_);
     region_fd_ = -1;
@@ -250,53 +250,52 @@ void WorkerProcess::Reap() {
   }
   std::function<void(const std::string&)> callback;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    absl::MutexLock lock(&mu_);
     exited_ = true;
     exit_description_ = description;
     exit_code_ = code;
     exit_message_ = std::move(message);
     callback = std::move(on_exit_);
-  }
-  exited_cv_.notify_all();
+  }  // unlocking wakes WaitExited: absl::Mutex re-checks its Await condition
   spdlog::debug("worker pid {} {}", pid_, description);
   if (callback) callback(description);
 }
 
 void WorkerProcess::Kill() {
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   // Only signal a pid we have not reaped yet: a reaped pid may belong to someone else.
   if (!exited_) kill(pid_, SIGKILL);
 }
 
 bool WorkerProcess::WaitExited(absl::Duration timeout) {
-  std::unique_lock<std::mutex> lock(mu_);
-  return exited_cv_.wait_for(lock, absl::ToChronoNanoseconds(timeout), [&] { return exited_; });
+  absl::MutexLock lock(&mu_);
+  return mu_.AwaitWithTimeout(absl::Condition(&exited_), timeout);
 }
 
 bool WorkerProcess::exited() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   return exited_;
 }
 
 std::string WorkerProcess::exit_description() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   return exit_description_;
 }
 
 int WorkerProcess::exit_code() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   return exit_code_;
 }
 
 std::string WorkerProcess::exit_message() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   return exit_message_;
 }
 
 void WorkerProcess::SetExitCallback(std::function<void(const std::string&)> callback) {
   std::string description;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    absl::MutexLock lock(&mu_);
     if (!exited_) {
       on_exit_ = std::move(callback);
       return;

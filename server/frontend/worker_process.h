@@ -10,10 +10,8 @@
 
 #include <sys/types.h>
 
-#include <condition_variable>
 #include <functional>
 #include <memory>
-#include <mutex>
 #include <string>
 #include <thread>
 #include <vector>
@@ -47,20 +45,21 @@ class WorkerProcess {
 
   // Waits until the worker answers a ListDevices call and returns the answer. UNAVAILABLE
   // with the exit description when it died first, DEADLINE_EXCEEDED after `timeout`.
-  absl::StatusOr<v1::ListDevicesResponse> WaitReady(absl::Duration timeout);
+  absl::StatusOr<v1::ListDevicesResponse> WaitReady(absl::Duration timeout)
+      ABSL_LOCKS_EXCLUDED(mu_);
 
   // SIGKILL; idempotent. Kill() + WaitExited() frees the worker's GPU context.
-  void Kill();
+  void Kill() ABSL_LOCKS_EXCLUDED(mu_);
   // Waits up to `timeout` for the process to end; true when it has.
-  bool WaitExited(absl::Duration timeout);
-  bool exited() const;
+  bool WaitExited(absl::Duration timeout) ABSL_LOCKS_EXCLUDED(mu_);
+  bool exited() const ABSL_LOCKS_EXCLUDED(mu_);
   // "exited with code 3", "killed by signal 9 (Killed)"; empty while running.
-  std::string exit_description() const;
+  std::string exit_description() const ABSL_LOCKS_EXCLUDED(mu_);
   // The exit code, or -1 while running or when a signal ended it.
-  int exit_code() const;
+  int exit_code() const ABSL_LOCKS_EXCLUDED(mu_);
   // What the worker wrote to its status pipe before it ended (at most 4 KiB; a backslash,
   // control and non-ASCII bytes escaped as \xNN); empty when nothing.
-  std::string exit_message() const;
+  std::string exit_message() const ABSL_LOCKS_EXCLUDED(mu_);
 
   // Hands a client's region memfd (not taken) to the worker with `request` and returns the
   // worker's answer. One attach at a time per worker: RESOURCE_EXHAUSTED while another
@@ -72,26 +71,27 @@ class WorkerProcess {
       ABSL_LOCKS_EXCLUDED(region_mu_);
 
   // Called once, on the reaper thread, when the process ends (at once if it already has).
-  void SetExitCallback(std::function<void(const std::string& description)> callback);
+  void SetExitCallback(std::function<void(const std::string& description)> callback)
+      ABSL_LOCKS_EXCLUDED(mu_);
 
  private:
   WorkerProcess(pid_t pid, std::shared_ptr<grpc::Channel> channel, int status_fd, int region_fd);
   absl::StatusOr<v1::AttachHostRegionReply> AttachRegionLocked(
       const v1::AttachHostRegionRequest& request, int memfd, absl::Duration timeout)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(region_mu_);
-  void Reap();
+  void Reap() ABSL_LOCKS_EXCLUDED(mu_);
 
   const pid_t pid_;
   const int status_fd_;  // read end of the status pipe, closed by Reap
   std::shared_ptr<grpc::Channel> channel_;
   std::thread reaper_;
-  mutable std::mutex mu_;
-  std::condition_variable exited_cv_;
-  bool exited_ = false;
-  std::string exit_description_;
-  int exit_code_ = -1;
-  std::string exit_message_;
-  std::function<void(const std::string&)> on_exit_;
+  // Guards what the reaper learns when the process ends, and the exit callback.
+  mutable absl::Mutex mu_;
+  bool exited_ ABSL_GUARDED_BY(mu_) = false;
+  std::string exit_description_ ABSL_GUARDED_BY(mu_);
+  int exit_code_ ABSL_GUARDED_BY(mu_) = -1;
+  std::string exit_message_ ABSL_GUARDED_BY(mu_);
+  std::function<void(const std::string&)> on_exit_ ABSL_GUARDED_BY(mu_);
   absl::Mutex region_mu_;
   int region_fd_ ABSL_GUARDED_BY(region_mu_);  // our end of the region channel, -1 once closed
 };

@@ -14,6 +14,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/synchronization/mutex.h"
 #include "common/fd_passing.h"
 #include "gpurpc/v1/host_region_service.pb.h"
 #include "grpcpp/server_posix.h"
@@ -103,7 +104,7 @@ absl::Status DirectChannels::Admit(int fd) {
         "a direct channel's descriptor must be one end of a connected AF_UNIX SOCK_STREAM "
         "socketpair");
   }
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   for (auto it = live_.begin(); it != live_.end();) {
     struct stat st;
     if (fstat(it->first, &st) != 0 || st.st_dev != it->second.first ||

@@ -18,13 +18,14 @@
 #include <functional>
 #include <map>
 #include <memory>
-#include <mutex>
 #include <string>
 #include <thread>
 #include <utility>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
 #include "gpurpc/v1/host_region_service.pb.h"
 #include "grpcpp/server.h"
 
@@ -69,13 +70,13 @@ class DirectChannels {
   // Serves `fd` (not taken: a duplicate is handed to gRPC) after checking that it is a
   // connected AF_UNIX SOCK_STREAM socket (INVALID_ARGUMENT otherwise) and that fewer than
   // kMaxDirectChannelsPerSession channels are open (RESOURCE_EXHAUSTED).
-  absl::Status Admit(int fd);
+  absl::Status Admit(int fd) ABSL_LOCKS_EXCLUDED(mu_);
 
  private:
   grpc::Server* const server_;
-  std::mutex mu_;
+  absl::Mutex mu_;
   // Channels handed to gRPC: fd -> (device, inode), forgotten once gRPC closed the fd.
-  std::map<int, std::pair<dev_t, ino_t>> live_;
+  std::map<int, std::pair<dev_t, ino_t>> live_ ABSL_GUARDED_BY(mu_);
 };
 
 // The worker's end of the region channel (--worker-region-fd, a SOCK_SEQPACKET socketpair

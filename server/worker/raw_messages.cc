@@ -3,8 +3,9 @@
 #include <algorithm>
 #include <cstring>
 #include <memory>
-#include <mutex>
 
+#include "absl/base/thread_annotations.h"
+#include "absl/synchronization/mutex.h"
 #include "google/protobuf/io/coded_stream.h"
 #include "google/protobuf/wire_format_lite.h"
 #include "grpcpp/impl/codegen/proto_utils.h"
@@ -33,11 +34,12 @@ void ForRange(const std::vector<grpc::Slice>& slices, size_t begin, size_t end, 
   }
 }
 
-std::mutex& PoolMutex() {
-  static auto* const mu = new std::mutex();
+// Guards the pool of free blocks (FreeBlocks).
+absl::Mutex& PoolMutex() {
+  static auto* const mu = new absl::Mutex();
   return *mu;
 }
-std::vector<PooledBlock*>& FreeBlocks() {
+std::vector<PooledBlock*>& FreeBlocks() ABSL_EXCLUSIVE_LOCKS_REQUIRED(PoolMutex()) {
   static auto* const blocks = new std::vector<PooledBlock*>();
   return *blocks;
 }
@@ -110,7 +112,7 @@ grpc::ByteBuffer SerializeRaw(const google::protobuf::Message& message) {
 
 PooledBlock* TakeBlock(size_t size) {
   {
-    std::lock_guard<std::mutex> lock(PoolMutex());
+    absl::MutexLock lock(&PoolMutex());
     std::vector<PooledBlock*>& blocks = FreeBlocks();
     for (size_t i = 0; i < blocks.size(); ++i) {
       if (blocks[i]->capacity >= size) {
@@ -127,7 +129,7 @@ PooledBlock* TakeBlock(size_t size) {
 void GiveBlock(void* user_data) {
   auto* block = static_cast<PooledBlock*>(user_data);
   {
-    std::lock_guard<std::mutex> lock(PoolMutex());
+    absl::MutexLock lock(&PoolMutex());
     std::vector<PooledBlock*>& blocks = FreeBlocks();
     if (blocks.size() < kKeptBlocks) {
       blocks.push_back(block);

@@ -20,6 +20,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/string_view.h"
+#include "absl/synchronization/mutex.h"
 #include "spdlog/spdlog.h"
 
 namespace gpurpc::compiler {
@@ -501,7 +502,7 @@ void CompileCache::Insert(const Sha256Digest& key, std::shared_ptr<const CacheEn
 }
 
 std::shared_ptr<const CacheEntry> CompileCache::LookupMemory(const Sha256Digest& key) {
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   auto it = index_.find(key);
   if (it == index_.end()) return nullptr;
   lru_.splice(lru_.begin(), lru_, it->second);
@@ -512,7 +513,7 @@ void CompileCache::InsertMemory(const Sha256Digest& key, std::shared_ptr<const C
   const uint64_t size = entry->SizeBytes();
   // An entry larger than the whole bound would only evict everything else and then itself.
   if (size > options_.memory_max_bytes) return;
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   auto it = index_.find(key);
   if (it != index_.end()) {
     // Two threads compiled the same request at once; keep the first, mark it recent.

@@ -34,15 +34,16 @@
 #include <cstring>
 #include <list>
 #include <memory>
-#include <mutex>
 #include <string>
 #include <unordered_map>
 #include <utility>
 #include <vector>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "absl/synchronization/mutex.h"
 #include "server/worker/compiler/sha256.h"
 
 namespace gpurpc::compiler {
@@ -106,10 +107,11 @@ class CompileCache {
   CompileCache& operator=(const CompileCache&) = delete;
 
   // The entry for `key`, or null on a miss. A disk hit also fills the memory layer.
-  std::shared_ptr<const CacheEntry> Lookup(const Sha256Digest& key);
+  std::shared_ptr<const CacheEntry> Lookup(const Sha256Digest& key) ABSL_LOCKS_EXCLUDED(mu_);
 
   // Stores `entry` in both layers (disk only when enabled and the file fits the bound).
-  void Insert(const Sha256Digest& key, std::shared_ptr<const CacheEntry> entry);
+  void Insert(const Sha256Digest& key, std::shared_ptr<const CacheEntry> entry)
+      ABSL_LOCKS_EXCLUDED(mu_);
 
   // Where the disk layer keeps `key` ("" when the disk layer is off).
   std::string PathFor(const Sha256Digest& key) const;
@@ -128,19 +130,23 @@ class CompileCache {
   };
   using LruList = std::list<std::pair<Sha256Digest, std::shared_ptr<const CacheEntry>>>;
 
-  std::shared_ptr<const CacheEntry> LookupMemory(const Sha256Digest& key);
-  void InsertMemory(const Sha256Digest& key, std::shared_ptr<const CacheEntry> entry);
-  std::shared_ptr<const CacheEntry> ReadDisk(const Sha256Digest& key) const;
-  void WriteDisk(const Sha256Digest& key, const CacheEntry& entry) const;
-  void EnforceDiskBound() const;
+  std::shared_ptr<const CacheEntry> LookupMemory(const Sha256Digest& key) ABSL_LOCKS_EXCLUDED(mu_);
+  void InsertMemory(const Sha256Digest& key, std::shared_ptr<const CacheEntry> entry)
+      ABSL_LOCKS_EXCLUDED(mu_);
+  // Disk I/O: never with mu_ held.
+  std::shared_ptr<const CacheEntry> ReadDisk(const Sha256Digest& key) const
+      ABSL_LOCKS_EXCLUDED(mu_);
+  void WriteDisk(const Sha256Digest& key, const CacheEntry& entry) const ABSL_LOCKS_EXCLUDED(mu_);
+  void EnforceDiskBound() const ABSL_LOCKS_EXCLUDED(mu_);
 
   const CompileCacheOptions options_;
   bool disk_enabled_ = false;  // set once by the constructor
 
-  std::mutex mu_;
-  LruList lru_;  // most recently used first
-  std::unordered_map<Sha256Digest, LruList::iterator, DigestHash> index_;
-  uint64_t memory_bytes_ = 0;
+  // Guards the memory layer: the LRU list, its index and their size.
+  absl::Mutex mu_;
+  LruList lru_ ABSL_GUARDED_BY(mu_);  // most recently used first
+  std::unordered_map<Sha256Digest, LruList::iterator, DigestHash> index_ ABSL_GUARDED_BY(mu_);
+  uint64_t memory_bytes_ ABSL_GUARDED_BY(mu_) = 0;
 };
 
 }  // namespace gpurpc::compiler

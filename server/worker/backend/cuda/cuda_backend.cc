@@ -23,17 +23,18 @@
 #include <cstring>
 #include <map>
 #include <memory>
-#include <mutex>
 #include <string>
 #include <utility>
 #include <vector>
 
 #include "absl/base/attributes.h"
 #include "absl/base/optimization.h"
+#include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/types/span.h"
 #include "common/status_macros.h"
 #include "server/worker/backend/backend.h"
@@ -223,8 +224,9 @@ class CudaFunction final : public Function {
 
   // Raises CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES to at least `bytes`. Only ever
   // raises it, so concurrent launches asking for different sizes all stay valid.
-  ABSL_ATTRIBUTE_NOINLINE absl::Status RaiseDynamicShared(ContextCore& core, uint32_t bytes) {
-    std::lock_guard<std::mutex> lock(raise_mu_);
+  ABSL_ATTRIBUTE_NOINLINE absl::Status RaiseDynamicShared(ContextCore& core, uint32_t bytes)
+      ABSL_LOCKS_EXCLUDED(raise_mu_) {
+    absl::MutexLock lock(&raise_mu_);
     if (bytes <= dynamic_shared_limit_.load(std::memory_order_acquire)) {
       return absl::OkStatus();
     }
@@ -245,8 +247,8 @@ class CudaFunction final : public Function {
   // cuFuncSetAttribute. A new MAX_DYNAMIC_SHARED_SIZE_BYTES is also where RaiseDynamicShared
   // starts from (it may lower it: a later launch that asks for more raises it again).
   absl::Status SetAttribute(ContextCore& core, CUfunction_attribute attribute,
-                            const char* attribute_name, int value) {
-    std::lock_guard<std::mutex> lock(raise_mu_);
+                            const char* attribute_name, int value) ABSL_LOCKS_EXCLUDED(raise_mu_) {
+    absl::MutexLock lock(&raise_mu_);
     const CUresult result = core.api().cuFuncSetAttribute(handle_, attribute, value);
     if (result != CUDA_SUCCESS) {
       return core.Error(result, "cuFuncSetAttribute",
@@ -264,8 +266,12 @@ class CudaFunction final : public Function {
   const std::string name_;
   const std::vector<ParamInfo> params_;
   const FunctionAttributes attributes_;
+  // Stored only with raise_mu_ held, but loaded without it on the launch path (hence an
+  // atomic, and no ABSL_GUARDED_BY).
   std::atomic<uint32_t> dynamic_shared_limit_;
-  std::mutex raise_mu_;
+  // Serialises the cuFuncSetAttribute calls on handle_ with the check-and-store of
+  // dynamic_shared_limit_ that goes with them.
+  absl::Mutex raise_mu_;
 };
 
 class CudaModule final : public Module {
@@ -279,8 +285,8 @@ class CudaModule final : public Module {
     core_->CleanUp("cuModuleUnload", [&] { return api.cuModuleUnload(module_); });
   }
 
-  absl::StatusOr<Function*> GetFunction(const std::string& name) override {
-    std::lock_guard<std::mutex> lock(mu_);
+  absl::StatusOr<Function*> GetFunction(const std::string& name) ABSL_LOCKS_EXCLUDED(mu_) override {
+    absl::MutexLock lock(&mu_);
     if (auto it = functions_.find(name); it != functions_.end()) return it->second.get();
 
     GPURPC_RETURN_IF_ERROR(core_->MakeCurrent());
@@ -374,9 +380,9 @@ class CudaModule final : public Module {
   const std::shared_ptr<ContextCore> core_;
   const CUmodule module_;
   const uint64_t device_memory_bytes_;
-  std::mutex mu_;
-  // Stable addresses: Function pointers are handed out. Guarded by mu_.
-  std::map<std::string, std::unique_ptr<CudaFunction>> functions_;
+  absl::Mutex mu_;
+  // Stable addresses: Function pointers are handed out.
+  std::map<std::string, std::unique_ptr<CudaFunction>> functions_ ABSL_GUARDED_BY(mu_);
 };
 
 class CudaStream final : public Stream {
@@ -426,7 +432,8 @@ CUstream ToCuStream(Stream* stream) {
 
 // Pinned host buffers for staging copies. Each slot has an event recorded after the copy
 // that uses it; a slot is reused only after its event has completed. All methods except
-// the constructor require mutex() held; all but slot accessors also the context current.
+// the constructor, mutex() and slot_bytes() require mutex() held (ABSL_EXCLUSIVE_LOCKS_REQUIRED);
+// all but slot accessors also the context current.
 class StagingRing {
  public:
   struct Slot {
@@ -438,13 +445,15 @@ class StagingRing {
   StagingRing(size_t slot_bytes, int slot_count)
       : slot_bytes_(slot_bytes), slots_(static_cast<size_t>(slot_count)) {}
 
-  std::mutex& mutex() { return mu_; }
+  absl::Mutex& mutex() ABSL_LOCK_RETURNED(mu_) { return mu_; }
   size_t slot_bytes() const { return slot_bytes_; }
-  size_t slot_count() const { return slots_.size(); }
-  Slot& slot(uint64_t index) { return slots_[index % slots_.size()]; }
-  Slot& NextSlot() { return slots_[next_++ % slots_.size()]; }
+  size_t slot_count() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return slots_.size(); }
+  Slot& slot(uint64_t index) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return slots_[index % slots_.size()];
+  }
+  Slot& NextSlot() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return slots_[next_++ % slots_.size()]; }
 
-  absl::Status EnsureAllocated(ContextCore& core) {
+  absl::Status EnsureAllocated(ContextCore& core) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     if (host_ != nullptr) return absl::OkStatus();
     const DriverApi& api = core.api();
     const size_t total_bytes = slot_bytes_ * slots_.size();
@@ -477,7 +486,7 @@ class StagingRing {
   }
 
   // Waits until the last copy that used `slot` has completed.
-  absl::Status WaitIdle(ContextCore& core, Slot& slot) {
+  absl::Status WaitIdle(ContextCore& core, Slot& slot) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     if (!slot.pending) return absl::OkStatus();
     const CUresult result = core.api().cuEventSynchronize(slot.done);
     // CUDA_ERROR_CAPTURED_EVENT: a stream capture that began while the copy was enqueued
@@ -491,7 +500,8 @@ class StagingRing {
   }
 
   // Marks `slot` busy until the work just queued on `stream` completes.
-  absl::Status MarkPending(ContextCore& core, Slot& slot, CUstream stream) {
+  absl::Status MarkPending(ContextCore& core, Slot& slot, CUstream stream)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     const CUresult result = core.api().cuEventRecord(slot.done, stream);
     if (ABSL_PREDICT_FALSE(result != CUDA_SUCCESS)) {
       // Without the event we cannot tell when the DMA stops reading the slot: wait.
@@ -503,7 +513,7 @@ class StagingRing {
   }
 
   // Waits for in-flight copies, then frees the events and the pinned memory. Never throws.
-  void Destroy(ContextCore& core) noexcept {
+  void Destroy(ContextCore& core) noexcept ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     if (host_ == nullptr) return;
     const DriverApi& api = core.api();
     for (Slot& slot : slots_) {
@@ -519,11 +529,11 @@ class StagingRing {
   }
 
  private:
-  std::mutex mu_;
+  absl::Mutex mu_;
   const size_t slot_bytes_;
-  std::vector<Slot> slots_;
-  void* host_ = nullptr;  // One allocation; the slots are slices of it.
-  uint64_t next_ = 0;
+  std::vector<Slot> slots_ ABSL_GUARDED_BY(mu_);
+  void* host_ ABSL_GUARDED_BY(mu_) = nullptr;  // One allocation; the slots are slices of it.
+  uint64_t next_ ABSL_GUARDED_BY(mu_) = 0;
 };
 
 // ---------------------------------------------------------------------------------------
@@ -553,11 +563,15 @@ class CudaGraph final : public Graph {
       : core_(std::move(core)), graph_(graph) {}
   ~CudaGraph() override {
     const DriverApi& api = core_->api();
-    core_->CleanUp("cuGraphDestroy", [&] { return api.cuGraphDestroy(graph_); });
+    // A copy: the lambda is analysed apart from this destructor, which needs no lock.
+    const CUgraph graph = graph_;
+    core_->CleanUp("cuGraphDestroy", [&] { return api.cuGraphDestroy(graph); });
   }
 
   // Reads the nodes; the constructor's caller calls it once before handing the graph out.
-  absl::Status ReadNodes() {
+  // Nothing else can reach the graph yet, so (like the constructor) it runs without
+  // mutex() and is left out of the lock analysis.
+  absl::Status ReadNodes() ABSL_NO_THREAD_SAFETY_ANALYSIS {
     const DriverApi& api = core_->api();
     size_t count = 0;
     GPURPC_RETURN_IF_ERROR(
@@ -629,16 +643,20 @@ class CudaGraph final : public Graph {
   }
 
   const std::vector<GraphNodeKind>& nodes() const override { return kinds_; }
-  CUgraph handle() const { return graph_; }
-  const std::vector<CUgraphNode>& node_handles() const { return nodes_; }
-  std::mutex& mutex() { return mu_; }
+  CUgraph handle() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return graph_; }
+  const std::vector<CUgraphNode>& node_handles() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return nodes_;
+  }
+  absl::Mutex& mutex() ABSL_LOCK_RETURNED(mu_) { return mu_; }
 
  private:
   const std::shared_ptr<ContextCore> core_;
-  const CUgraph graph_;
-  std::vector<CUgraphNode> nodes_;
+  // The driver's graph and its nodes: every driver call on them holds mu_ (past ReadNodes).
+  const CUgraph graph_ ABSL_GUARDED_BY(mu_);
+  std::vector<CUgraphNode> nodes_ ABSL_GUARDED_BY(mu_);
+  // Set by ReadNodes, read-only afterwards (nodes() reads it without mu_).
   std::vector<GraphNodeKind> kinds_;
-  std::mutex mu_;
+  absl::Mutex mu_;
 };
 
 class CudaGraphExec final : public GraphExec {
@@ -649,18 +667,23 @@ class CudaGraphExec final : public GraphExec {
   // Launches already enqueued still run (cuGraphExecDestroy does not wait for them).
   ~CudaGraphExec() override {
     const DriverApi& api = core_->api();
-    core_->CleanUp("cuGraphExecDestroy", [&] { return api.cuGraphExecDestroy(exec_); });
+    // A copy: the lambda is analysed apart from this destructor, which needs no lock.
+    const CUgraphExec exec = exec_;
+    core_->CleanUp("cuGraphExecDestroy", [&] { return api.cuGraphExecDestroy(exec); });
   }
-  CUgraphExec handle() const { return exec_; }
+  CUgraphExec handle() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return exec_; }
   // The graph it was instantiated from: its node handles name this exec's nodes.
   CudaGraph& source() const { return *source_; }
-  std::mutex& mutex() { return mu_; }
+  absl::Mutex& mutex() ABSL_LOCK_RETURNED(mu_) { return mu_; }
 
  private:
   const std::shared_ptr<ContextCore> core_;
-  const CUgraphExec exec_;
+  // The driver's graph exec: every driver call on it holds mu_.
+  const CUgraphExec exec_ ABSL_GUARDED_BY(mu_);
   const std::shared_ptr<CudaGraph> source_;
-  std::mutex mu_;
+  // Lock order: a graph exec's mutex is taken before a graph's (its source's, or the graph
+  // it is updated from; see UpdateGraphExec and SetGraphExecKernelNode).
+  absl::Mutex mu_ ABSL_ACQUIRED_BEFORE(source_->mutex());
 };
 
 const char* GraphExecUpdateResultName(CUgraphExecUpdateResult result) {
@@ -698,11 +721,11 @@ class CudaContext final : public Context {
 
   ~CudaContext() override {
     {
-      std::lock_guard<std::mutex> lock(staging_.mutex());
+      absl::MutexLock lock(&staging_.mutex());
       staging_.Destroy(*core_);
     }
     {
-      std::lock_guard<std::mutex> lock(small_staging_.mutex());
+      absl::MutexLock lock(&small_staging_.mutex());
       small_staging_.Destroy(*core_);
     }
     // core_ goes last: the primary context is released once every object made in it
@@ -746,14 +769,14 @@ class CudaContext final : public Context {
   // Always through pinned staging: `src` is copied before this returns, so the caller may
   // reuse it at once whatever memory it is (even pinned memory, with which a plain
   // cuMemcpyHtoDAsync would still be reading after the return).
-  absl::Status Upload(DevicePtr dst, const void* src, uint64_t size_bytes,
-                      Stream* stream) override {
+  absl::Status Upload(DevicePtr dst, const void* src, uint64_t size_bytes, Stream* stream)
+      ABSL_LOCKS_EXCLUDED(staging_.mutex(), small_staging_.mutex()) override {
     if (size_bytes == 0) return absl::OkStatus();
     GPURPC_RETURN_IF_ERROR(core_->MakeCurrent());
     const CUstream cu_stream = ToCuStream(stream);
     GPURPC_RETURN_IF_ERROR(RefuseWhileCapturing(cu_stream, "cuMemcpyHtoDAsync"));
     StagingRing& ring = size_bytes <= kSmallTransferBytes ? small_staging_ : staging_;
-    std::lock_guard<std::mutex> lock(ring.mutex());
+    absl::MutexLock lock(&ring.mutex());
     GPURPC_RETURN_IF_ERROR(ring.EnsureAllocated(*core_));
     const auto* bytes = static_cast<const uint8_t*>(src);
     for (uint64_t offset = 0; offset < size_bytes;) {
@@ -774,7 +797,8 @@ class CudaContext final : public Context {
     return absl::OkStatus();
   }
 
-  absl::Status Download(void* dst, DevicePtr src, uint64_t size_bytes, Stream* stream) override {
+  absl::Status Download(void* dst, DevicePtr src, uint64_t size_bytes, Stream* stream)
+      ABSL_LOCKS_EXCLUDED(staging_.mutex()) override {
     if (size_bytes == 0) return absl::OkStatus();
     GPURPC_RETURN_IF_ERROR(core_->MakeCurrent());
     const CUstream cu_stream = ToCuStream(stream);
@@ -794,14 +818,14 @@ class CudaContext final : public Context {
     }
 
     // Double-buffered: chunk k+1 is in flight while chunk k is copied out.
-    std::lock_guard<std::mutex> lock(staging_.mutex());
+    absl::MutexLock lock(&staging_.mutex());
     GPURPC_RETURN_IF_ERROR(staging_.EnsureAllocated(*core_));
     const uint64_t chunk_bytes = staging_.slot_bytes();
     const uint64_t chunks = (size_bytes + chunk_bytes - 1) / chunk_bytes;
     auto chunk_size = [&](uint64_t k) {
       return static_cast<size_t>(std::min(chunk_bytes, size_bytes - k * chunk_bytes));
     };
-    auto issue = [&](uint64_t k) -> absl::Status {
+    auto issue = [&](uint64_t k) ABSL_EXCLUSIVE_LOCKS_REQUIRED(staging_.mutex()) -> absl::Status {
       StagingRing::Slot& slot = staging_.slot(k);
       // The slot may still feed an earlier upload, or hold chunk k - slot_count, which
       // was copied out before.
@@ -828,8 +852,10 @@ class CudaContext final : public Context {
   absl::Status Memset(DevicePtr dst, uint32_t value, uint32_t element_size_bytes, uint64_t count,
                       Stream* stream) override {
     if (element_size_bytes != 1 && element_size_bytes != 2 && element_size_bytes != 4) {
+      // Worded as the fake words it: there is no driver call for this size to name.
       return absl::InvalidArgumentError(
-          absl::StrCat("memset element size must be 1, 2 or 4 bytes, not ", element_size_bytes));
+          absl::StrCat("cuMemsetAsync: CUDA_ERROR_INVALID_VALUE (invalid argument) - element size ",
+                       element_size_bytes, " bytes; it must be 1, 2 or 4"));
     }
     if (count == 0) return absl::OkStatus();
     GPURPC_RETURN_IF_ERROR(core_->MakeCurrent());
@@ -912,10 +938,21 @@ class CudaContext final : public Context {
   }
 
   absl::StatusOr<std::unique_ptr<Module>> LoadModule(absl::Span<const uint8_t> image) override {
-    GPURPC_ASSIGN_OR_RETURN(ModuleImage prepared, ModuleImage::Prepare(image));
+    // Refusals before the driver sees the image name the call that would have refused it,
+    // as the driver's own refusals (and the fake's) do.
+    const auto refused_early = [](const absl::Status& status) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "cuModuleLoadDataEx: CUDA_ERROR_INVALID_IMAGE (device kernel image is invalid) - ",
+          status.message()));
+    };
+    absl::StatusOr<ModuleImage> prepared_or = ModuleImage::Prepare(image);
+    if (!prepared_or.ok()) return refused_early(prepared_or.status());
+    ModuleImage prepared = *std::move(prepared_or);
     // Before the driver allocates the globals: an image whose footprint cannot be known is
     // refused here.
-    GPURPC_ASSIGN_OR_RETURN(const uint64_t device_memory_bytes, ModuleFootprintBytes(image));
+    const absl::StatusOr<uint64_t> footprint = ModuleFootprintBytes(image);
+    if (!footprint.ok()) return refused_early(footprint.status());
+    const uint64_t device_memory_bytes = *footprint;
     GPURPC_RETURN_IF_ERROR(core_->MakeCurrent());
     std::string error_log(kJitLogBytes, '\0');
     std::string info_log(kJitLogBytes, '\0');
@@ -1298,7 +1335,7 @@ class CudaContext final : public Context {
     GPURPC_RETURN_IF_ERROR(core_->MakeCurrent());
     CUgraphExec exec = nullptr;
     {
-      std::lock_guard<std::mutex> lock(cuda_graph->mutex());
+      absl::MutexLock lock(&cuda_graph->mutex());
       const CUresult result = api_.cuGraphInstantiateWithFlags(&exec, cuda_graph->handle(), 0);
       if (result != CUDA_SUCCESS) return core_->Error(result, "cuGraphInstantiateWithFlags");
     }
@@ -1310,7 +1347,7 @@ class CudaContext final : public Context {
     auto* cuda_exec = static_cast<CudaGraphExec*>(exec);
     if (cuda_exec == nullptr) return absl::InvalidArgumentError("cuGraphLaunch: no graph exec");
     GPURPC_RETURN_IF_ERROR(core_->MakeCurrent());
-    std::lock_guard<std::mutex> lock(cuda_exec->mutex());
+    absl::MutexLock lock(&cuda_exec->mutex());
     return core_->Check(api_.cuGraphLaunch(cuda_exec->handle(), ToCuStream(stream)),
                         "cuGraphLaunch");
   }
@@ -1322,8 +1359,8 @@ class CudaContext final : public Context {
       return absl::InvalidArgumentError("cuGraphExecUpdate: no graph exec or graph");
     }
     GPURPC_RETURN_IF_ERROR(core_->MakeCurrent());
-    std::lock_guard<std::mutex> exec_lock(cuda_exec->mutex());
-    std::lock_guard<std::mutex> graph_lock(cuda_graph->mutex());
+    absl::MutexLock exec_lock(&cuda_exec->mutex());
+    absl::MutexLock graph_lock(&cuda_graph->mutex());
     CUgraphExecUpdateResultInfo info{};
     const CUresult result =
         api_.cuGraphExecUpdate(cuda_exec->handle(), cuda_graph->handle(), &info);
@@ -1350,9 +1387,9 @@ class CudaContext final : public Context {
     if (cuda_function->NeedsMoreDynamicShared(config.shared_memory_bytes)) {
       GPURPC_RETURN_IF_ERROR(cuda_function->RaiseDynamicShared(*core_, config.shared_memory_bytes));
     }
-    std::lock_guard<std::mutex> exec_lock(cuda_exec->mutex());
+    absl::MutexLock exec_lock(&cuda_exec->mutex());
     CudaGraph& source = cuda_exec->source();
-    std::lock_guard<std::mutex> graph_lock(source.mutex());
+    absl::MutexLock graph_lock(&source.mutex());
     if (node_index >= source.node_handles().size() ||
         source.nodes()[node_index] != GraphNodeKind::kKernel) {
       return absl::InvalidArgumentError(absl::StrCat("cuGraphExecKernelNodeSetParams: node ",
