@@ -46,6 +46,7 @@
 #include "tests/testing/daemon.h"
 #include "tests/testing/fake_kernels.h"
 #include "tests/testing/fake_kernels_module.h"
+#include "tests/testing/shared_daemon.h"
 #include "tests/testing/status_matchers.h"
 
 namespace gpurpc::compute_test {
@@ -53,6 +54,7 @@ namespace gpurpc::compute_test {
 using ::gpurpc::testing::CompileFakeKernels;
 using ::gpurpc::testing::IsOk;
 using ::gpurpc::testing::IsOkAndHolds;
+using ::gpurpc::testing::SharedDaemonTest;
 using ::gpurpc::testing::StatusIs;
 using ::gpurpc::testing::TestDaemon;
 using ::testing::AllOf;
@@ -282,27 +284,11 @@ inline std::optional<std::filesystem::path> FindCacheFile(const std::string& dir
   return std::nullopt;
 }
 
-class ComputeTest : public ::testing::Test {
+class ComputeTest : public SharedDaemonTest<ComputeTest> {
  protected:
-  static void SetUpTestSuite() {
-    auto daemon = TestDaemon::Start();
-    if (daemon.ok()) {
-      daemon_ = std::move(daemon).value().release();
-    } else {
-      start_error_ = new std::string(daemon.status().ToString());
-    }
-  }
-
-  static void TearDownTestSuite() {
-    delete daemon_;
-    daemon_ = nullptr;
-    delete start_error_;
-    start_error_ = nullptr;
-  }
-
   void SetUp() override {
-    ASSERT_NE(daemon_, nullptr) << *start_error_;
-    auto client = Client::Connect(daemon_->address());
+    ASSERT_NO_FATAL_FAILURE(SharedDaemonTest::SetUp());
+    auto client = Client::Connect(daemon().address());
     ASSERT_OK(client.status());
     client_.emplace(*std::move(client));
     ASSERT_OK_AND_ASSIGN(session_, client_->OpenSession());
@@ -349,8 +335,6 @@ class ComputeTest : public ::testing::Test {
     return launch;
   }
 
-  inline static TestDaemon* daemon_ = nullptr;
-  inline static std::string* start_error_ = nullptr;
   std::optional<Client> client_;
   Session session_;
   std::optional<Module> fake_module_;

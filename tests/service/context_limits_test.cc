@@ -27,6 +27,7 @@
 #include "tests/testing/daemon.h"
 #include "tests/testing/fake_kernels.h"
 #include "tests/testing/fake_kernels_module.h"
+#include "tests/testing/shared_daemon.h"
 #include "tests/testing/status_matchers.h"
 
 namespace gpurpc {
@@ -34,6 +35,7 @@ namespace {
 
 using ::gpurpc::testing::CompileFakeKernels;
 using ::gpurpc::testing::IsOkAndHolds;
+using ::gpurpc::testing::SharedDaemonTest;
 using ::gpurpc::testing::StatusIs;
 using ::gpurpc::testing::TestDaemon;
 using ::testing::AllOf;
@@ -141,27 +143,11 @@ class RawModules {
   std::unique_ptr<v1::ModuleService::Stub> stub_;
 };
 
-class ContextLimitsTest : public ::testing::Test {
+class ContextLimitsTest : public SharedDaemonTest<ContextLimitsTest> {
  protected:
-  static void SetUpTestSuite() {
-    auto daemon = TestDaemon::Start();
-    if (daemon.ok()) {
-      daemon_ = std::move(daemon).value().release();
-    } else {
-      start_error_ = new std::string(daemon.status().ToString());
-    }
-  }
-
-  static void TearDownTestSuite() {
-    delete daemon_;
-    daemon_ = nullptr;
-    delete start_error_;
-    start_error_ = nullptr;
-  }
-
   void SetUp() override {
-    ASSERT_NE(daemon_, nullptr) << *start_error_;
-    ASSERT_OK_AND_ASSIGN(Client client, Client::Connect(daemon_->address()));
+    ASSERT_NO_FATAL_FAILURE(SharedDaemonTest::SetUp());
+    ASSERT_OK_AND_ASSIGN(Client client, Client::Connect(daemon().address()));
     client_.emplace(std::move(client));
     ASSERT_OK_AND_ASSIGN(session_, client_->OpenSession());
     ASSERT_OK_AND_ASSIGN(module_, CompileFakeKernels(session_));
@@ -188,17 +174,12 @@ class ContextLimitsTest : public ::testing::Test {
     EXPECT_OK(raw_->GetLimit(v1::LIMIT_STACK_SIZE).status());
   }
 
-  static TestDaemon* daemon_;
-  static std::string* start_error_;
   std::optional<Client> client_;
   Session session_;
   Module module_;
   Function fill_;
   std::optional<RawModules> raw_;
 };
-
-TestDaemon* ContextLimitsTest::daemon_ = nullptr;
-std::string* ContextLimitsTest::start_error_ = nullptr;
 
 TEST_F(ContextLimitsTest, FreshContextReportsTheDriverDefaults) {
   EXPECT_THAT(raw_->GetLimit(v1::LIMIT_STACK_SIZE), IsOkAndHolds(1024u));

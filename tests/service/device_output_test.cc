@@ -20,11 +20,13 @@
 #include "gpurpc/client.h"
 #include "gtest/gtest.h"
 #include "tests/testing/daemon.h"
+#include "tests/testing/shared_daemon.h"
 #include "tests/testing/status_matchers.h"
 
 namespace gpurpc {
 namespace {
 
+using ::gpurpc::testing::SharedDaemonTest;
 using ::gpurpc::testing::TestDaemon;
 using ::testing::HasSubstr;
 using ::testing::IsEmpty;
@@ -71,26 +73,11 @@ LaunchConfig Threads(uint64_t n, const Stream* stream = nullptr) {
   return config;
 }
 
-class DeviceOutputTest : public ::testing::Test {
+class DeviceOutputTest : public SharedDaemonTest<DeviceOutputTest> {
  protected:
-  static void SetUpTestSuite() {
-    auto daemon = TestDaemon::Start();
-    if (daemon.ok()) {
-      daemon_ = std::move(daemon).value().release();
-    } else {
-      start_error_ = new std::string(daemon.status().ToString());
-    }
-  }
-  static void TearDownTestSuite() {
-    delete daemon_;
-    daemon_ = nullptr;
-    delete start_error_;
-    start_error_ = nullptr;
-  }
-
   void SetUp() override {
-    ASSERT_NE(daemon_, nullptr) << *start_error_;
-    ASSERT_OK_AND_ASSIGN(Client client, Client::Connect(daemon_->address()));
+    ASSERT_NO_FATAL_FAILURE(SharedDaemonTest::SetUp());
+    ASSERT_OK_AND_ASSIGN(Client client, Client::Connect(daemon().address()));
     client_.emplace(std::move(client));
   }
 
@@ -129,8 +116,6 @@ class DeviceOutputTest : public ::testing::Test {
     return buffer;
   }
 
-  static inline TestDaemon* daemon_ = nullptr;
-  static inline std::string* start_error_ = nullptr;
   std::optional<Client> client_;
 };
 

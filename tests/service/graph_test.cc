@@ -32,6 +32,7 @@
 #include "tests/testing/daemon.h"
 #include "tests/testing/fake_kernels.h"
 #include "tests/testing/fake_kernels_module.h"
+#include "tests/testing/shared_daemon.h"
 #include "tests/testing/status_matchers.h"
 
 namespace gpurpc {
@@ -39,6 +40,7 @@ namespace {
 
 using ::gpurpc::testing::CompileFakeKernels;
 using ::gpurpc::testing::IsOkAndHolds;
+using ::gpurpc::testing::SharedDaemonTest;
 using ::gpurpc::testing::StatusIs;
 using ::gpurpc::testing::TestDaemon;
 using ::testing::AllOf;
@@ -129,27 +131,11 @@ class RawSession {
   std::unique_ptr<v1::ExecutionService::Stub> stub_;
 };
 
-class GraphTest : public ::testing::Test {
+class GraphTest : public SharedDaemonTest<GraphTest> {
  protected:
-  static void SetUpTestSuite() {
-    auto daemon = TestDaemon::Start();
-    if (daemon.ok()) {
-      daemon_ = std::move(daemon).value().release();
-    } else {
-      start_error_ = new std::string(daemon.status().ToString());
-    }
-  }
-
-  static void TearDownTestSuite() {
-    delete daemon_;
-    daemon_ = nullptr;
-    delete start_error_;
-    start_error_ = nullptr;
-  }
-
   void SetUp() override {
-    ASSERT_NE(daemon_, nullptr) << *start_error_;
-    ASSERT_OK_AND_ASSIGN(Client client, Client::Connect(daemon_->address()));
+    ASSERT_NO_FATAL_FAILURE(SharedDaemonTest::SetUp());
+    ASSERT_OK_AND_ASSIGN(Client client, Client::Connect(daemon().address()));
     client_.emplace(std::move(client));
     ASSERT_OK_AND_ASSIGN(session_, client_->OpenSession());
     ASSERT_OK_AND_ASSIGN(module_, CompileFakeKernels(session_));
@@ -190,17 +176,12 @@ class GraphTest : public ::testing::Test {
     return stream.EndCapture();
   }
 
-  static TestDaemon* daemon_;
-  static std::string* start_error_;
   std::optional<Client> client_;
   Session session_;
   Module module_;
   Function fill_, add_one_, copy_, spin_;
   std::optional<RawSession> raw_;
 };
-
-TestDaemon* GraphTest::daemon_ = nullptr;
-std::string* GraphTest::start_error_ = nullptr;
 
 // ----------------------------------------------------------------------------- replay
 
@@ -610,7 +591,7 @@ TEST_F(GraphTest, AReplayOnFreedMemoryFaultsItsSessionOnly) {
   EXPECT_THAT(victim.Synchronize(),
               StatusIs(absl::StatusCode::kAborted, HasSubstr("ILLEGAL_ADDRESS")));
   // This session and the daemon go on.
-  ASSERT_OK(daemon_->CheckRunning());
+  ASSERT_OK(daemon().CheckRunning());
   ASSERT_OK_AND_ASSIGN(Buffer mine, Zeros(kElements * 4));
   ASSERT_OK(fill_.LaunchAsync(Linear(1, kElements), mine, 6u, uint64_t{kElements}));
   ASSERT_OK(session_.Synchronize());
