@@ -3,7 +3,8 @@
 # that needs no GPU: ctest (labels `unit` and `service`; `gpu` is left out), the Python stub
 # check and the Python tests against a daemon on the fake backend, then checks that the
 # relocatable install is self-contained and that its C++ client builds and runs out of tree.
-# Before building, every C++ file must be clang-formatted (tests/lint/check-format.sh).
+# Before building, every C++ file must be clang-formatted (tests/lint/check-format.sh); after
+# it, clang-tidy's enforced checks run over our sources (tests/lint/run-clang-tidy.sh).
 # Exits non-zero when any step failed; every step runs even after an earlier one failed, so
 # one run shows everything.
 #
@@ -72,6 +73,15 @@ if ! cmake --build "$build_dir" --parallel "$jobs"; then
   finish
 fi
 record build ok
+
+# clang's thread-safety analysis of the lock annotations and a few clang-tidy bug finders,
+# over our own sources, from this build's compile_commands.json.
+step "clang-tidy (tests/lint/run-clang-tidy.sh)"
+if GPURPC_JOBS="$jobs" bash tests/lint/run-clang-tidy.sh "$build_dir"; then
+  record clang-tidy ok
+else
+  record clang-tidy FAILED
+fi
 
 step "ctest -LE gpu"
 ctest --test-dir "$build_dir" -LE gpu --output-on-failure --timeout 300 --parallel "$jobs" \

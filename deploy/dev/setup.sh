@@ -25,8 +25,9 @@ apt_packages=(
   # tests/fuzz: clang and its libFuzzer runtime (libclang_rt.fuzzer: libclang-rt-14-dev on
   # Debian 12, through libclang-rt-dev, which follows the distribution's default clang)
   clang libclang-rt-dev
-  # tests/lint/check-format.sh: the repository's .clang-format, applied by Debian 12's 14.0
-  clang-format
+  # tests/lint: the repository's .clang-format and the enforced clang-tidy checks (Debian
+  # 12's 14.0)
+  clang-format clang-tidy
   python3 python3-pip
   # client/go: the Go example client, built offline from Debian's Go packages
   golang-go golang-google-grpc-dev golang-google-protobuf-dev protoc-gen-go-grpc
