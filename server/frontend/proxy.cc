@@ -447,7 +447,7 @@ class RelayReactor final : public grpc::ServerGenericBidiReactor {
   grpc::Status Translate(const grpc::Status& status) ABSL_LOCKS_EXCLUDED(mu_) {
     if (IsStickyFault(status)) {
       // The worker reported a sticky CUDA fault: its context is lost for good.
-      session_->MarkFaulted(status.error_message());
+      session_->MarkFaultAnswered(status.error_message());
       return grpc::Status(
           status.error_code(),
           absl::StrFormat("%s; session %d is now FAULTED", status.error_message(), session_->id()));
@@ -476,6 +476,15 @@ class RelayReactor final : public grpc::ServerGenericBidiReactor {
           // Recorded here or already by the worker's exit callback: either way this call was
           // in flight on the worker that ended.
           session_->MarkFaultedByExit();
+          if (session_->fault_answered()) {
+            // Another call was answered with the fault and the worker was ended before it
+            // answered this one: to this call, as to every later one, the session FAULTED
+            // earlier (what the worker itself answers after a fault).
+            return grpc::Status(
+                grpc::StatusCode::FAILED_PRECONDITION,
+                absl::StrFormat("session %d FAULTED earlier (during %s): %s", session_->id(),
+                                context_->method(), session_->fault_cause()));
+          }
           const absl::StatusCode code = session_->fault_code();
           return grpc::Status(code == absl::StatusCode::kFailedPrecondition
                                   ? grpc::StatusCode::ABORTED

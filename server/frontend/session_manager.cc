@@ -119,6 +119,19 @@ bool SessionRecord::MarkFaultedByExit() {
                      absl::StatusCode::kFailedPrecondition, FaultCause::kWorkerExit);
 }
 
+bool SessionRecord::MarkFaultAnswered(const std::string& cause) {
+  {
+    absl::MutexLock lock(&mu_);
+    fault_answered_ = true;
+  }
+  return MarkFaulted(cause);
+}
+
+bool SessionRecord::fault_answered() const {
+  absl::MutexLock lock(&mu_);
+  return fault_answered_;
+}
+
 void SessionRecord::MarkClosing() {
   {
     absl::MutexLock lock(&mu_);

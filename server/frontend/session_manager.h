@@ -88,6 +88,12 @@ class SessionRecord {
   // FAILED_PRECONDITION with that cause, kind kDeviceFault; any other end, kWorkerExit).
   // Same return as MarkFaulted.
   bool MarkFaultedByExit();
+  // MarkFaulted for a sticky fault that the worker answered to a call (the relay saw ABORTED
+  // or DATA_LOSS from the worker itself): that call reported it, so a call that was in
+  // flight when the worker then ended was told nothing new and is answered as every later
+  // call is (fault_answered()). Same return as MarkFaulted.
+  bool MarkFaultAnswered(const std::string& cause);
+  bool fault_answered() const;
   // Called by Close before it ends the worker, so that the worker's death is no fault.
   void MarkClosing();
   bool closing() const;
@@ -138,6 +144,7 @@ class SessionRecord {
   mutable absl::Mutex mu_;
   std::string fault_cause_ ABSL_GUARDED_BY(mu_);  // empty while ACTIVE
   absl::StatusCode fault_code_ ABSL_GUARDED_BY(mu_) = absl::StatusCode::kOk;
+  bool fault_answered_ ABSL_GUARDED_BY(mu_) = false;
   bool closing_ ABSL_GUARDED_BY(mu_) = false;
   std::vector<Watcher*> watchers_ ABSL_GUARDED_BY(mu_);
   bool watched_ ABSL_GUARDED_BY(mu_) = false;

@@ -1,6 +1,7 @@
 // Faults: a faulting kernel ends only its own session (its own worker process), and a faulted
 // session refuses further work. Shared fixture and helpers: compute_fixture.h.
 #include "tests/service/compute_fixture.h"
+#include "tests/testing/eventually.h"
 
 namespace gpurpc::compute_test {
 namespace {
@@ -86,7 +87,9 @@ TEST_F(FaultTest, FaultingKernelFaultsOnlyItsSession) {
       b_iterations.store(i);
     }
   });
-  while (b_iterations.load() < 20) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  // B is well under way (bounded: a failed wait still joins the thread below).
+  EXPECT_TRUE(::gpurpc::testing::Eventually([&] { return b_iterations.load() >= 20; }))
+      << "session B made only " << b_iterations.load() << " iterations";
 
   // Asynchronous, like CUDA: the launch itself succeeds, the fault surfaces at the sync.
   EXPECT_OK(fault.Launch({}));
