@@ -85,11 +85,6 @@ class HandleTable {
     return all;
   }
 
-  typename Map::const_iterator begin() const { return map_.begin(); }
-  typename Map::const_iterator end() const { return map_.end(); }
-  typename Map::iterator begin() { return map_.begin(); }
-  typename Map::iterator end() { return map_.end(); }
-
  private:
   const char* const noun_;
   Map map_;
