@@ -9,6 +9,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "common/byte_count.h"
 #include "common/limits.h"
 #include "common/status_macros.h"
 #include "gpurpc/internal/v1/worker_control.grpc.pb.h"
@@ -38,16 +39,6 @@ absl::Status NoSuchSession(uint64_t session_id) {
   return absl::NotFoundError(absl::StrFormat(
       "no session %d (it was closed, reclaimed after the idle timeout, or never existed)",
       session_id));
-}
-
-std::string Bytes(uint64_t bytes) {
-  if (bytes >= (1ull << 30) && bytes % (1ull << 20) == 0) {
-    return absl::StrFormat("%d bytes (%.2f GiB)", bytes, bytes / double(1ull << 30));
-  }
-  if (bytes >= (1ull << 20)) {
-    return absl::StrFormat("%d bytes (%.1f MiB)", bytes, bytes / double(1ull << 20));
-  }
-  return absl::StrFormat("%d bytes", bytes);
 }
 
 }  // namespace
@@ -609,7 +600,7 @@ absl::Status SessionManager::AddMemoryLocked(SessionRecord& session, uint64_t by
       return absl::ResourceExhaustedError(
           absl::StrFormat("quota max_device_memory_bytes of tenant '%s' is %s: the tenant holds "
                           "%s, and %s",
-                          session.tenant(), Bytes(limit), Bytes(used), what));
+                          session.tenant(), FormatBytes(limit), FormatBytes(used), what));
     }
   }
   session.memory_bytes_ =
@@ -622,7 +613,7 @@ absl::Status SessionManager::ReserveMemory(SessionRecord& session, uint64_t byte
   if (session.memory_gone_) return absl::OkStatus();  // the worker will answer
   return AddMemoryLocked(
       session, bytes,
-      absl::StrFormat("this allocation asks for %s more; free some first", Bytes(bytes)));
+      absl::StrFormat("this allocation asks for %s more; free some first", FormatBytes(bytes)));
 }
 
 void SessionManager::CommitBuffer(SessionRecord& session, uint64_t reserved_bytes,
@@ -664,7 +655,7 @@ absl::Status SessionManager::ReserveHostRegion(SessionRecord& session, uint64_t 
       return absl::ResourceExhaustedError(absl::StrFormat(
           "quota max_host_region_bytes of tenant '%s' is %s: the tenant holds %s of "
           "same-host regions, and this region asks for %s more; unregister some first",
-          session.tenant(), Bytes(limit), Bytes(used), Bytes(bytes)));
+          session.tenant(), FormatBytes(limit), FormatBytes(used), FormatBytes(bytes)));
     }
   }
   session.host_region_bytes_ = bytes > UINT64_MAX - session.host_region_bytes_
@@ -731,7 +722,8 @@ absl::Status SessionManager::ChargeModule(SessionRecord& session, uint64_t modul
       session, bytes,
       absl::StrFormat(
           "this module's globals (__device__ variables) take %s more; the module was not kept",
-          bytes == UINT64_MAX ? std::string("an amount the server cannot bound") : Bytes(bytes))));
+          bytes == UINT64_MAX ? std::string("an amount the server cannot bound")
+                              : FormatBytes(bytes))));
   session.module_bytes_[module_id] = bytes;
   return absl::OkStatus();
 }
@@ -769,7 +761,7 @@ absl::Status SessionManager::ChargeLocalMemory(SessionRecord& session,
       absl::StrFormat("launching this kernel makes the driver reserve %s more (%d bytes of local "
                       "memory per thread for each of the device's %d resident threads); use "
                       "less local memory (smaller per-thread arrays, fewer spills)",
-                      Bytes(more), local_bytes_per_thread, threads)));
+                      FormatBytes(more), local_bytes_per_thread, threads)));
   session.local_memory_bytes_ = reservation;
   return absl::OkStatus();
 }
@@ -803,7 +795,7 @@ absl::StatusOr<uint64_t> SessionManager::ReserveContextLimit(SessionRecord& sess
       session, more,
       absl::StrFormat("SetContextLimit %s = %d makes the driver reserve %s more device memory; "
                       "lower it or free some first",
-                      kNames[slot], value, Bytes(more))));
+                      kNames[slot], value, FormatBytes(more))));
   return more;
 }
 

@@ -15,6 +15,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/strip.h"
+#include "common/byte_count.h"
 #include "common/limits.h"
 #include "common/status_macros.h"
 #include "server/worker/backend/module_footprint.h"
@@ -76,19 +77,6 @@ absl::StatusOr<uint32_t> CheckParamLayout(const std::string& kernel,
     end = std::max(end, offset + size);
   }
   return static_cast<uint32_t>(end);
-}
-
-// A byte count for messages, e.g. "64 MiB (67108864 bytes)".
-std::string Bytes(uint64_t bytes) {
-  static constexpr const char* kUnits[] = {"bytes", "KiB", "MiB", "GiB", "TiB"};
-  if (bytes < 1024) return absl::StrFormat("%d bytes", bytes);
-  double value = static_cast<double>(bytes);
-  int unit = 0;
-  while (value >= 1024 && unit < 4) {
-    value /= 1024;
-    ++unit;
-  }
-  return absl::StrFormat("%.4g %s (%d bytes)", value, kUnits[unit], bytes);
 }
 
 // The wire's ContextLimit, checked: INVALID_ARGUMENT naming it when it is none.
@@ -646,8 +634,8 @@ absl::StatusOr<v1::SetContextLimitResponse> Session::SetContextLimit(int limit_v
             "%s: %s = %d bytes per thread makes the driver reserve %s of device memory (for "
             "each of the device's %d resident threads), more than the %s gpurpc allows; at "
             "most %d bytes per thread on this device",
-            kCall, name, value, Bytes(reservation), StackReservationBytes(1),
-            Bytes(kMaxStackReservationBytes),
+            kCall, name, value, FormatBytes(reservation), StackReservationBytes(1),
+            FormatBytes(kMaxStackReservationBytes),
             kMaxStackReservationBytes / std::max<uint64_t>(StackReservationBytes(1), 1)));
       }
       break;
@@ -721,7 +709,7 @@ absl::StatusOr<v1::SetContextLimitResponse> Session::SetContextLimit(int limit_v
           "%s: %s = %d would make the driver reserve %s for the context's stack, printf FIFO "
           "and malloc heap together, more than the tenant's max_device_memory_bytes quota of "
           "%s",
-          kCall, name, value, Bytes(total), Bytes(quota)));
+          kCall, name, value, FormatBytes(total), FormatBytes(quota)));
     }
   }
   GPURPC_RETURN_IF_ERROR(RecordFault(context_->SetLimit(limit, value)));

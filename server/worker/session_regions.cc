@@ -6,6 +6,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "common/byte_count.h"
 #include "common/status_macros.h"
 #include "server/worker/host_region.h"
 #include "server/worker/session.h"
@@ -47,12 +48,6 @@ bool SameTicket(const std::string& a, const std::string& b) {
   return difference == 0;
 }
 
-std::string Bytes(uint64_t n) {
-  if (n >= (1ull << 30) && n % (1ull << 30) == 0) return absl::StrCat(n >> 30, " GiB");
-  if (n >= (1ull << 20) && n % (1ull << 20) == 0) return absl::StrCat(n >> 20, " MiB");
-  return absl::StrCat(n, " bytes");
-}
-
 }  // namespace
 
 absl::StatusOr<v1::RegisterHostRegionResponse> Session::RegisterHostRegion(uint64_t size_bytes) {
@@ -78,7 +73,7 @@ absl::StatusOr<v1::RegisterHostRegionResponse> Session::RegisterHostRegion(uint6
     return absl::ResourceExhaustedError(absl::StrFormat(
         "RegisterHostRegion: %s more would pass the session's limit of %s of host regions "
         "(--max-host-region-bytes); the session holds %s",
-        Bytes(size_bytes), Bytes(limit), Bytes(region_bytes_)));
+        FormatBytes(size_bytes), FormatBytes(limit), FormatBytes(region_bytes_)));
   }
   const uint64_t id = NewIdLocked();
   regions_.Insert(id, std::make_shared<RegionEntry>(context_.get(), size_bytes, ticket));
