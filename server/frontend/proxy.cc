@@ -11,6 +11,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/synchronization/mutex.h"
+#include "common/array_shape.h"
 #include "common/grpc_status.h"
 #include "common/limits.h"
 #include "google/protobuf/descriptor.h"
@@ -512,10 +513,20 @@ class RelayReactor final : public grpc::ServerGenericBidiReactor {
     if (ledger_ == Ledger::kAllocate && !request_seen_) {
       request_seen_ = true;
       v1::AllocateRequest request;
-      // An unparsable request goes on: the worker answers it with the right error.
-      if (ParseRelayed(from_client_, &request) && request.size_bytes() > 0) {
-        if (!Admitted(sessions_->ReserveMemory(*session_, request.size_bytes()))) return false;
-        reserved_bytes_ = request.size_bytes();
+      // An unparsable request goes on: the worker answers it with the right error, as it
+      // does an array shape that ArrayChargeBytes refuses (nothing is reserved for it).
+      if (ParseRelayed(from_client_, &request)) {
+        uint64_t bytes = request.size_bytes();
+        if (request.has_array()) {
+          const v1::ArrayDescriptor& array = request.array();
+          bytes = ArrayChargeBytes(array.width(), array.height(), array.depth(), array.format(),
+                                   array.num_channels(), array.flags())
+                      .value_or(0);
+        }
+        if (bytes > 0) {
+          if (!Admitted(sessions_->ReserveMemory(*session_, bytes))) return false;
+          reserved_bytes_ = bytes;
+        }
       }
     } else if (ledger_ == Ledger::kUnloadModule && !request_seen_) {
       request_seen_ = true;

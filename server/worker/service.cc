@@ -123,8 +123,13 @@ class MemoryServiceImpl final : public v1::MemoryService::Service {
 
   grpc::Status Allocate(grpc::ServerContext*, const v1::AllocateRequest* request,
                         v1::AllocateResponse* response) override {
-    return Answer(session_->Allocate(request->size_bytes()),
-                  [&](v1::BufferInfo& info) { *response->mutable_buffer() = std::move(info); });
+    auto fill = [&](v1::BufferInfo& info) { *response->mutable_buffer() = std::move(info); };
+    if (!request->has_array()) return Answer(session_->Allocate(request->size_bytes()), fill);
+    if (request->size_bytes() != 0) {
+      return ToGrpcStatus(absl::InvalidArgumentError(
+          "Allocate: size_bytes must be 0 for an array (the server computes what it charges)"));
+    }
+    return Answer(session_->AllocateArray(request->array()), fill);
   }
 
   grpc::Status Free(grpc::ServerContext*, const v1::FreeRequest* request,

@@ -2,11 +2,13 @@
 
 #include <algorithm>
 #include <cstring>
+#include <optional>
 #include <utility>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "common/array_shape.h"
 #include "common/grpc_status.h"
 #include "common/status_macros.h"
 #include "server/worker/device_output.h"
@@ -125,6 +127,7 @@ Session::~Session() {
   decltype(modules_)::Map modules;
   decltype(events_)::Map events;
   decltype(streams_)::Map streams;
+  decltype(arrays_)::Map arrays;
   decltype(buffers_)::Map buffers;
   decltype(regions_)::Map regions;
   {
@@ -135,6 +138,7 @@ Session::~Session() {
     modules = modules_.TakeAll();
     events = events_.TakeAll();
     streams = streams_.TakeAll();
+    arrays = arrays_.TakeAll();
     buffers = buffers_.TakeAll();
     ranges_.clear();
   }
@@ -146,6 +150,7 @@ Session::~Session() {
   streams.clear();
   // Each waits for the context's queued work, then unpins and unmaps.
   regions.clear();
+  arrays.clear();
   for (const auto& [id, address] : buffers) {
     absl::Status status = context_->Free(address);
     (void)status;  // The context is going away; a failure here frees nothing less.
@@ -180,6 +185,7 @@ Session::TableSizes Session::table_sizes() const {
   absl::MutexLock lock(&mu_);
   TableSizes sizes;
   sizes.buffers = buffers_.size();
+  sizes.arrays = arrays_.size();
   sizes.ranges = ranges_.size();
   sizes.modules = modules_.size();
   sizes.functions = functions_.size();
@@ -261,11 +267,48 @@ absl::StatusOr<v1::BufferInfo> Session::Allocate(uint64_t size_bytes) {
   return info;
 }
 
+absl::StatusOr<v1::BufferInfo> Session::AllocateArray(const v1::ArrayDescriptor& descriptor) {
+  GPURPC_RETURN_IF_ERROR(fault());
+  const auto refuse = [](const absl::Status& status) {
+    return absl::InvalidArgumentError(absl::StrCat("Allocate: ", status.message()));
+  };
+  absl::StatusOr<uint64_t> charged =
+      ArrayChargeBytes(descriptor.width(), descriptor.height(), descriptor.depth(),
+                       descriptor.format(), descriptor.num_channels(), descriptor.flags());
+  if (!charged.ok()) return refuse(charged.status());
+  backend::ArrayShape shape;
+  shape.width = descriptor.width();
+  shape.height = descriptor.height();
+  shape.depth = descriptor.depth();
+  shape.format = descriptor.format();
+  shape.num_channels = descriptor.num_channels();
+  shape.flags = descriptor.flags();
+  shape.element_bytes = *ArrayElementBytes(shape.format, shape.num_channels);
+  GPURPC_ASSIGN_OR_RETURN(std::unique_ptr<backend::Array> array,
+                          RecordFault(context_->CreateArray(shape)));
+  uint64_t id;
+  {
+    absl::MutexLock lock(&mu_);
+    id = NewIdLocked();
+    arrays_.Insert(id, ArrayEntry{std::move(array), shape, *charged});
+  }
+  v1::BufferInfo info;
+  info.set_buffer_id(id);
+  info.set_size_bytes(*charged);
+  *info.mutable_array() = descriptor;
+  return info;
+}
+
 absl::Status Session::Free(uint64_t buffer_id) {
   GPURPC_RETURN_IF_ERROR(fault());
   backend::DevicePtr address;
   {
     absl::MutexLock lock(&mu_);
+    if (arrays_.contains(buffer_id)) {
+      // Destroyed when the last copy using it lets go (cuArrayDestroy, after queued work).
+      GPURPC_RETURN_IF_ERROR(arrays_.Take(buffer_id, "Free").status());
+      return absl::OkStatus();
+    }
     GPURPC_ASSIGN_OR_RETURN(address, buffers_.Take(buffer_id, "Free"));
     ranges_.erase(address);
   }
@@ -275,6 +318,20 @@ absl::Status Session::Free(uint64_t buffer_id) {
 absl::StatusOr<v1::BufferInfo> Session::GetAllocation(const v1::GetAllocationRequest& request) {
   absl::MutexLock lock(&mu_);
   v1::BufferInfo info;
+  if (request.target_case() == v1::GetAllocationRequest::kBufferId &&
+      arrays_.contains(request.buffer_id())) {
+    const ArrayEntry& entry = *arrays_.Lookup(request.buffer_id());
+    info.set_buffer_id(request.buffer_id());
+    info.set_size_bytes(entry.charged_bytes);
+    v1::ArrayDescriptor* descriptor = info.mutable_array();
+    descriptor->set_width(entry.shape.width);
+    descriptor->set_height(entry.shape.height);
+    descriptor->set_depth(entry.shape.depth);
+    descriptor->set_format(static_cast<v1::ArrayFormat>(entry.shape.format));
+    descriptor->set_num_channels(entry.shape.num_channels);
+    descriptor->set_flags(entry.shape.flags);
+    return info;
+  }
   if (request.target_case() == v1::GetAllocationRequest::kBufferId) {
     GPURPC_ASSIGN_OR_RETURN(const backend::DevicePtr address,
                             buffers_.Find(request.buffer_id(), "GetAllocation"));
@@ -414,6 +471,110 @@ absl::Status Session::Copy(const v1::CopyCommand& command) {
       [&](backend::Stream* stream, bool) {
         return RecordFault(context_->CopyDeviceToDevice(dst, src, command.size_bytes(), stream));
       });
+}
+
+namespace {
+
+// a * b, or nullopt when it overflows.
+std::optional<uint64_t> Mul(uint64_t a, uint64_t b) {
+  uint64_t product;
+  if (__builtin_mul_overflow(a, b, &product)) return std::nullopt;
+  return product;
+}
+
+}  // namespace
+
+absl::StatusOr<Session::Copy3DSide> Session::ResolveCopy3DEnd(const v1::Copy3DEndpoint& endpoint,
+                                                              const v1::Copy3DCommand& command,
+                                                              const char* what) {
+  const uint64_t width = command.width_bytes();
+  const uint64_t height = command.height();
+  const uint64_t depth = command.depth();
+  const bool empty = width == 0 || height == 0 || depth == 0;
+  Copy3DSide side;
+  if (endpoint.target_case() == v1::Copy3DEndpoint::kArrayId) {
+    if (endpoint.pitch_bytes() != 0 || endpoint.height() != 0) {
+      return absl::InvalidArgumentError(absl::StrFormat(
+          "%s: pitch_bytes and height describe linear memory; an array has its own layout", what));
+    }
+    ArrayEntry entry;
+    {
+      absl::MutexLock lock(&mu_);
+      GPURPC_ASSIGN_OR_RETURN(entry, arrays_.Find(endpoint.array_id(), what));
+    }
+    const backend::ArrayShape& shape = entry.shape;
+    if (endpoint.x_bytes() % shape.element_bytes != 0) {
+      return absl::InvalidArgumentError(
+          absl::StrFormat("%s: x_bytes %d is not a multiple of the array's element size %d bytes",
+                          what, endpoint.x_bytes(), shape.element_bytes));
+    }
+    if (!empty &&
+        (endpoint.x_bytes() > shape.row_bytes() || width > shape.row_bytes() - endpoint.x_bytes() ||
+         endpoint.y() > shape.rows() || height > shape.rows() - endpoint.y() ||
+         endpoint.z() > shape.slices() || depth > shape.slices() - endpoint.z())) {
+      return absl::InvalidArgumentError(absl::StrFormat(
+          "%s: %d bytes x %d rows x %d slices at (x %d bytes, y %d, z %d) leave array %d of "
+          "%d bytes x %d rows x %d slices",
+          what, width, height, depth, endpoint.x_bytes(), endpoint.y(), endpoint.z(),
+          endpoint.array_id(), shape.row_bytes(), shape.rows(), shape.slices()));
+    }
+    side.end.array = entry.array.get();
+    side.end.x_bytes = endpoint.x_bytes();
+    side.end.y = endpoint.y();
+    side.end.z = endpoint.z();
+    side.keep = std::move(entry.array);
+    return side;
+  }
+  if (endpoint.target_case() != v1::Copy3DEndpoint::kDevice) {
+    return absl::InvalidArgumentError(absl::StrFormat("%s: set array_id or device", what));
+  }
+  if (endpoint.x_bytes() != 0 || endpoint.y() != 0 || endpoint.z() != 0) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "%s: x_bytes, y and z place an array's copy; for linear memory put the offset in the "
+        "pointer",
+        what));
+  }
+  const uint64_t pitch = endpoint.pitch_bytes() == 0 ? width : endpoint.pitch_bytes();
+  const uint64_t rows = endpoint.height() == 0 ? height : endpoint.height();
+  if (pitch > kMaxCopy3DPitchBytes || rows > kMaxCopy3DPitchBytes) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("%s: pitch_bytes %d and height %d must be at most %d", what, pitch, rows,
+                        kMaxCopy3DPitchBytes));
+  }
+  if (pitch < width || rows < height) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "%s: rows of %d bytes do not fit a pitch of %d bytes, or %d rows a slice of %d rows", what,
+        width, pitch, height, rows));
+  }
+  // The last byte the copy touches: (depth - 1) slices, (height - 1) rows and a row on.
+  uint64_t extent = 0;
+  if (!empty) {
+    const std::optional<uint64_t> slices = Mul(depth - 1, pitch * rows);  // pitch * rows < 2^62
+    if (!slices || *slices > UINT64_MAX - (height - 1) * pitch - width) {
+      return absl::InvalidArgumentError(
+          absl::StrFormat("%s: the copy's extent overflows 64 bits", what));
+    }
+    extent = *slices + (height - 1) * pitch + width;
+  }
+  GPURPC_ASSIGN_OR_RETURN(side.end.address, Resolve(endpoint.device(), extent, what));
+  side.end.pitch_bytes = pitch;
+  side.end.height = rows;
+  return side;
+}
+
+absl::Status Session::Copy3D(const v1::Copy3DCommand& command) {
+  GPURPC_RETURN_IF_ERROR(fault());
+  GPURPC_ASSIGN_OR_RETURN(const Copy3DSide dst,
+                          ResolveCopy3DEnd(command.destination(), command, "Copy3D destination"));
+  GPURPC_ASSIGN_OR_RETURN(const Copy3DSide src,
+                          ResolveCopy3DEnd(command.source(), command, "Copy3D source"));
+  GPURPC_ASSIGN_OR_RETURN(auto stream, FindStream(command.stream_id()));
+  if (command.width_bytes() == 0 || command.height() == 0 || command.depth() == 0) {
+    return absl::OkStatus();
+  }
+  GPURPC_RETURN_IF_ERROR(RefuseWhileCapturing(command.stream_id(), "Copy3D"));
+  return RecordFault(context_->Copy3D(dst.end, src.end, command.width_bytes(), command.height(),
+                                      command.depth(), stream.get()));
 }
 
 // ---------------------------------------------------------------------------- execution
@@ -726,6 +887,8 @@ absl::Status Session::RunCommand(const v1::Command& command, v1::CommandReply* r
       return Memset(command.memset());
     case v1::Command::kCopy:
       return Copy(command.copy());
+    case v1::Command::kCopy3D:
+      return Copy3D(command.copy_3d());
     case v1::Command::kUpload: {
       const v1::UploadCommand& upload = command.upload();
       if (upload.data().size() > kMaxInlineBytes) {

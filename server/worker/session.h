@@ -136,6 +136,7 @@ class Session {
   // How many objects the session's tables hold (tests, and to show they stay bounded).
   struct TableSizes {
     size_t buffers = 0;
+    size_t arrays = 0;
     size_t ranges = 0;
     size_t modules = 0;
     size_t functions = 0;
@@ -151,6 +152,11 @@ class Session {
 
   // Memory.
   absl::StatusOr<v1::BufferInfo> Allocate(uint64_t size_bytes);
+  // A CUDA array (MemoryService.Allocate with an ArrayDescriptor): INVALID_ARGUMENT for a
+  // shape common/array_shape.h refuses. Its id shares the buffers' id space; its BufferInfo
+  // has device_address 0 and the bytes it is charged.
+  absl::StatusOr<v1::BufferInfo> AllocateArray(const v1::ArrayDescriptor& descriptor);
+  // Frees a buffer or an array.
   absl::Status Free(uint64_t buffer_id);
   absl::StatusOr<v1::BufferInfo> GetAllocation(const v1::GetAllocationRequest& request);
   absl::StatusOr<backend::MemInfo> GetMemInfo();
@@ -165,6 +171,9 @@ class Session {
                         uint64_t stream_id);
   absl::Status Memset(const v1::MemsetCommand& command);
   absl::Status Copy(const v1::CopyCommand& command);
+  // Copy3DCommand (execution_service.proto): every byte of both ends checked against its
+  // array or its one buffer; refused (FAILED_PRECONDITION) on a capturing stream.
+  absl::Status Copy3D(const v1::Copy3DCommand& command);
 
   // Modules.
   // Compiles and, unless compile_only, loads the result; the response's module_id and
@@ -353,6 +362,22 @@ class Session {
     std::shared_ptr<StreamCapture> capture;
   };
 
+  // An array and what Copy3D checks against. Shared so that a copy in flight keeps it alive
+  // while Free takes it out of the table.
+  struct ArrayEntry {
+    std::shared_ptr<backend::Array> array;
+    backend::ArrayShape shape;
+    uint64_t charged_bytes = 0;
+  };
+  // One end of a Copy3D, resolved and checked.
+  struct Copy3DSide {
+    backend::Copy3DEnd end;
+    std::shared_ptr<backend::Array> keep;
+  };
+  absl::StatusOr<Copy3DSide> ResolveCopy3DEnd(const v1::Copy3DEndpoint& endpoint,
+                                              const v1::Copy3DCommand& command, const char* what)
+      ABSL_LOCKS_EXCLUDED(mu_);
+
   // A resolvable device range: a buffer (id != 0) or a module global (id == 0).
   struct Range {
     uint64_t id = 0;
@@ -454,6 +479,7 @@ class Session {
   std::map<backend::DevicePtr, Range> ranges_ ABSL_GUARDED_BY(mu_);  // by start address
   // The handles the client holds, one table per kind (handle_table.h).
   HandleTable<backend::DevicePtr> buffers_ ABSL_GUARDED_BY(mu_){"buffer"};
+  HandleTable<ArrayEntry> arrays_ ABSL_GUARDED_BY(mu_){"array"};
   HandleTable<std::shared_ptr<ModuleEntry>> modules_ ABSL_GUARDED_BY(mu_){"module"};
   HandleTable<std::shared_ptr<FunctionEntry>> functions_ ABSL_GUARDED_BY(mu_){"function"};
   HandleTable<std::shared_ptr<backend::Stream>> streams_ ABSL_GUARDED_BY(mu_){"stream"};

@@ -11,8 +11,10 @@
 #include "absl/strings/str_join.h"
 #include "client/cpp/src/daemons.h"
 #include "client/cpp/src/session_core.h"
+#include "common/array_shape.h"
 #include "common/grpc_status.h"
 #include "common/limits.h"
+#include "common/status_macros.h"
 #include "gpurpc/v1/admin_service.grpc.pb.h"
 #include "gpurpc/v1/device_service.grpc.pb.h"
 #include "gpurpc/v1/session_service.grpc.pb.h"
@@ -455,20 +457,92 @@ void Session::SetDeviceOutputHandler(std::function<void(absl::string_view)> hand
   if (core_ != nullptr) core_->SetDeviceOutputHandler(std::move(handler));
 }
 
-absl::StatusOr<Buffer> Session::Allocate(uint64_t size_bytes) const {
-  if (core_ == nullptr) return NoSession();
+absl::StatusOr<Buffer> internal::AllocateBuffer(const std::shared_ptr<SessionCore>& core,
+                                                uint64_t size_bytes) {
   v1::AllocateRequest request;
   request.set_size_bytes(size_bytes);
   v1::AllocateResponse response;
   absl::Status status =
-      SessionCall(*core_, GPURPC_RPC(core_->memory(), Allocate), "Allocate", request, &response);
+      SessionCall(*core, GPURPC_RPC(core->memory(), Allocate), "Allocate", request, &response);
   if (!status.ok()) return status;
   Buffer buffer;
-  buffer.core_ = core_;
+  buffer.core_ = core;
   buffer.id_ = response.buffer().buffer_id();
   buffer.device_address_ = response.buffer().device_address();
   buffer.size_bytes_ = response.buffer().size_bytes();
   return buffer;
+}
+
+namespace {
+
+void SetCopy3DEnd(const Copy3DEnd& end, v1::Copy3DEndpoint* out) {
+  if (end.array_id != 0) {
+    out->set_array_id(end.array_id);
+  } else {
+    SetPointer(end.device, out->mutable_device());
+  }
+  out->set_pitch_bytes(end.pitch_bytes);
+  out->set_height(end.height);
+  out->set_x_bytes(end.x_bytes);
+  out->set_y(end.y);
+  out->set_z(end.z);
+}
+
+absl::Status Copy3DOn(internal::SessionCore& core, const Copy3DEnd& dst, const Copy3DEnd& src,
+                      uint64_t width_bytes, uint64_t height, uint64_t depth, uint64_t stream_id,
+                      bool wait) {
+  v1::Command command;
+  v1::Copy3DCommand* copy = command.mutable_copy_3d();
+  SetCopy3DEnd(dst, copy->mutable_destination());
+  SetCopy3DEnd(src, copy->mutable_source());
+  copy->set_width_bytes(width_bytes);
+  copy->set_height(height);
+  copy->set_depth(depth);
+  copy->set_stream_id(stream_id);
+  if (absl::Status status = core.Enqueue(std::move(command)); !status.ok() || !wait) {
+    return status;
+  }
+  return core.Sync(stream_id, /*whole_session=*/false, core.call_timeout(), "Session::Copy3D");
+}
+
+}  // namespace
+
+absl::StatusOr<Buffer> Session::Allocate(uint64_t size_bytes) const {
+  if (core_ == nullptr) return NoSession();
+  return internal::AllocateBuffer(core_, size_bytes);
+}
+
+absl::StatusOr<Array> Session::AllocateArray(const v1::ArrayDescriptor& descriptor) const {
+  if (core_ == nullptr) return NoSession();
+  absl::StatusOr<uint32_t> element =
+      ArrayElementBytes(descriptor.format(), descriptor.num_channels());
+  if (!element.ok())
+    return absl::InvalidArgumentError(absl::StrCat("AllocateArray: ", element.status().message()));
+  v1::AllocateRequest request;
+  *request.mutable_array() = descriptor;
+  v1::AllocateResponse response;
+  absl::Status status =
+      SessionCall(*core_, GPURPC_RPC(core_->memory(), Allocate), "Allocate", request, &response);
+  if (!status.ok()) return status;
+  Array array;
+  array.core_ = core_;
+  array.id_ = response.buffer().buffer_id();
+  array.descriptor_ = descriptor;
+  array.charged_bytes_ = response.buffer().size_bytes();
+  array.row_bytes_ = descriptor.width() * *element;
+  return array;
+}
+
+absl::Status Session::Copy3DAsync(const Copy3DEnd& dst, const Copy3DEnd& src, uint64_t width_bytes,
+                                  uint64_t height, uint64_t depth, const Stream* stream) const {
+  if (core_ == nullptr) return NoSession();
+  return Copy3DOn(*core_, dst, src, width_bytes, height, depth, StreamId(stream), false);
+}
+
+absl::Status Session::Copy3D(const Copy3DEnd& dst, const Copy3DEnd& src, uint64_t width_bytes,
+                             uint64_t height, uint64_t depth, const Stream* stream) const {
+  if (core_ == nullptr) return NoSession();
+  return Copy3DOn(*core_, dst, src, width_bytes, height, depth, StreamId(stream), true);
 }
 
 absl::StatusOr<uint64_t> Session::SetLimit(v1::ContextLimit limit, uint64_t value) const {
@@ -702,6 +776,76 @@ absl::Status Session::Synchronize() const {
 absl::Status Session::Synchronize(absl::Duration timeout) const {
   if (core_ == nullptr) return NoSession();
   return core_->Sync(0, /*whole_session=*/true, timeout, "Session::Synchronize");
+}
+
+// ---------------------------------------------------------------------------- Array
+
+Array::Array(Array&& other) noexcept
+    : core_(std::move(other.core_)),
+      id_(std::exchange(other.id_, 0)),
+      descriptor_(std::move(other.descriptor_)),
+      charged_bytes_(std::exchange(other.charged_bytes_, 0)),
+      row_bytes_(std::exchange(other.row_bytes_, 0)) {}
+
+Array& Array::operator=(Array&& other) noexcept {
+  if (this != &other) {
+    if (id_ != 0 && core_ != nullptr && core_->CheckUsable().ok()) {
+      ReportCleanup("array", FreeWithin(CleanupTimeout(*core_)));
+    }
+    core_ = std::move(other.core_);
+    id_ = std::exchange(other.id_, 0);
+    descriptor_ = std::move(other.descriptor_);
+    charged_bytes_ = std::exchange(other.charged_bytes_, 0);
+    row_bytes_ = std::exchange(other.row_bytes_, 0);
+  }
+  return *this;
+}
+
+Array::~Array() {
+  if (id_ != 0 && core_ != nullptr && core_->CheckUsable().ok()) {
+    ReportCleanup("array", FreeWithin(CleanupTimeout(*core_)));
+  }
+}
+
+absl::Status Array::Free() {
+  if (core_ == nullptr || id_ == 0) return absl::NotFoundError("Free: array already freed");
+  return FreeWithin(core_->call_timeout());
+}
+
+absl::Status Array::FreeWithin(absl::Duration timeout) {
+  if (absl::Status usable = core_->CheckUsable(); !usable.ok()) return usable;
+  // Copies queued on the command stream may still use it: let them be enqueued first.
+  if (absl::Status status = core_->Barrier(timeout); !status.ok()) return status;
+  v1::FreeRequest request;
+  request.set_buffer_id(std::exchange(id_, 0));
+  v1::FreeResponse response;
+  return SessionCall(*core_, GPURPC_RPC(core_->memory(), Free), "Free", request, &response,
+                     timeout);
+}
+
+absl::Status Array::Upload(absl::Span<const uint8_t> data) const {
+  if (core_ == nullptr || id_ == 0) return absl::FailedPreconditionError("Array::Upload: no array");
+  const uint64_t packed = row_bytes_ * rows() * slices();
+  if (data.size() != packed) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("Array::Upload: the array holds %d bytes (%d x %d x %d), got %d", packed,
+                        row_bytes_, rows(), slices(), data.size()));
+  }
+  GPURPC_ASSIGN_OR_RETURN(Buffer staging, internal::AllocateBuffer(core_, packed));
+  GPURPC_RETURN_IF_ERROR(staging.Upload(data));
+  return Copy3DOn(*core_, at(), Copy3DEnd::Linear(staging.at()), row_bytes_, rows(), slices(), 0,
+                  true);
+}
+
+absl::StatusOr<std::vector<uint8_t>> Array::Download() const {
+  if (core_ == nullptr || id_ == 0) {
+    return absl::FailedPreconditionError("Array::Download: no array");
+  }
+  const uint64_t packed = row_bytes_ * rows() * slices();
+  GPURPC_ASSIGN_OR_RETURN(Buffer staging, internal::AllocateBuffer(core_, packed));
+  GPURPC_RETURN_IF_ERROR(Copy3DOn(*core_, Copy3DEnd::Linear(staging.at()), at(), row_bytes_, rows(),
+                                  slices(), 0, true));
+  return staging.Download();
 }
 
 // ---------------------------------------------------------------------------- Buffer

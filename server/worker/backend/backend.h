@@ -141,6 +141,39 @@ class HostRegistration {
   virtual ~HostRegistration() = default;
 };
 
+// A CUDA array (cuArray3DCreate): device memory in the driver's opaque, tiled layout, which
+// kernels cannot address; Copy3D reaches it. `format` is a CUarray_format value and
+// `element_bytes` the bytes of one element with all its channels. 1D arrays have height and
+// depth 0, 2D arrays depth 0. Destroying one waits for queued work that uses it.
+struct ArrayShape {
+  uint64_t width = 0;
+  uint64_t height = 0;
+  uint64_t depth = 0;
+  int format = 0;
+  uint32_t num_channels = 1;
+  uint32_t flags = 0;
+  uint32_t element_bytes = 0;
+  uint64_t row_bytes() const { return width * element_bytes; }
+  uint64_t rows() const { return height == 0 ? 1 : height; }
+  uint64_t slices() const { return depth == 0 ? 1 : depth; }
+};
+class Array {
+ public:
+  virtual ~Array() = default;
+};
+
+// One side of Context::Copy3D: an array (x in bytes, y, z where the copy starts), or linear
+// device memory at `address` with rows `pitch_bytes` apart and slices `height` rows apart.
+struct Copy3DEnd {
+  Array* array = nullptr;
+  DevicePtr address = 0;
+  uint64_t pitch_bytes = 0;
+  uint64_t height = 0;
+  uint64_t x_bytes = 0;
+  uint64_t y = 0;
+  uint64_t z = 0;
+};
+
 // CUDA graphs (Context::BeginCapture and after). A Graph is what one capture of one stream
 // recorded: its nodes form a chain, in capture order. A GraphExec is an executable graph
 // instantiated from one Graph; it keeps that graph's backend object alive (its node handles
@@ -245,6 +278,16 @@ class Context {
                               uint64_t count, Stream* stream) = 0;
   virtual absl::Status CopyDeviceToDevice(DevicePtr dst, DevicePtr src, uint64_t size_bytes,
                                           Stream* stream) = 0;
+
+  // CUDA arrays. CreateArray makes an array of `shape`, which the caller has checked
+  // (common/array_shape.h); the driver may still refuse it for this device
+  // (INVALID_ARGUMENT) or lack the memory (RESOURCE_EXHAUSTED). Copy3D copies `depth`
+  // slices of `height` rows of `width_bytes` between two ends, stream ordered
+  // (cuMemcpy3DAsync); the caller has checked that every byte lies inside its array or
+  // linear allocation, and a zero extent is not passed. The defaults answer UNIMPLEMENTED.
+  virtual absl::StatusOr<std::unique_ptr<Array>> CreateArray(const ArrayShape& shape);
+  virtual absl::Status Copy3D(const Copy3DEnd& dst, const Copy3DEnd& src, uint64_t width_bytes,
+                              uint64_t height, uint64_t depth, Stream* stream);
 
   // Same-host regions. RegisterHostMemory pins [host, host + size_bytes) (size_bytes > 0)
   // for DMA; INVALID_ARGUMENT when the range overlaps memory already registered,
@@ -376,6 +419,13 @@ class Context {
 
 inline absl::StatusOr<LinkedModule> Context::LinkModule(absl::Span<const LinkInput>, bool) {
   return absl::UnimplementedError("this backend cannot link modules");
+}
+inline absl::StatusOr<std::unique_ptr<Array>> Context::CreateArray(const ArrayShape&) {
+  return absl::UnimplementedError("this backend has no CUDA arrays");
+}
+inline absl::Status Context::Copy3D(const Copy3DEnd&, const Copy3DEnd&, uint64_t, uint64_t,
+                                    uint64_t, Stream*) {
+  return absl::UnimplementedError("this backend has no 3D copies");
 }
 inline absl::Status Context::SetLimit(ContextLimit, uint64_t) {
   return absl::UnimplementedError("this backend cannot set context limits");

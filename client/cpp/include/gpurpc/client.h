@@ -93,6 +93,7 @@
 #include "gpurpc/v1/admin_service.pb.h"
 #include "gpurpc/v1/device_service.pb.h"
 #include "gpurpc/v1/execution_service.pb.h"
+#include "gpurpc/v1/memory_service.pb.h"
 #include "gpurpc/v1/module_service.pb.h"
 #include "gpurpc/v1/session_service.pb.h"
 
@@ -118,6 +119,9 @@ struct ModuleHandle;
 class Daemons;
 struct TargetSpec;
 struct ChannelFactory;
+// Session::Allocate's call, for the client's own temporary buffers (Array::Upload).
+absl::StatusOr<Buffer> AllocateBuffer(const std::shared_ptr<SessionCore>& core,
+                                      uint64_t size_bytes);
 }  // namespace internal
 
 struct Dim3 {
@@ -330,11 +334,77 @@ class Buffer {
 
  private:
   friend class Session;
+  friend absl::StatusOr<Buffer> internal::AllocateBuffer(
+      const std::shared_ptr<internal::SessionCore>& core, uint64_t size_bytes);
   absl::Status FreeWithin(absl::Duration timeout);
   std::shared_ptr<internal::SessionCore> core_;
   uint64_t id_ = 0;
   uint64_t device_address_ = 0;
   uint64_t size_bytes_ = 0;
+};
+
+// One side of Session::Copy3D: an array at (x_bytes, y, z), or linear device memory whose
+// rows are pitch_bytes apart (0 = the copy's width) and slices `height` rows apart (0 = the
+// copy's height). Array::at and Copy3DEnd::Linear make them.
+struct Copy3DEnd {
+  uint64_t array_id = 0;  // 0: linear memory at `device`
+  DeviceRef device;
+  uint64_t pitch_bytes = 0;
+  uint64_t height = 0;
+  uint64_t x_bytes = 0;
+  uint64_t y = 0;
+  uint64_t z = 0;
+  static Copy3DEnd Linear(const DeviceRef& device, uint64_t pitch_bytes = 0, uint64_t height = 0) {
+    Copy3DEnd end;
+    end.device = device;
+    end.pitch_bytes = pitch_bytes;
+    end.height = height;
+    return end;
+  }
+};
+
+// A CUDA array (Session::AllocateArray): device memory in the driver's texture layout,
+// which kernels cannot address; Session::Copy3D (and Upload/Download here) move bytes in and
+// out. Move-only; freed remotely on destruction.
+class Array {
+ public:
+  Array() = default;
+  Array(Array&&) noexcept;
+  Array& operator=(Array&&) noexcept;
+  ~Array();
+
+  uint64_t id() const { return id_; }
+  const v1::ArrayDescriptor& descriptor() const { return descriptor_; }
+  // What it is charged against the tenant's device memory (memory_service.proto).
+  uint64_t charged_bytes() const { return charged_bytes_; }
+  // Bytes of one row (width times the element's bytes), rows per slice and slices (at least 1).
+  uint64_t row_bytes() const { return row_bytes_; }
+  uint64_t rows() const { return descriptor_.height() == 0 ? 1 : descriptor_.height(); }
+  uint64_t slices() const { return descriptor_.depth() == 0 ? 1 : descriptor_.depth(); }
+  // Where a copy starts in this array: x in bytes, y in rows, z in slices.
+  Copy3DEnd at(uint64_t x_bytes = 0, uint64_t y = 0, uint64_t z = 0) const {
+    Copy3DEnd end;
+    end.array_id = id_;
+    end.x_bytes = x_bytes;
+    end.y = y;
+    end.z = z;
+    return end;
+  }
+  // The whole array from or into packed host bytes (rows of row_bytes(), row after row,
+  // slice after slice), synchronously, through a temporary device buffer of that size.
+  absl::Status Upload(absl::Span<const uint8_t> data) const;
+  absl::StatusOr<std::vector<uint8_t>> Download() const;
+  // Frees now; NOT_FOUND when already freed.
+  absl::Status Free();
+
+ private:
+  friend class Session;
+  absl::Status FreeWithin(absl::Duration timeout);
+  std::shared_ptr<internal::SessionCore> core_;
+  uint64_t id_ = 0;
+  v1::ArrayDescriptor descriptor_;
+  uint64_t charged_bytes_ = 0;
+  uint64_t row_bytes_ = 0;
 };
 
 // A stream of the session. Move-only; destroyed remotely on destruction.
@@ -661,6 +731,17 @@ class Session {
 
   // Memory.
   absl::StatusOr<Buffer> Allocate(uint64_t size_bytes) const;
+  // A CUDA array of `descriptor`'s shape (memory_service.proto: bounds, what it is charged).
+  absl::StatusOr<Array> AllocateArray(const v1::ArrayDescriptor& descriptor) const;
+  // Copies depth slices of height rows of width_bytes between two ends (arrays or pitched
+  // linear memory), stream ordered. Copy3D waits for it (and reports its error); Copy3DAsync
+  // queues it on the command stream, its error reported at the next synchronising call.
+  absl::Status Copy3D(const Copy3DEnd& dst, const Copy3DEnd& src, uint64_t width_bytes,
+                      uint64_t height = 1, uint64_t depth = 1,
+                      const Stream* stream = nullptr) const;
+  absl::Status Copy3DAsync(const Copy3DEnd& dst, const Copy3DEnd& src, uint64_t width_bytes,
+                           uint64_t height = 1, uint64_t depth = 1,
+                           const Stream* stream = nullptr) const;
   absl::StatusOr<MemInfo> GetMemInfo() const;
   absl::Status Upload(const DeviceRef& dst, absl::Span<const uint8_t> data,
                       const Stream* stream = nullptr) const;

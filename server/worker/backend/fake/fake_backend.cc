@@ -607,6 +607,49 @@ class DeviceState {
     return absl::OkStatus();
   }
 
+  // A 3D copy between two linear layouts (an array is an allocation laid out densely): `depth`
+  // slices of `height` rows of `width_bytes`, each end's rows `pitch` apart and slices `slice`
+  // apart. Not capturable (the session refuses it on a capturing stream first).
+  struct Layout {
+    DevicePtr address = 0;
+    uint64_t pitch = 0;
+    uint64_t slice = 0;
+  };
+  absl::Status Copy3D(const Layout& dst, const Layout& src, uint64_t width_bytes, uint64_t height,
+                      uint64_t depth, Stream* stream) ABSL_LOCKS_EXCLUDED(mu_) {
+    constexpr absl::string_view kCall = "cuMemcpy3DAsync";
+    absl::MutexLock lock(&mu_);
+    GPURPC_RETURN_IF_ERROR(StickyErrorLocked(kCall));
+    GPURPC_ASSIGN_OR_RETURN(const uint64_t queue, QueueOfLocked(kCall, stream));
+    if (width_bytes == 0 || height == 0 || depth == 0) return absl::OkStatus();
+    GPURPC_RETURN_IF_ERROR(MakeRoomLocked(kCall, queue, 0));
+    // Both ends' first and last rows lie in one allocation each (the rows between them
+    // then do too: an allocation is contiguous).
+    for (const Layout* end : {&dst, &src}) {
+      const uint64_t last = (depth - 1) * end->slice + (height - 1) * end->pitch;
+      GPURPC_RETURN_IF_ERROR(ResolveLocked(kCall, end->address, width_bytes).status());
+      GPURPC_RETURN_IF_ERROR(ResolveLocked(kCall, end->address + last, width_bytes).status());
+      if (FindLocked(end->address, last + width_bytes) == nullptr) {
+        return absl::InvalidArgumentError(
+            absl::StrCat(kCall, ": ", kInvalidValue, ": the copy's rows at ", Hex(end->address),
+                         " do not lie within one live fake allocation"));
+      }
+    }
+    Work work;
+    work.kind = WorkKind::kCopy3D;
+    work.dst = dst.address;
+    work.src = src.address;
+    work.size_bytes = width_bytes;
+    work.dst_pitch = dst.pitch;
+    work.dst_slice = dst.slice;
+    work.src_pitch = src.pitch;
+    work.src_slice = src.slice;
+    work.rows = height;
+    work.count = depth;
+    EnqueueLocked(queue, std::move(work));
+    return absl::OkStatus();
+  }
+
   // Checks the launch and enqueues it: the kernel runs, and may fault, on the stream's thread.
   absl::Status Launch(Function* function, const LaunchConfig& config,
                       absl::Span<const uint8_t> packed_args, Stream* stream)
@@ -919,6 +962,7 @@ class DeviceState {
     kDownload,
     kMemset,
     kCopy,
+    kCopy3D,
     kKernel,
     kRecord,
     kWait,
@@ -943,8 +987,14 @@ class DeviceState {
     void* host = nullptr;
     uint32_t value = 0;
     uint32_t element_size_bytes = 0;
-    // Memset's elements; a kernel's threads.
+    // Memset's elements; a kernel's threads; a 3D copy's slices.
     uint64_t count = 0;
+    // A 3D copy: rows per slice, and each end's row and slice pitch (size_bytes is a row).
+    uint64_t rows = 0;
+    uint64_t dst_pitch = 0;
+    uint64_t dst_slice = 0;
+    uint64_t src_pitch = 0;
+    uint64_t src_slice = 0;
     const BuiltinKernel* kernel = nullptr;
     uint64_t event = 0;
     // A graph launch's operations, replayed in order.
@@ -1197,6 +1247,23 @@ class DeviceState {
         }
         // CUDA leaves overlapping copies undefined; memmove gives them the obvious meaning.
         std::memmove(to, from, work.size_bytes);
+        return;
+      }
+      case WorkKind::kCopy3D: {
+        // The ends were checked when it was enqueued; the check is repeated row by row in
+        // case a free raced ahead (it cannot: Free waits for queued work).
+        for (uint64_t z = 0; z < work.count; ++z) {
+          for (uint64_t y = 0; y < work.rows; ++y) {
+            uint8_t* const to =
+                FindLocked(work.dst + z * work.dst_slice + y * work.dst_pitch, work.size_bytes);
+            const uint8_t* const from =
+                FindLocked(work.src + z * work.src_slice + y * work.src_pitch, work.size_bytes);
+            if (to == nullptr || from == nullptr) {
+              return PoisonLocked(kIllegalAddress, "a fake cuMemcpy3DAsync");
+            }
+            std::memmove(to, from, work.size_bytes);
+          }
+        }
         return;
       }
       case WorkKind::kKernel:
@@ -1503,6 +1570,26 @@ class FakeHostRegistration final : public HostRegistration {
   void* const host_;
 };
 
+// An array is a fake allocation laid out densely: rows of row_bytes, slices of rows().
+class FakeArray final : public Array {
+ public:
+  FakeArray(std::shared_ptr<DeviceState> state, const void* owner, DevicePtr base,
+            const ArrayShape& shape)
+      : state_(std::move(state)), owner_(owner), base_(base), shape_(shape) {}
+  // Like cuArrayDestroy after the work that uses it.
+  ~FakeArray() override { state_->Release(base_); }
+
+  const void* owner() const { return owner_; }
+  const ArrayShape& shape() const { return shape_; }
+  DevicePtr base() const { return base_; }
+
+ private:
+  const std::shared_ptr<DeviceState> state_;
+  const void* const owner_;
+  const DevicePtr base_;
+  const ArrayShape shape_;
+};
+
 class FakeContext final : public Context {
  public:
   explicit FakeContext(uint64_t total_memory_bytes, int ordinal = 0)
@@ -1540,6 +1627,26 @@ class FakeContext final : public Context {
   absl::Status CopyDeviceToDevice(DevicePtr dst, DevicePtr src, uint64_t size_bytes,
                                   Stream* stream) override {
     return state_->CopyDeviceToDevice(dst, src, size_bytes, stream);
+  }
+
+  absl::StatusOr<std::unique_ptr<Array>> CreateArray(const ArrayShape& shape) override {
+    constexpr absl::string_view kCall = "cuArray3DCreate";
+    if (shape.element_bytes == 0 || shape.width == 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(kCall, ": ", kInvalidValue, ": an array needs a width and an element size"));
+    }
+    // The shape was checked (each extent <= 2^20, elements <= 16 bytes): no overflow.
+    GPURPC_ASSIGN_OR_RETURN(
+        const DevicePtr base,
+        state_->Alloc(kCall, shape.row_bytes() * shape.rows() * shape.slices()));
+    return std::make_unique<FakeArray>(state_, this, base, shape);
+  }
+
+  absl::Status Copy3D(const Copy3DEnd& dst, const Copy3DEnd& src, uint64_t width_bytes,
+                      uint64_t height, uint64_t depth, Stream* stream) override {
+    GPURPC_ASSIGN_OR_RETURN(const DeviceState::Layout to, LayoutOf(dst));
+    GPURPC_ASSIGN_OR_RETURN(const DeviceState::Layout from, LayoutOf(src));
+    return state_->Copy3D(to, from, width_bytes, height, depth, stream);
   }
 
   absl::StatusOr<std::unique_ptr<HostRegistration>> RegisterHostMemory(
@@ -1874,6 +1981,23 @@ class FakeContext final : public Context {
   }
 
  private:
+  // Where an end's first byte is and how its rows and slices are spaced.
+  absl::StatusOr<DeviceState::Layout> LayoutOf(const Copy3DEnd& end) const {
+    if (end.array == nullptr) {
+      return DeviceState::Layout{end.address, end.pitch_bytes, end.pitch_bytes * end.height};
+    }
+    const auto* array = dynamic_cast<const FakeArray*>(end.array);
+    if (array == nullptr || array->owner() != this) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "cuMemcpy3DAsync: ", kInvalidHandle, ": the array was not created by this fake context"));
+    }
+    const ArrayShape& shape = array->shape();
+    const uint64_t pitch = shape.row_bytes();
+    const uint64_t slice = pitch * shape.rows();
+    return DeviceState::Layout{array->base() + end.z * slice + end.y * pitch + end.x_bytes, pitch,
+                               slice};
+  }
+
   absl::StatusOr<fake::FakeGraphExec*> OwnExec(absl::string_view call, GraphExec* exec) const {
     auto* fake = dynamic_cast<fake::FakeGraphExec*>(exec);
     if (fake == nullptr || fake->owner() != state_.get()) {

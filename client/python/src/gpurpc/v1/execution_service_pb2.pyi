@@ -255,6 +255,40 @@ class CopyCommand(_message.Message):
     stream_id: int
     def __init__(self, destination: _Optional[_Union[_common_pb2.DevicePointer, _Mapping]] = ..., source: _Optional[_Union[_common_pb2.DevicePointer, _Mapping]] = ..., size_bytes: _Optional[int] = ..., stream_id: _Optional[int] = ...) -> None: ...
 
+class Copy3DEndpoint(_message.Message):
+    __slots__ = ("array_id", "device", "pitch_bytes", "height", "x_bytes", "y", "z")
+    ARRAY_ID_FIELD_NUMBER: _ClassVar[int]
+    DEVICE_FIELD_NUMBER: _ClassVar[int]
+    PITCH_BYTES_FIELD_NUMBER: _ClassVar[int]
+    HEIGHT_FIELD_NUMBER: _ClassVar[int]
+    X_BYTES_FIELD_NUMBER: _ClassVar[int]
+    Y_FIELD_NUMBER: _ClassVar[int]
+    Z_FIELD_NUMBER: _ClassVar[int]
+    array_id: int
+    device: _common_pb2.DevicePointer
+    pitch_bytes: int
+    height: int
+    x_bytes: int
+    y: int
+    z: int
+    def __init__(self, array_id: _Optional[int] = ..., device: _Optional[_Union[_common_pb2.DevicePointer, _Mapping]] = ..., pitch_bytes: _Optional[int] = ..., height: _Optional[int] = ..., x_bytes: _Optional[int] = ..., y: _Optional[int] = ..., z: _Optional[int] = ...) -> None: ...
+
+class Copy3DCommand(_message.Message):
+    __slots__ = ("destination", "source", "width_bytes", "height", "depth", "stream_id")
+    DESTINATION_FIELD_NUMBER: _ClassVar[int]
+    SOURCE_FIELD_NUMBER: _ClassVar[int]
+    WIDTH_BYTES_FIELD_NUMBER: _ClassVar[int]
+    HEIGHT_FIELD_NUMBER: _ClassVar[int]
+    DEPTH_FIELD_NUMBER: _ClassVar[int]
+    STREAM_ID_FIELD_NUMBER: _ClassVar[int]
+    destination: Copy3DEndpoint
+    source: Copy3DEndpoint
+    width_bytes: int
+    height: int
+    depth: int
+    stream_id: int
+    def __init__(self, destination: _Optional[_Union[Copy3DEndpoint, _Mapping]] = ..., source: _Optional[_Union[Copy3DEndpoint, _Mapping]] = ..., width_bytes: _Optional[int] = ..., height: _Optional[int] = ..., depth: _Optional[int] = ..., stream_id: _Optional[int] = ...) -> None: ...
+
 class UploadCommand(_message.Message):
     __slots__ = ("destination", "data", "stream_id")
     DESTINATION_FIELD_NUMBER: _ClassVar[int]
@@ -316,7 +350,7 @@ class RegionCopyCommand(_message.Message):
     def __init__(self, region_id: _Optional[int] = ..., region_offset_bytes: _Optional[int] = ..., device: _Optional[_Union[_common_pb2.DevicePointer, _Mapping]] = ..., size_bytes: _Optional[int] = ..., to_device: bool = ..., stream_id: _Optional[int] = ...) -> None: ...
 
 class Command(_message.Message):
-    __slots__ = ("sequence", "launch", "memset", "copy", "upload", "download", "record_event", "wait_event", "sync", "region_copy", "launch_graph")
+    __slots__ = ("sequence", "launch", "memset", "copy", "upload", "download", "record_event", "wait_event", "sync", "region_copy", "launch_graph", "copy_3d")
     SEQUENCE_FIELD_NUMBER: _ClassVar[int]
     LAUNCH_FIELD_NUMBER: _ClassVar[int]
     MEMSET_FIELD_NUMBER: _ClassVar[int]
@@ -328,6 +362,7 @@ class Command(_message.Message):
     SYNC_FIELD_NUMBER: _ClassVar[int]
     REGION_COPY_FIELD_NUMBER: _ClassVar[int]
     LAUNCH_GRAPH_FIELD_NUMBER: _ClassVar[int]
+    COPY_3D_FIELD_NUMBER: _ClassVar[int]
     sequence: int
     launch: LaunchCommand
     memset: MemsetCommand
@@ -339,7 +374,8 @@ class Command(_message.Message):
     sync: SyncCommand
     region_copy: RegionCopyCommand
     launch_graph: LaunchGraphCommand
-    def __init__(self, sequence: _Optional[int] = ..., launch: _Optional[_Union[LaunchCommand, _Mapping]] = ..., memset: _Optional[_Union[MemsetCommand, _Mapping]] = ..., copy: _Optional[_Union[CopyCommand, _Mapping]] = ..., upload: _Optional[_Union[UploadCommand, _Mapping]] = ..., download: _Optional[_Union[DownloadCommand, _Mapping]] = ..., record_event: _Optional[_Union[RecordEventCommand, _Mapping]] = ..., wait_event: _Optional[_Union[WaitEventCommand, _Mapping]] = ..., sync: _Optional[_Union[SyncCommand, _Mapping]] = ..., region_copy: _Optional[_Union[RegionCopyCommand, _Mapping]] = ..., launch_graph: _Optional[_Union[LaunchGraphCommand, _Mapping]] = ...) -> None: ...
+    copy_3d: Copy3DCommand
+    def __init__(self, sequence: _Optional[int] = ..., launch: _Optional[_Union[LaunchCommand, _Mapping]] = ..., memset: _Optional[_Union[MemsetCommand, _Mapping]] = ..., copy: _Optional[_Union[CopyCommand, _Mapping]] = ..., upload: _Optional[_Union[UploadCommand, _Mapping]] = ..., download: _Optional[_Union[DownloadCommand, _Mapping]] = ..., record_event: _Optional[_Union[RecordEventCommand, _Mapping]] = ..., wait_event: _Optional[_Union[WaitEventCommand, _Mapping]] = ..., sync: _Optional[_Union[SyncCommand, _Mapping]] = ..., region_copy: _Optional[_Union[RegionCopyCommand, _Mapping]] = ..., launch_graph: _Optional[_Union[LaunchGraphCommand, _Mapping]] = ..., copy_3d: _Optional[_Union[Copy3DCommand, _Mapping]] = ...) -> None: ...
 
 class CommandBatch(_message.Message):
     __slots__ = ("commands",)

@@ -15,49 +15,53 @@ _sym_db = _symbol_database.Default()
 from gpurpc.v1 import common_pb2 as gpurpc_dot_v1_dot_common__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1egpurpc/v1/memory_service.proto\x12\tgpurpc.v1\x1a\x16gpurpc/v1/common.proto\"%\n\x0f\x41llocateRequest\x12\x12\n\nsize_bytes\x18\x01 \x01(\x04\"K\n\nBufferInfo\x12\x11\n\tbuffer_id\x18\x01 \x01(\x04\x12\x16\n\x0e\x64\x65vice_address\x18\x02 \x01(\x04\x12\x12\n\nsize_bytes\x18\x03 \x01(\x04\"9\n\x10\x41llocateResponse\x12%\n\x06\x62uffer\x18\x01 \x01(\x0b\x32\x15.gpurpc.v1.BufferInfo\" \n\x0b\x46reeRequest\x12\x11\n\tbuffer_id\x18\x01 \x01(\x04\"\x0e\n\x0c\x46reeResponse\"O\n\x14GetAllocationRequest\x12\x13\n\tbuffer_id\x18\x01 \x01(\x04H\x00\x12\x18\n\x0e\x64\x65vice_address\x18\x02 \x01(\x04H\x00\x42\x08\n\x06target\">\n\x15GetAllocationResponse\x12%\n\x06\x62uffer\x18\x01 \x01(\x0b\x32\x15.gpurpc.v1.BufferInfo\"\x13\n\x11GetMemInfoRequest\"=\n\x12GetMemInfoResponse\x12\x12\n\nfree_bytes\x18\x01 \x01(\x04\x12\x13\n\x0btotal_bytes\x18\x02 \x01(\x04\"_\n\rUploadRequest\x12-\n\x0b\x64\x65stination\x18\x01 \x01(\x0b\x32\x18.gpurpc.v1.DevicePointer\x12\x0c\n\x04\x64\x61ta\x18\x02 \x01(\x0c\x12\x11\n\tstream_id\x18\x03 \x01(\x04\"\'\n\x0eUploadResponse\x12\x15\n\rbytes_written\x18\x01 \x01(\x04\"\x7f\n\x13UploadStreamRequest\x12-\n\x0b\x64\x65stination\x18\x01 \x01(\x0b\x32\x18.gpurpc.v1.DevicePointer\x12\x18\n\x10total_size_bytes\x18\x02 \x01(\x04\x12\x11\n\tstream_id\x18\x03 \x01(\x04\x12\x0c\n\x04\x64\x61ta\x18\x04 \x01(\x0c\"|\n\x0f\x44ownloadRequest\x12(\n\x06source\x18\x01 \x01(\x0b\x32\x18.gpurpc.v1.DevicePointer\x12\x12\n\nsize_bytes\x18\x02 \x01(\x04\x12\x11\n\tstream_id\x18\x03 \x01(\x04\x12\x18\n\x10\x63hunk_size_bytes\x18\x04 \x01(\x04\" \n\x10\x44ownloadResponse\x12\x0c\n\x04\x64\x61ta\x18\x01 \x01(\x0c\"\x8b\x01\n\rMemsetRequest\x12-\n\x0b\x64\x65stination\x18\x01 \x01(\x0b\x32\x18.gpurpc.v1.DevicePointer\x12\r\n\x05value\x18\x02 \x01(\r\x12\x1a\n\x12\x65lement_size_bytes\x18\x03 \x01(\r\x12\r\n\x05\x63ount\x18\x04 \x01(\x04\x12\x11\n\tstream_id\x18\x05 \x01(\x04\"\x10\n\x0eMemsetResponse\"\x9b\x01\n\x19\x43opyDeviceToDeviceRequest\x12-\n\x0b\x64\x65stination\x18\x01 \x01(\x0b\x32\x18.gpurpc.v1.DevicePointer\x12(\n\x06source\x18\x02 \x01(\x0b\x32\x18.gpurpc.v1.DevicePointer\x12\x12\n\nsize_bytes\x18\x03 \x01(\x04\x12\x11\n\tstream_id\x18\x04 \x01(\x04\"\x1c\n\x1a\x43opyDeviceToDeviceResponse2\xec\x05\n\rMemoryService\x12\x43\n\x08\x41llocate\x12\x1a.gpurpc.v1.AllocateRequest\x1a\x1b.gpurpc.v1.AllocateResponse\x12\x37\n\x04\x46ree\x12\x16.gpurpc.v1.FreeRequest\x1a\x17.gpurpc.v1.FreeResponse\x12R\n\rGetAllocation\x12\x1f.gpurpc.v1.GetAllocationRequest\x1a .gpurpc.v1.GetAllocationResponse\x12I\n\nGetMemInfo\x12\x1c.gpurpc.v1.GetMemInfoRequest\x1a\x1d.gpurpc.v1.GetMemInfoResponse\x12=\n\x06Upload\x12\x18.gpurpc.v1.UploadRequest\x1a\x19.gpurpc.v1.UploadResponse\x12K\n\x0cUploadStream\x12\x1e.gpurpc.v1.UploadStreamRequest\x1a\x19.gpurpc.v1.UploadResponse(\x01\x12\x43\n\x08\x44ownload\x12\x1a.gpurpc.v1.DownloadRequest\x1a\x1b.gpurpc.v1.DownloadResponse\x12K\n\x0e\x44ownloadStream\x12\x1a.gpurpc.v1.DownloadRequest\x1a\x1b.gpurpc.v1.DownloadResponse0\x01\x12=\n\x06Memset\x12\x18.gpurpc.v1.MemsetRequest\x1a\x19.gpurpc.v1.MemsetResponse\x12\x61\n\x12\x43opyDeviceToDevice\x12$.gpurpc.v1.CopyDeviceToDeviceRequest\x1a%.gpurpc.v1.CopyDeviceToDeviceResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1egpurpc/v1/memory_service.proto\x12\tgpurpc.v1\x1a\x16gpurpc/v1/common.proto\"P\n\x0f\x41llocateRequest\x12\x12\n\nsize_bytes\x18\x01 \x01(\x04\x12)\n\x05\x61rray\x18\x02 \x01(\x0b\x32\x1a.gpurpc.v1.ArrayDescriptor\"\x8c\x01\n\x0f\x41rrayDescriptor\x12\r\n\x05width\x18\x01 \x01(\x04\x12\x0e\n\x06height\x18\x02 \x01(\x04\x12\r\n\x05\x64\x65pth\x18\x03 \x01(\x04\x12&\n\x06\x66ormat\x18\x04 \x01(\x0e\x32\x16.gpurpc.v1.ArrayFormat\x12\x14\n\x0cnum_channels\x18\x05 \x01(\r\x12\r\n\x05\x66lags\x18\x06 \x01(\r\"v\n\nBufferInfo\x12\x11\n\tbuffer_id\x18\x01 \x01(\x04\x12\x16\n\x0e\x64\x65vice_address\x18\x02 \x01(\x04\x12\x12\n\nsize_bytes\x18\x03 \x01(\x04\x12)\n\x05\x61rray\x18\x04 \x01(\x0b\x32\x1a.gpurpc.v1.ArrayDescriptor\"9\n\x10\x41llocateResponse\x12%\n\x06\x62uffer\x18\x01 \x01(\x0b\x32\x15.gpurpc.v1.BufferInfo\" \n\x0b\x46reeRequest\x12\x11\n\tbuffer_id\x18\x01 \x01(\x04\"\x0e\n\x0c\x46reeResponse\"O\n\x14GetAllocationRequest\x12\x13\n\tbuffer_id\x18\x01 \x01(\x04H\x00\x12\x18\n\x0e\x64\x65vice_address\x18\x02 \x01(\x04H\x00\x42\x08\n\x06target\">\n\x15GetAllocationResponse\x12%\n\x06\x62uffer\x18\x01 \x01(\x0b\x32\x15.gpurpc.v1.BufferInfo\"\x13\n\x11GetMemInfoRequest\"=\n\x12GetMemInfoResponse\x12\x12\n\nfree_bytes\x18\x01 \x01(\x04\x12\x13\n\x0btotal_bytes\x18\x02 \x01(\x04\"_\n\rUploadRequest\x12-\n\x0b\x64\x65stination\x18\x01 \x01(\x0b\x32\x18.gpurpc.v1.DevicePointer\x12\x0c\n\x04\x64\x61ta\x18\x02 \x01(\x0c\x12\x11\n\tstream_id\x18\x03 \x01(\x04\"\'\n\x0eUploadResponse\x12\x15\n\rbytes_written\x18\x01 \x01(\x04\"\x7f\n\x13UploadStreamRequest\x12-\n\x0b\x64\x65stination\x18\x01 \x01(\x0b\x32\x18.gpurpc.v1.DevicePointer\x12\x18\n\x10total_size_bytes\x18\x02 \x01(\x04\x12\x11\n\tstream_id\x18\x03 \x01(\x04\x12\x0c\n\x04\x64\x61ta\x18\x04 \x01(\x0c\"|\n\x0f\x44ownloadRequest\x12(\n\x06source\x18\x01 \x01(\x0b\x32\x18.gpurpc.v1.DevicePointer\x12\x12\n\nsize_bytes\x18\x02 \x01(\x04\x12\x11\n\tstream_id\x18\x03 \x01(\x04\x12\x18\n\x10\x63hunk_size_bytes\x18\x04 \x01(\x04\" \n\x10\x44ownloadResponse\x12\x0c\n\x04\x64\x61ta\x18\x01 \x01(\x0c\"\x8b\x01\n\rMemsetRequest\x12-\n\x0b\x64\x65stination\x18\x01 \x01(\x0b\x32\x18.gpurpc.v1.DevicePointer\x12\r\n\x05value\x18\x02 \x01(\r\x12\x1a\n\x12\x65lement_size_bytes\x18\x03 \x01(\r\x12\r\n\x05\x63ount\x18\x04 \x01(\x04\x12\x11\n\tstream_id\x18\x05 \x01(\x04\"\x10\n\x0eMemsetResponse\"\x9b\x01\n\x19\x43opyDeviceToDeviceRequest\x12-\n\x0b\x64\x65stination\x18\x01 \x01(\x0b\x32\x18.gpurpc.v1.DevicePointer\x12(\n\x06source\x18\x02 \x01(\x0b\x32\x18.gpurpc.v1.DevicePointer\x12\x12\n\nsize_bytes\x18\x03 \x01(\x04\x12\x11\n\tstream_id\x18\x04 \x01(\x04\"\x1c\n\x1a\x43opyDeviceToDeviceResponse*\x98\x02\n\x0b\x41rrayFormat\x12\x1c\n\x18\x41RRAY_FORMAT_UNSPECIFIED\x10\x00\x12\x1e\n\x1a\x41RRAY_FORMAT_UNSIGNED_INT8\x10\x01\x12\x1f\n\x1b\x41RRAY_FORMAT_UNSIGNED_INT16\x10\x02\x12\x1f\n\x1b\x41RRAY_FORMAT_UNSIGNED_INT32\x10\x03\x12\x1c\n\x18\x41RRAY_FORMAT_SIGNED_INT8\x10\x08\x12\x1d\n\x19\x41RRAY_FORMAT_SIGNED_INT16\x10\t\x12\x1d\n\x19\x41RRAY_FORMAT_SIGNED_INT32\x10\n\x12\x15\n\x11\x41RRAY_FORMAT_HALF\x10\x10\x12\x16\n\x12\x41RRAY_FORMAT_FLOAT\x10 2\xec\x05\n\rMemoryService\x12\x43\n\x08\x41llocate\x12\x1a.gpurpc.v1.AllocateRequest\x1a\x1b.gpurpc.v1.AllocateResponse\x12\x37\n\x04\x46ree\x12\x16.gpurpc.v1.FreeRequest\x1a\x17.gpurpc.v1.FreeResponse\x12R\n\rGetAllocation\x12\x1f.gpurpc.v1.GetAllocationRequest\x1a .gpurpc.v1.GetAllocationResponse\x12I\n\nGetMemInfo\x12\x1c.gpurpc.v1.GetMemInfoRequest\x1a\x1d.gpurpc.v1.GetMemInfoResponse\x12=\n\x06Upload\x12\x18.gpurpc.v1.UploadRequest\x1a\x19.gpurpc.v1.UploadResponse\x12K\n\x0cUploadStream\x12\x1e.gpurpc.v1.UploadStreamRequest\x1a\x19.gpurpc.v1.UploadResponse(\x01\x12\x43\n\x08\x44ownload\x12\x1a.gpurpc.v1.DownloadRequest\x1a\x1b.gpurpc.v1.DownloadResponse\x12K\n\x0e\x44ownloadStream\x12\x1a.gpurpc.v1.DownloadRequest\x1a\x1b.gpurpc.v1.DownloadResponse0\x01\x12=\n\x06Memset\x12\x18.gpurpc.v1.MemsetRequest\x1a\x19.gpurpc.v1.MemsetResponse\x12\x61\n\x12\x43opyDeviceToDevice\x12$.gpurpc.v1.CopyDeviceToDeviceRequest\x1a%.gpurpc.v1.CopyDeviceToDeviceResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'gpurpc.v1.memory_service_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
+  _globals['_ARRAYFORMAT']._serialized_start=1528
+  _globals['_ARRAYFORMAT']._serialized_end=1808
   _globals['_ALLOCATEREQUEST']._serialized_start=69
-  _globals['_ALLOCATEREQUEST']._serialized_end=106
-  _globals['_BUFFERINFO']._serialized_start=108
-  _globals['_BUFFERINFO']._serialized_end=183
-  _globals['_ALLOCATERESPONSE']._serialized_start=185
-  _globals['_ALLOCATERESPONSE']._serialized_end=242
-  _globals['_FREEREQUEST']._serialized_start=244
-  _globals['_FREEREQUEST']._serialized_end=276
-  _globals['_FREERESPONSE']._serialized_start=278
-  _globals['_FREERESPONSE']._serialized_end=292
-  _globals['_GETALLOCATIONREQUEST']._serialized_start=294
-  _globals['_GETALLOCATIONREQUEST']._serialized_end=373
-  _globals['_GETALLOCATIONRESPONSE']._serialized_start=375
-  _globals['_GETALLOCATIONRESPONSE']._serialized_end=437
-  _globals['_GETMEMINFOREQUEST']._serialized_start=439
-  _globals['_GETMEMINFOREQUEST']._serialized_end=458
-  _globals['_GETMEMINFORESPONSE']._serialized_start=460
-  _globals['_GETMEMINFORESPONSE']._serialized_end=521
-  _globals['_UPLOADREQUEST']._serialized_start=523
-  _globals['_UPLOADREQUEST']._serialized_end=618
-  _globals['_UPLOADRESPONSE']._serialized_start=620
-  _globals['_UPLOADRESPONSE']._serialized_end=659
-  _globals['_UPLOADSTREAMREQUEST']._serialized_start=661
-  _globals['_UPLOADSTREAMREQUEST']._serialized_end=788
-  _globals['_DOWNLOADREQUEST']._serialized_start=790
-  _globals['_DOWNLOADREQUEST']._serialized_end=914
-  _globals['_DOWNLOADRESPONSE']._serialized_start=916
-  _globals['_DOWNLOADRESPONSE']._serialized_end=948
-  _globals['_MEMSETREQUEST']._serialized_start=951
-  _globals['_MEMSETREQUEST']._serialized_end=1090
-  _globals['_MEMSETRESPONSE']._serialized_start=1092
-  _globals['_MEMSETRESPONSE']._serialized_end=1108
-  _globals['_COPYDEVICETODEVICEREQUEST']._serialized_start=1111
-  _globals['_COPYDEVICETODEVICEREQUEST']._serialized_end=1266
-  _globals['_COPYDEVICETODEVICERESPONSE']._serialized_start=1268
-  _globals['_COPYDEVICETODEVICERESPONSE']._serialized_end=1296
-  _globals['_MEMORYSERVICE']._serialized_start=1299
-  _globals['_MEMORYSERVICE']._serialized_end=2047
+  _globals['_ALLOCATEREQUEST']._serialized_end=149
+  _globals['_ARRAYDESCRIPTOR']._serialized_start=152
+  _globals['_ARRAYDESCRIPTOR']._serialized_end=292
+  _globals['_BUFFERINFO']._serialized_start=294
+  _globals['_BUFFERINFO']._serialized_end=412
+  _globals['_ALLOCATERESPONSE']._serialized_start=414
+  _globals['_ALLOCATERESPONSE']._serialized_end=471
+  _globals['_FREEREQUEST']._serialized_start=473
+  _globals['_FREEREQUEST']._serialized_end=505
+  _globals['_FREERESPONSE']._serialized_start=507
+  _globals['_FREERESPONSE']._serialized_end=521
+  _globals['_GETALLOCATIONREQUEST']._serialized_start=523
+  _globals['_GETALLOCATIONREQUEST']._serialized_end=602
+  _globals['_GETALLOCATIONRESPONSE']._serialized_start=604
+  _globals['_GETALLOCATIONRESPONSE']._serialized_end=666
+  _globals['_GETMEMINFOREQUEST']._serialized_start=668
+  _globals['_GETMEMINFOREQUEST']._serialized_end=687
+  _globals['_GETMEMINFORESPONSE']._serialized_start=689
+  _globals['_GETMEMINFORESPONSE']._serialized_end=750
+  _globals['_UPLOADREQUEST']._serialized_start=752
+  _globals['_UPLOADREQUEST']._serialized_end=847
+  _globals['_UPLOADRESPONSE']._serialized_start=849
+  _globals['_UPLOADRESPONSE']._serialized_end=888
+  _globals['_UPLOADSTREAMREQUEST']._serialized_start=890
+  _globals['_UPLOADSTREAMREQUEST']._serialized_end=1017
+  _globals['_DOWNLOADREQUEST']._serialized_start=1019
+  _globals['_DOWNLOADREQUEST']._serialized_end=1143
+  _globals['_DOWNLOADRESPONSE']._serialized_start=1145
+  _globals['_DOWNLOADRESPONSE']._serialized_end=1177
+  _globals['_MEMSETREQUEST']._serialized_start=1180
+  _globals['_MEMSETREQUEST']._serialized_end=1319
+  _globals['_MEMSETRESPONSE']._serialized_start=1321
+  _globals['_MEMSETRESPONSE']._serialized_end=1337
+  _globals['_COPYDEVICETODEVICEREQUEST']._serialized_start=1340
+  _globals['_COPYDEVICETODEVICEREQUEST']._serialized_end=1495
+  _globals['_COPYDEVICETODEVICERESPONSE']._serialized_start=1497
+  _globals['_COPYDEVICETODEVICERESPONSE']._serialized_end=1525
+  _globals['_MEMORYSERVICE']._serialized_start=1811
+  _globals['_MEMORYSERVICE']._serialized_end=2559
 # @@protoc_insertion_point(module_scope)

@@ -1,25 +1,67 @@
 from gpurpc.v1 import common_pb2 as _common_pb2
+from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
 from google.protobuf import descriptor as _descriptor
 from google.protobuf import message as _message
 from typing import ClassVar as _ClassVar, Mapping as _Mapping, Optional as _Optional, Union as _Union
 
 DESCRIPTOR: _descriptor.FileDescriptor
 
+class ArrayFormat(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    ARRAY_FORMAT_UNSPECIFIED: _ClassVar[ArrayFormat]
+    ARRAY_FORMAT_UNSIGNED_INT8: _ClassVar[ArrayFormat]
+    ARRAY_FORMAT_UNSIGNED_INT16: _ClassVar[ArrayFormat]
+    ARRAY_FORMAT_UNSIGNED_INT32: _ClassVar[ArrayFormat]
+    ARRAY_FORMAT_SIGNED_INT8: _ClassVar[ArrayFormat]
+    ARRAY_FORMAT_SIGNED_INT16: _ClassVar[ArrayFormat]
+    ARRAY_FORMAT_SIGNED_INT32: _ClassVar[ArrayFormat]
+    ARRAY_FORMAT_HALF: _ClassVar[ArrayFormat]
+    ARRAY_FORMAT_FLOAT: _ClassVar[ArrayFormat]
+ARRAY_FORMAT_UNSPECIFIED: ArrayFormat
+ARRAY_FORMAT_UNSIGNED_INT8: ArrayFormat
+ARRAY_FORMAT_UNSIGNED_INT16: ArrayFormat
+ARRAY_FORMAT_UNSIGNED_INT32: ArrayFormat
+ARRAY_FORMAT_SIGNED_INT8: ArrayFormat
+ARRAY_FORMAT_SIGNED_INT16: ArrayFormat
+ARRAY_FORMAT_SIGNED_INT32: ArrayFormat
+ARRAY_FORMAT_HALF: ArrayFormat
+ARRAY_FORMAT_FLOAT: ArrayFormat
+
 class AllocateRequest(_message.Message):
-    __slots__ = ("size_bytes",)
+    __slots__ = ("size_bytes", "array")
     SIZE_BYTES_FIELD_NUMBER: _ClassVar[int]
+    ARRAY_FIELD_NUMBER: _ClassVar[int]
     size_bytes: int
-    def __init__(self, size_bytes: _Optional[int] = ...) -> None: ...
+    array: ArrayDescriptor
+    def __init__(self, size_bytes: _Optional[int] = ..., array: _Optional[_Union[ArrayDescriptor, _Mapping]] = ...) -> None: ...
+
+class ArrayDescriptor(_message.Message):
+    __slots__ = ("width", "height", "depth", "format", "num_channels", "flags")
+    WIDTH_FIELD_NUMBER: _ClassVar[int]
+    HEIGHT_FIELD_NUMBER: _ClassVar[int]
+    DEPTH_FIELD_NUMBER: _ClassVar[int]
+    FORMAT_FIELD_NUMBER: _ClassVar[int]
+    NUM_CHANNELS_FIELD_NUMBER: _ClassVar[int]
+    FLAGS_FIELD_NUMBER: _ClassVar[int]
+    width: int
+    height: int
+    depth: int
+    format: ArrayFormat
+    num_channels: int
+    flags: int
+    def __init__(self, width: _Optional[int] = ..., height: _Optional[int] = ..., depth: _Optional[int] = ..., format: _Optional[_Union[ArrayFormat, str]] = ..., num_channels: _Optional[int] = ..., flags: _Optional[int] = ...) -> None: ...
 
 class BufferInfo(_message.Message):
-    __slots__ = ("buffer_id", "device_address", "size_bytes")
+    __slots__ = ("buffer_id", "device_address", "size_bytes", "array")
     BUFFER_ID_FIELD_NUMBER: _ClassVar[int]
     DEVICE_ADDRESS_FIELD_NUMBER: _ClassVar[int]
     SIZE_BYTES_FIELD_NUMBER: _ClassVar[int]
+    ARRAY_FIELD_NUMBER: _ClassVar[int]
     buffer_id: int
     device_address: int
     size_bytes: int
-    def __init__(self, buffer_id: _Optional[int] = ..., device_address: _Optional[int] = ..., size_bytes: _Optional[int] = ...) -> None: ...
+    array: ArrayDescriptor
+    def __init__(self, buffer_id: _Optional[int] = ..., device_address: _Optional[int] = ..., size_bytes: _Optional[int] = ..., array: _Optional[_Union[ArrayDescriptor, _Mapping]] = ...) -> None: ...
 
 class AllocateResponse(_message.Message):
     __slots__ = ("buffer",)

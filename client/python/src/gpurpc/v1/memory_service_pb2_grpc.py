@@ -107,9 +107,14 @@ class MemoryServiceServicer(object):
     """
 
     def Allocate(self, request, context):
-        """Allocates device memory.
-        Codes: OK; INVALID_ARGUMENT for size 0; RESOURCE_EXHAUSTED when the device (or the
-        session's quota) has not enough free memory — the session stays usable.
+        """Allocates device memory: linear memory of size_bytes, or a CUDA array (cuArray3DCreate)
+        when `array` is set. An array is opaque device memory laid out for texture hardware:
+        kernels cannot address it; Copy3DCommand copies into and out of it. Its BufferInfo has
+        device_address 0 and size_bytes = what it is charged (ArrayDescriptor says how much).
+        Codes: OK; INVALID_ARGUMENT for size 0, for size_bytes set together with an array, and
+        for an array descriptor outside the bounds ArrayDescriptor states; RESOURCE_EXHAUSTED
+        when the device (or the session's quota) has not enough free memory — the session stays
+        usable.
         Retry: not idempotent (a retry after a lost response allocates twice).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
@@ -117,7 +122,7 @@ class MemoryServiceServicer(object):
         raise NotImplementedError('Method not implemented!')
 
     def Free(self, request, context):
-        """Frees a buffer. Work already queued that uses it completes first.
+        """Frees a buffer or an array. Work already queued that uses it completes first.
         Codes: OK; NOT_FOUND for an unknown or already freed buffer.
         Retry: safe; a retry after success answers NOT_FOUND.
         """

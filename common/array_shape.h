@@ -1,0 +1,99 @@
+// CUDA array shapes (MemoryService.Allocate with an ArrayDescriptor, memory_service.proto):
+// the checks and the device-memory charge that the front end (to reserve the tenant's quota
+// before the worker creates anything) and the worker (to refuse and to report) both apply.
+// Plain integers, so that no side needs the other's types.
+#ifndef GPURPC_COMMON_ARRAY_SHAPE_H_
+#define GPURPC_COMMON_ARRAY_SHAPE_H_
+
+#include <cstdint>
+
+#include "absl/status/statusor.h"
+#include "absl/strings/str_format.h"
+
+namespace gpurpc {
+
+// Each of width, height and depth is at most this (devices allow less; the driver refuses
+// beyond the device's maxima).
+inline constexpr uint64_t kMaxArrayExtent = uint64_t{1} << 20;
+// CUDA_ARRAY3D_LAYERED | SURFACE_LDST | CUBEMAP | TEXTURE_GATHER.
+inline constexpr uint32_t kArrayFlagsAllowed = 0x1 | 0x2 | 0x4 | 0x8;
+// Copy3DCommand's largest linear pitch and slice height (the driver's maximum pitch).
+inline constexpr uint64_t kMaxCopy3DPitchBytes = (uint64_t{1} << 31) - 1;
+// The charge's padding: rows to the texture pitch alignment, rows per slice to a tile.
+inline constexpr uint64_t kArrayRowAlignBytes = 512;
+inline constexpr uint64_t kArrayRowsPerTile = 32;
+
+// Bytes of one element of `format` (a CUarray_format value) with `channels` channels;
+// INVALID_ARGUMENT naming the bad field.
+inline absl::StatusOr<uint32_t> ArrayElementBytes(int format, uint32_t channels) {
+  uint32_t bytes = 0;
+  switch (format) {
+    case 1:  // UNSIGNED_INT8
+    case 8:  // SIGNED_INT8
+      bytes = 1;
+      break;
+    case 2:   // UNSIGNED_INT16
+    case 9:   // SIGNED_INT16
+    case 16:  // HALF
+      bytes = 2;
+      break;
+    case 3:   // UNSIGNED_INT32
+    case 10:  // SIGNED_INT32
+    case 32:  // FLOAT
+      bytes = 4;
+      break;
+    default:
+      return absl::InvalidArgumentError(absl::StrFormat(
+          "array format %d is not an ArrayFormat (1, 2, 3 = UNSIGNED_INT8/16/32, 8, 9, 10 = "
+          "SIGNED_INT8/16/32, 16 = HALF, 32 = FLOAT)",
+          format));
+  }
+  if (channels != 1 && channels != 2 && channels != 4) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("array num_channels must be 1, 2 or 4, got %d", channels));
+  }
+  return bytes * channels;
+}
+
+// Checks a descriptor and returns the device memory it is charged: rows of width * element
+// bytes rounded up to kArrayRowAlignBytes, times max(height, 1) rounded up to
+// kArrayRowsPerTile, times max(depth, 1). At most 2^20 * 2^9 * 2^20 * 2^20 bytes in theory;
+// the sums below cannot overflow because each factor is bounded first.
+inline absl::StatusOr<uint64_t> ArrayChargeBytes(uint64_t width, uint64_t height, uint64_t depth,
+                                                 int format, uint32_t channels, uint32_t flags) {
+  absl::StatusOr<uint32_t> element = ArrayElementBytes(format, channels);
+  if (!element.ok()) return element.status();
+  if (width == 0 || width > kMaxArrayExtent || height > kMaxArrayExtent ||
+      depth > kMaxArrayExtent) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("array shape %dx%dx%d: width must be 1..%d, height and depth 0..%d", width,
+                        height, depth, kMaxArrayExtent, kMaxArrayExtent));
+  }
+  if (depth > 0 && height == 0) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("array shape %dx%dx%d: a 3D array needs a height", width, height, depth));
+  }
+  if ((flags & ~kArrayFlagsAllowed) != 0) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("array flags 0x%x: only LAYERED (1), SURFACE_LDST (2), CUBEMAP (4) and "
+                        "TEXTURE_GATHER (8) are served",
+                        flags));
+  }
+  const uint64_t row =
+      (width * *element + kArrayRowAlignBytes - 1) / kArrayRowAlignBytes * kArrayRowAlignBytes;
+  const uint64_t rows =
+      ((height == 0 ? 1 : height) + kArrayRowsPerTile - 1) / kArrayRowsPerTile * kArrayRowsPerTile;
+  const uint64_t slices = depth == 0 ? 1 : depth;
+  // row <= 2^20 * 16 = 2^24, rows <= 2^20 + 32: row * rows < 2^45; times slices <= 2^20 can
+  // reach 2^65, so bound it.
+  const uint64_t slice_bytes = row * rows;
+  if (slices > (uint64_t{1} << 62) / slice_bytes) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("array shape %dx%dx%d is larger than any device", width, height, depth));
+  }
+  return slice_bytes * slices;
+}
+
+}  // namespace gpurpc
+
+#endif  // GPURPC_COMMON_ARRAY_SHAPE_H_
