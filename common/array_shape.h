@@ -56,8 +56,8 @@ inline absl::StatusOr<uint32_t> ArrayElementBytes(int format, uint32_t channels)
 }
 
 // Checks a descriptor and returns the device memory it is charged: rows of width * element
-// bytes rounded up to kArrayRowAlignBytes, times max(height, 1) rounded up to
-// kArrayRowsPerTile, times max(depth, 1). At most 2^20 * 2^9 * 2^20 * 2^20 bytes in theory;
+// bytes rounded up to kArrayRowAlignBytes, times the height rounded up to kArrayRowsPerTile
+// (1 for a 1D array), times max(depth, 1). At most 2^20 * 2^9 * 2^20 * 2^20 bytes in theory;
 // the sums below cannot overflow because each factor is bounded first.
 inline absl::StatusOr<uint64_t> ArrayChargeBytes(uint64_t width, uint64_t height, uint64_t depth,
                                                  int format, uint32_t channels, uint32_t flags) {
@@ -69,20 +69,42 @@ inline absl::StatusOr<uint64_t> ArrayChargeBytes(uint64_t width, uint64_t height
         absl::StrFormat("array shape %dx%dx%d: width must be 1..%d, height and depth 0..%d", width,
                         height, depth, kMaxArrayExtent, kMaxArrayExtent));
   }
-  if (depth > 0 && height == 0) {
-    return absl::InvalidArgumentError(
-        absl::StrFormat("array shape %dx%dx%d: a 3D array needs a height", width, height, depth));
-  }
   if ((flags & ~kArrayFlagsAllowed) != 0) {
     return absl::InvalidArgumentError(
         absl::StrFormat("array flags 0x%x: only LAYERED (1), SURFACE_LDST (2), CUBEMAP (4) and "
                         "TEXTURE_GATHER (8) are served",
                         flags));
   }
+  // The driver's rules for the shapes the flags make (cuArray3DCreate), checked here so that
+  // every backend refuses the same.
+  const bool layered = (flags & 0x1) != 0;
+  const bool cubemap = (flags & 0x4) != 0;
+  if (depth > 0 && height == 0 && !layered) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "array shape %dx%dx%d: a 3D array needs a height (only a LAYERED 1D array has depth "
+        "without height)",
+        width, height, depth));
+  }
+  if (layered && depth == 0) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("array shape %dx%dx%d: a LAYERED array needs depth >= 1 (its layers)",
+                        width, height, depth));
+  }
+  if (cubemap && (width != height || (layered ? depth % 6 != 0 : depth != 6))) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "array shape %dx%dx%d: a CUBEMAP array is square (width == height) with depth 6, or a "
+        "multiple of 6 when LAYERED",
+        width, height, depth));
+  }
+  if ((flags & 0x8) != 0 && (height == 0 || depth != 0)) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "array shape %dx%dx%d: TEXTURE_GATHER is for 2D arrays only", width, height, depth));
+  }
   const uint64_t row =
       (width * *element + kArrayRowAlignBytes - 1) / kArrayRowAlignBytes * kArrayRowAlignBytes;
+  // A 1D array (and each layer of a 1D layered one) is one row; 2D and 3D rows are tiled.
   const uint64_t rows =
-      ((height == 0 ? 1 : height) + kArrayRowsPerTile - 1) / kArrayRowsPerTile * kArrayRowsPerTile;
+      height == 0 ? 1 : (height + kArrayRowsPerTile - 1) / kArrayRowsPerTile * kArrayRowsPerTile;
   const uint64_t slices = depth == 0 ? 1 : depth;
   // row <= 2^20 * 16 = 2^24, rows <= 2^20 + 32: row * rows < 2^45; times slices <= 2^20 can
   // reach 2^65, so bound it.

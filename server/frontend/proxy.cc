@@ -535,7 +535,13 @@ class RelayReactor final : public grpc::ServerGenericBidiReactor {
     } else if (ledger_ == Ledger::kFree && !request_seen_) {
       request_seen_ = true;
       v1::FreeRequest request;
-      if (ParseRelayed(from_client_, &request)) released_id_ = request.buffer_id();
+      if (ParseRelayed(from_client_, &request)) {
+        // Exported memory that another session has open must not be freed under it.
+        if (!Admitted(sessions_->ipc().BeginFree(session_->id(), request.buffer_id()))) {
+          return false;
+        }
+        released_id_ = request.buffer_id();
+      }
     } else if (ledger_ == Ledger::kRegisterRegion && !request_seen_) {
       request_seen_ = true;
       v1::RegisterHostRegionRequest request;
@@ -665,7 +671,12 @@ class RelayReactor final : public grpc::ServerGenericBidiReactor {
         reserved_bytes_ = 0;
         break;
       case Ledger::kFree:
-        if (status.ok() && released_id_ != 0) sessions_->ReleaseBuffer(*session_, released_id_);
+        if (status.ok() && released_id_ != 0) {
+          sessions_->ReleaseBuffer(*session_, released_id_);
+          sessions_->ipc().Freed(session_->id(), released_id_);
+        } else if (released_id_ != 0) {
+          sessions_->ipc().CancelFree(session_->id(), released_id_);
+        }
         break;
       case Ledger::kRegisterRegion:
         if (reserved_bytes_ > 0) sessions_->CancelHostRegionReservation(*session_, reserved_bytes_);

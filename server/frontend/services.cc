@@ -1,9 +1,12 @@
 #include "server/frontend/services.h"
 
 #include <algorithm>
+#include <chrono>
 
 #include "absl/strings/str_format.h"
 #include "common/grpc_status.h"
+#include "gpurpc/internal/v1/worker_control.grpc.pb.h"
+#include "server/frontend/ipc_registry.h"
 #include "spdlog/spdlog.h"
 
 namespace gpurpc::frontend {
@@ -139,6 +142,90 @@ grpc::ServerUnaryReactor* SessionServiceImpl::KeepAlive(grpc::CallbackServerCont
   response->set_fault_cause((*session)->fault_cause());
   response->set_fault_code(static_cast<int32_t>((*session)->fault_code()));
   reactor->Finish(grpc::Status::OK);
+  return reactor;
+}
+
+grpc::ServerUnaryReactor* SessionServiceImpl::ExportMemory(grpc::CallbackServerContext* context,
+                                                           const v1::ExportMemoryRequest* request,
+                                                           v1::ExportMemoryResponse* response) {
+  auto* reactor = context->DefaultReactor();
+  auto identity = auth_->Authenticate(*context);
+  if (!identity.ok()) return Fail(reactor, identity.status());
+  auto session = sessions_->FindFromMetadata(context->client_metadata(), identity->tenant);
+  if (!session.ok()) return Fail(reactor, session.status());
+  absl::Status queued =
+      sessions_->RunBlocking([this, reactor, request, response, session = *std::move(session)] {
+        internal::v1::ExportMemoryRequest ask;
+        ask.set_buffer_id(request->buffer_id());
+        internal::v1::ExportMemoryResponse answer;
+        grpc::ClientContext call;
+        call.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(30));
+        const grpc::Status status =
+            internal::v1::WorkerControl::NewStub(session->worker().channel())
+                ->ExportMemory(&call, ask, &answer);
+        if (!status.ok()) {
+          reactor->Finish(status);
+          return;
+        }
+        IpcRegistry::Export entry;
+        entry.tenant = session->tenant();
+        entry.session_id = session->id();
+        entry.device = session->device();
+        entry.buffer_id = request->buffer_id();
+        entry.ipc_handle = answer.ipc_handle();
+        entry.size_bytes = answer.size_bytes();
+        response->set_handle(sessions_->ipc().Add(std::move(entry)));
+        response->set_size_bytes(answer.size_bytes());
+        reactor->Finish(grpc::Status::OK);
+      });
+  if (!queued.ok()) return Fail(reactor, queued);
+  return reactor;
+}
+
+grpc::ServerUnaryReactor* SessionServiceImpl::OpenMemoryHandle(
+    grpc::CallbackServerContext* context, const v1::OpenMemoryHandleRequest* request,
+    v1::OpenMemoryHandleResponse* response) {
+  auto* reactor = context->DefaultReactor();
+  auto identity = auth_->Authenticate(*context);
+  if (!identity.ok()) return Fail(reactor, identity.status());
+  auto session = sessions_->FindFromMetadata(context->client_metadata(), identity->tenant);
+  if (!session.ok()) return Fail(reactor, session.status());
+  const uint64_t session_id = (*session)->id();
+  absl::StatusOr<IpcRegistry::Export> exported = sessions_->ipc().BeginOpen(
+      request->handle(), identity->tenant, session_id, (*session)->device());
+  if (!exported.ok()) return Fail(reactor, exported.status());
+  absl::Status queued = sessions_->RunBlocking([this, reactor, request, response,
+                                                session = *std::move(session),
+                                                exported = *std::move(exported)] {
+    internal::v1::OpenMemoryHandleRequest ask;
+    ask.set_ipc_handle(exported.ipc_handle);
+    ask.set_size_bytes(exported.size_bytes);
+    internal::v1::OpenMemoryHandleResponse answer;
+    grpc::ClientContext call;
+    call.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(30));
+    const grpc::Status status = internal::v1::WorkerControl::NewStub(session->worker().channel())
+                                    ->OpenMemoryHandle(&call, ask, &answer);
+    if (!status.ok()) {
+      sessions_->ipc().CancelOpen(request->handle(), session->id());
+      reactor->Finish(status);
+      return;
+    }
+    const uint64_t buffer_id = answer.buffer().buffer_id();
+    if (absl::Status committed =
+            sessions_->ipc().CommitOpen(request->handle(), session->id(), buffer_id);
+        !committed.ok()) {
+      // The exporter ended while this session mapped its memory: close the mapping again.
+      sessions_->CloseImports({IpcRegistry::Import{session->id(), buffer_id}});
+      reactor->Finish(ToGrpcStatus(committed));
+      return;
+    }
+    *response->mutable_buffer() = answer.buffer();
+    reactor->Finish(grpc::Status::OK);
+  });
+  if (!queued.ok()) {
+    sessions_->ipc().CancelOpen(request->handle(), session_id);
+    return Fail(reactor, queued);
+  }
   return reactor;
 }
 

@@ -48,6 +48,14 @@ class SessionServiceImpl final : public v1::SessionService::CallbackService {
                                       v1::KeepAliveResponse* response) override;
   grpc::ServerWriteReactor<v1::SessionEvent>* WatchSession(
       grpc::CallbackServerContext* context, const v1::WatchSessionRequest* request) override;
+  // CUDA IPC between sessions of one tenant (ipc_registry.h): each asks the session's
+  // worker through WorkerControl, off the gRPC threads.
+  grpc::ServerUnaryReactor* ExportMemory(grpc::CallbackServerContext* context,
+                                         const v1::ExportMemoryRequest* request,
+                                         v1::ExportMemoryResponse* response) override;
+  grpc::ServerUnaryReactor* OpenMemoryHandle(grpc::CallbackServerContext* context,
+                                             const v1::OpenMemoryHandleRequest* request,
+                                             v1::OpenMemoryHandleResponse* response) override;
 
  private:
   SessionManager* sessions_;

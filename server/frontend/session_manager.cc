@@ -2,6 +2,7 @@
 
 #include <pthread.h>
 
+#include <chrono>
 #include <utility>
 #include <vector>
 
@@ -13,6 +14,7 @@
 #include "common/limits.h"
 #include "common/status_macros.h"
 #include "gpurpc/internal/v1/worker_control.grpc.pb.h"
+#include "gpurpc/v1/memory_service.grpc.pb.h"
 #include "grpcpp/grpcpp.h"
 #include "spdlog/spdlog.h"
 
@@ -412,6 +414,8 @@ absl::StatusOr<std::shared_ptr<SessionRecord>> SessionManager::Open(int device_o
         absl::MutexLock lock(&mu_);
         session->ForgetMemoryLocked();
       }
+      // And so is what it exported: close it where other sessions opened it.
+      CloseImports(ipc_.SessionEnded(session->id()));
       session->MarkFaultedByExit();
     }
   });
@@ -439,6 +443,33 @@ void SessionManager::RemoveLocked(SessionRecord& session) {
   --total_slots_;
 }
 
+void SessionManager::CloseImports(std::vector<IpcRegistry::Import> imports) {
+  for (const IpcRegistry::Import& import : imports) {
+    std::shared_ptr<SessionRecord> holder;
+    {
+      absl::MutexLock lock(&mu_);
+      auto it = sessions_.find(import.session_id);
+      if (it == sessions_.end()) continue;  // ended too: its mapping went with its worker
+      holder = it->second;
+    }
+    auto close = [holder, buffer_id = import.buffer_id] {
+      v1::FreeRequest request;
+      request.set_buffer_id(buffer_id);
+      v1::FreeResponse response;
+      grpc::ClientContext context;
+      context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(30));
+      const grpc::Status status = v1::MemoryService::NewStub(holder->worker().channel())
+                                      ->Free(&context, request, &response);
+      if (!status.ok() && status.error_code() != grpc::StatusCode::NOT_FOUND) {
+        spdlog::warn("session {}: cannot close buffer {} opened from an ended export: {}",
+                     holder->id(), buffer_id, status.error_message());
+      }
+    };
+    // The pool is full only under a flood: then close it here, on this (non-gRPC) thread.
+    if (absl::Status queued = RunBlocking(close); !queued.ok()) close();
+  }
+}
+
 void SessionManager::EndWorker(SessionRecord& session) {
   session.MarkClosing();
   session.worker().Kill();
@@ -454,6 +485,8 @@ absl::Status SessionManager::Close(uint64_t session_id, std::shared_ptr<SessionR
     record = it->second;
     RemoveLocked(*record);
   }
+  // Before its worker ends, so that no other session keeps its exported memory mapped.
+  CloseImports(ipc_.SessionEnded(session_id));
   if (metrics_ != nullptr) metrics_->SessionClosed(/*reclaimed=*/false);
   spdlog::info("session {} of tenant {} closed", session_id, record->tenant());
   if (ending != nullptr) {

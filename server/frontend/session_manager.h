@@ -46,6 +46,7 @@
 #include "gpurpc/v1/device_service.pb.h"
 #include "gpurpc/v1/session_service.pb.h"
 #include "grpcpp/generic/generic_stub.h"
+#include "server/frontend/ipc_registry.h"
 #include "server/frontend/metrics.h"
 #include "server/frontend/worker_process.h"
 #include "server/options.h"
@@ -226,6 +227,12 @@ class SessionManager {
   static constexpr size_t kMaxBlockingQueue = 1024;
   absl::Status RunBlocking(std::function<void()> work);
 
+  // CUDA IPC exports between the tenants' sessions (ipc_registry.h).
+  IpcRegistry& ipc() { return ipc_; }
+  // Closes buffers that sessions opened from an export that has ended (their worker's
+  // MemoryService.Free, in the background): the sessions' ids for them answer NOT_FOUND.
+  void CloseImports(std::vector<IpcRegistry::Import> imports);
+
   // Opens a session for `tenant`. RESOURCE_EXHAUSTED naming the limit when the daemon's
   // --max-sessions or the tenant's max_sessions is reached (checked and reserved before a
   // worker is taken); NOT_FOUND for an unknown device; UNAVAILABLE when no worker starts, and
@@ -382,6 +389,7 @@ class SessionManager {
   bool blocking_stopping_ ABSL_GUARDED_BY(blocking_mu_) = false;
   int blocking_idle_ ABSL_GUARDED_BY(blocking_mu_) = 0;
   std::vector<std::thread> blocking_threads_ ABSL_GUARDED_BY(blocking_mu_);
+  IpcRegistry ipc_;
 };
 
 }  // namespace gpurpc::frontend

@@ -375,6 +375,12 @@ class ModuleServiceImpl final : public v1::ModuleService::Service {
                   [&](uint64_t value) { response->set_value(value); });
   }
 
+  grpc::Status SetProfiling(grpc::ServerContext*, const v1::SetProfilingRequest* request,
+                            v1::SetProfilingResponse* response) override {
+    return Answer(session_->SetProfiling(request->enabled()),
+                  [&](bool was_enabled) { response->set_was_enabled(was_enabled); });
+  }
+
   grpc::Status SetCacheConfig(grpc::ServerContext*, const v1::SetCacheConfigRequest* request,
                               v1::SetCacheConfigResponse*) override {
     return ToGrpcStatus(session_->SetCacheConfig(static_cast<int>(request->config())));
@@ -626,6 +632,22 @@ class WorkerControlImpl final : public internal::v1::WorkerControl::Service {
     limits.max_host_region_bytes = request->max_host_region_bytes_per_session();
     limits.max_device_memory_bytes = request->quota().max_device_memory_bytes();
     return ToGrpcStatus(session_->Bind(request->tenant(), limits));
+  }
+
+  grpc::Status ExportMemory(grpc::ServerContext*, const internal::v1::ExportMemoryRequest* request,
+                            internal::v1::ExportMemoryResponse* response) override {
+    return Answer(session_->ExportMemory(request->buffer_id()),
+                  [&](Session::ExportedMemory& exported) {
+                    response->set_ipc_handle(std::move(exported.ipc_handle));
+                    response->set_size_bytes(exported.size_bytes);
+                  });
+  }
+
+  grpc::Status OpenMemoryHandle(grpc::ServerContext*,
+                                const internal::v1::OpenMemoryHandleRequest* request,
+                                internal::v1::OpenMemoryHandleResponse* response) override {
+    return Answer(session_->OpenExportedMemory(request->ipc_handle(), request->size_bytes()),
+                  [&](v1::BufferInfo& info) { *response->mutable_buffer() = std::move(info); });
   }
 
  private:

@@ -129,6 +129,7 @@ Session::~Session() {
   decltype(streams_)::Map streams;
   decltype(arrays_)::Map arrays;
   decltype(buffers_)::Map buffers;
+  absl::flat_hash_set<backend::DevicePtr> opened;
   decltype(regions_)::Map regions;
   {
     absl::MutexLock lock(&mu_);
@@ -140,6 +141,8 @@ Session::~Session() {
     streams = streams_.TakeAll();
     arrays = arrays_.TakeAll();
     buffers = buffers_.TakeAll();
+    opened = std::move(opened_);
+    opened_.clear();
     ranges_.clear();
   }
   // Dependency order, outside mu_ (each is a backend call).
@@ -152,8 +155,10 @@ Session::~Session() {
   regions.clear();
   arrays.clear();
   for (const auto& [id, address] : buffers) {
-    absl::Status status = context_->Free(address);
-    (void)status;  // The context is going away; a failure here frees nothing less.
+    // The context is going away; a failure here frees nothing less.
+    absl::Status status =
+        opened.contains(address) ? context_->CloseExportedMemory(address) : context_->Free(address);
+    (void)status;
   }
   context_.reset();
 }
@@ -302,6 +307,7 @@ absl::StatusOr<v1::BufferInfo> Session::AllocateArray(const v1::ArrayDescriptor&
 absl::Status Session::Free(uint64_t buffer_id) {
   GPURPC_RETURN_IF_ERROR(fault());
   backend::DevicePtr address;
+  bool opened = false;
   {
     absl::MutexLock lock(&mu_);
     if (arrays_.contains(buffer_id)) {
@@ -311,8 +317,52 @@ absl::Status Session::Free(uint64_t buffer_id) {
     }
     GPURPC_ASSIGN_OR_RETURN(address, buffers_.Take(buffer_id, "Free"));
     ranges_.erase(address);
+    opened = opened_.erase(address) != 0;
   }
+  if (opened) return RecordFault(context_->CloseExportedMemory(address));
   return RecordFault(context_->Free(address));
+}
+
+absl::StatusOr<Session::ExportedMemory> Session::ExportMemory(uint64_t buffer_id) {
+  GPURPC_RETURN_IF_ERROR(fault());
+  backend::DevicePtr address;
+  ExportedMemory exported;
+  {
+    absl::MutexLock lock(&mu_);
+    GPURPC_ASSIGN_OR_RETURN(address, buffers_.Find(buffer_id, "ExportMemory"));
+    if (opened_.contains(address)) {
+      return absl::InvalidArgumentError(absl::StrFormat(
+          "ExportMemory: buffer %d was opened from another session's export; export the "
+          "original there",
+          buffer_id));
+    }
+    exported.size_bytes = ranges_.at(address).size_bytes;
+  }
+  GPURPC_ASSIGN_OR_RETURN(exported.ipc_handle, RecordFault(context_->ExportMemory(address)));
+  return exported;
+}
+
+absl::StatusOr<v1::BufferInfo> Session::OpenExportedMemory(const std::string& ipc_handle,
+                                                           uint64_t size_bytes) {
+  GPURPC_RETURN_IF_ERROR(fault());
+  if (size_bytes == 0) {
+    return absl::InvalidArgumentError("OpenMemoryHandle: the export's size must be > 0");
+  }
+  GPURPC_ASSIGN_OR_RETURN(const backend::DevicePtr address,
+                          RecordFault(context_->OpenExportedMemory(ipc_handle)));
+  uint64_t id;
+  {
+    absl::MutexLock lock(&mu_);
+    id = NewIdLocked();
+    buffers_.Insert(id, address);
+    ranges_[address] = Range{id, size_bytes};
+    opened_.insert(address);
+  }
+  v1::BufferInfo info;
+  info.set_buffer_id(id);
+  info.set_device_address(address);
+  info.set_size_bytes(size_bytes);
+  return info;
 }
 
 absl::StatusOr<v1::BufferInfo> Session::GetAllocation(const v1::GetAllocationRequest& request) {
@@ -503,10 +553,11 @@ absl::StatusOr<Session::Copy3DSide> Session::ResolveCopy3DEnd(const v1::Copy3DEn
       GPURPC_ASSIGN_OR_RETURN(entry, arrays_.Find(endpoint.array_id(), what));
     }
     const backend::ArrayShape& shape = entry.shape;
-    if (endpoint.x_bytes() % shape.element_bytes != 0) {
-      return absl::InvalidArgumentError(
-          absl::StrFormat("%s: x_bytes %d is not a multiple of the array's element size %d bytes",
-                          what, endpoint.x_bytes(), shape.element_bytes));
+    if (endpoint.x_bytes() % shape.element_bytes != 0 || width % shape.element_bytes != 0) {
+      return absl::InvalidArgumentError(absl::StrFormat(
+          "%s: x_bytes %d and width_bytes %d must be multiples of the array's element size %d "
+          "bytes",
+          what, endpoint.x_bytes(), width, shape.element_bytes));
     }
     if (!empty &&
         (endpoint.x_bytes() > shape.row_bytes() || width > shape.row_bytes() - endpoint.x_bytes() ||

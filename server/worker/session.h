@@ -40,6 +40,7 @@
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
+#include "absl/container/flat_hash_set.h"
 #include "absl/functional/function_ref.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -156,8 +157,19 @@ class Session {
   // shape common/array_shape.h refuses. Its id shares the buffers' id space; its BufferInfo
   // has device_address 0 and the bytes it is charged.
   absl::StatusOr<v1::BufferInfo> AllocateArray(const v1::ArrayDescriptor& descriptor);
-  // Frees a buffer or an array.
+  // Frees a buffer or an array; closes a buffer opened by OpenExportedMemory.
   absl::Status Free(uint64_t buffer_id);
+  // CUDA IPC's worker half (worker_control.proto): the driver's handle of a buffer of this
+  // session and its size (NOT_FOUND for an unknown buffer, INVALID_ARGUMENT for one that was
+  // itself opened from another session's export), and a handle opened as a new buffer of
+  // `size_bytes` (> 0) that Free closes.
+  struct ExportedMemory {
+    std::string ipc_handle;
+    uint64_t size_bytes = 0;
+  };
+  absl::StatusOr<ExportedMemory> ExportMemory(uint64_t buffer_id) ABSL_LOCKS_EXCLUDED(mu_);
+  absl::StatusOr<v1::BufferInfo> OpenExportedMemory(const std::string& ipc_handle,
+                                                    uint64_t size_bytes) ABSL_LOCKS_EXCLUDED(mu_);
   absl::StatusOr<v1::BufferInfo> GetAllocation(const v1::GetAllocationRequest& request);
   absl::StatusOr<backend::MemInfo> GetMemInfo();
   // Resolves `pointer` to a device address such that [address, address + size_bytes) lies
@@ -212,6 +224,8 @@ class Session {
       ABSL_LOCKS_EXCLUDED(mu_, limits_mu_);
   absl::StatusOr<uint64_t> GetContextLimit(int limit);
   absl::Status SetCacheConfig(int config);
+  // ModuleService.SetProfiling: the backend's answer; on success, whether it was on before.
+  absl::StatusOr<bool> SetProfiling(bool enabled) ABSL_LOCKS_EXCLUDED(mu_);
   absl::StatusOr<int> GetCacheConfig();
   // Checks `config` (and `function_id` when not 0), then does what CUDA 13 does on every
   // device it supports: nothing (the bank width is fixed at four bytes).
@@ -476,10 +490,13 @@ class Session {
   Limits limits_ ABSL_GUARDED_BY(mu_);
   absl::Status fault_ ABSL_GUARDED_BY(mu_);
   uint32_t compiles_running_ ABSL_GUARDED_BY(mu_) = 0;
+  bool profiling_ ABSL_GUARDED_BY(mu_) = false;
   std::map<backend::DevicePtr, Range> ranges_ ABSL_GUARDED_BY(mu_);  // by start address
   // The handles the client holds, one table per kind (handle_table.h).
   HandleTable<backend::DevicePtr> buffers_ ABSL_GUARDED_BY(mu_){"buffer"};
   HandleTable<ArrayEntry> arrays_ ABSL_GUARDED_BY(mu_){"array"};
+  // Buffers opened from another session's export (by address): Free closes them.
+  absl::flat_hash_set<backend::DevicePtr> opened_ ABSL_GUARDED_BY(mu_);
   HandleTable<std::shared_ptr<ModuleEntry>> modules_ ABSL_GUARDED_BY(mu_){"module"};
   HandleTable<std::shared_ptr<FunctionEntry>> functions_ ABSL_GUARDED_BY(mu_){"function"};
   HandleTable<std::shared_ptr<backend::Stream>> streams_ ABSL_GUARDED_BY(mu_){"stream"};

@@ -743,6 +743,13 @@ absl::Status Session::SetCacheConfig(int config_value) {
   return RecordFault(context_->SetCacheConfig(config));
 }
 
+absl::StatusOr<bool> Session::SetProfiling(bool enabled) {
+  GPURPC_RETURN_IF_ERROR(fault());
+  GPURPC_RETURN_IF_ERROR(RecordFault(context_->SetProfiling(enabled)));
+  absl::MutexLock lock(&mu_);
+  return std::exchange(profiling_, enabled);
+}
+
 absl::StatusOr<int> Session::GetCacheConfig() {
   GPURPC_RETURN_IF_ERROR(fault());
   GPURPC_ASSIGN_OR_RETURN(const backend::CacheConfig config,

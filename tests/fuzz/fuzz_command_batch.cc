@@ -5,8 +5,9 @@
 //
 // Each input gets a fresh session holding three buffers, a freed buffer, a stream, two
 // events and a module (PTX that defines the fake's built-in kernels and one global,
-// registered through GetGlobal). Handle ids are random, so the input names them symbolically: an id
-// below 16 is replaced by the handle of that number (SymbolicIds), and a device address
+// registered through GetGlobal), and two CUDA arrays (2D and 3D, for Copy3DCommand). Handle
+// ids are random, so the input names them symbolically: an id below 18 is replaced by the
+// handle of that number (SymbolicIds), and a device address
 // below 2^20 (a typed argument, a pointer, or an 8-byte word of packed arguments) by an
 // address near the start of a buffer or the global (SymbolicAddress).
 // spin_us launches get a duration of 0, so that the fuzzer never sleeps.
@@ -116,7 +117,7 @@ class Fixture {
     limits.max_modules = 2;
     FUZZ_CHECK(session_->Bind("fuzz", limits).ok(), "Bind");
 
-    ids_.assign(16, 0);
+    ids_.assign(18, 0);
     for (size_t i = 0; i < std::size(kBufferBytes); ++i) {
       absl::StatusOr<v1::BufferInfo> buffer = session_->Allocate(kBufferBytes[i]);
       FUZZ_CHECK(buffer.ok(), buffer.status());
@@ -150,6 +151,18 @@ class Fixture {
     absl::StatusOr<uint64_t> untimed = session_->CreateEvent(true, false);
     FUZZ_CHECK(untimed.ok(), untimed.status());
     ids_[15] = *untimed;
+    // Arrays: 2D float 24 x 10, 3D uchar2 7 x 5 x 3.
+    for (int k = 0; k < 2; ++k) {
+      v1::ArrayDescriptor descriptor;
+      descriptor.set_width(k == 0 ? 24 : 7);
+      descriptor.set_height(k == 0 ? 10 : 5);
+      descriptor.set_depth(k == 0 ? 0 : 3);
+      descriptor.set_format(k == 0 ? v1::ARRAY_FORMAT_FLOAT : v1::ARRAY_FORMAT_UNSIGNED_INT8);
+      descriptor.set_num_channels(k == 0 ? 1 : 2);
+      absl::StatusOr<v1::BufferInfo> array = session_->AllocateArray(descriptor);
+      FUZZ_CHECK(array.ok(), array.status());
+      ids_[16 + k] = array->buffer_id();
+    }
   }
 
   worker::Session& session() { return *session_; }
@@ -220,6 +233,18 @@ class Fixture {
         MapPointer(command->mutable_copy()->mutable_source());
         command->mutable_copy()->set_stream_id(SymbolicId(command->copy().stream_id()));
         break;
+      case v1::Command::kCopy3D: {
+        v1::Copy3DCommand* copy = command->mutable_copy_3d();
+        for (v1::Copy3DEndpoint* end : {copy->mutable_destination(), copy->mutable_source()}) {
+          if (end->target_case() == v1::Copy3DEndpoint::kArrayId) {
+            end->set_array_id(SymbolicId(end->array_id()));
+          } else if (end->has_device()) {
+            MapPointer(end->mutable_device());
+          }
+        }
+        copy->set_stream_id(SymbolicId(copy->stream_id()));
+        break;
+      }
       case v1::Command::kUpload:
         MapPointer(command->mutable_upload()->mutable_destination());
         command->mutable_upload()->set_stream_id(SymbolicId(command->upload().stream_id()));

@@ -261,8 +261,9 @@ def pointer(buffer=None, offset=0, address=None):
 def command_batch_seeds():
     E = execution_service_pb2
     # Symbolic handles (fuzz_command_batch.cc): buffers 1 (4096 bytes), 2 (256), 3 (1),
-    # stream 4, event 5, module 6, kernels 7..13, freed buffer 14, untimed event 15;
-    # addresses below 2^20 are near a buffer's start.
+    # stream 4, event 5, module 6, kernels 7..13, freed buffer 14, untimed event 15,
+    # arrays 16 (2D float 24 x 10) and 17 (3D uchar2 7 x 5 x 3); addresses below 2^20 are near
+    # a buffer's start.
     batch = E.CommandBatch()
     c = batch.commands.add(sequence=1)
     c.upload.destination.CopyFrom(pointer(1, 0))
@@ -319,6 +320,33 @@ def command_batch_seeds():
     request.launch.args.add().u64 = 32
     request.launch.stream_id = 4
     write("fuzz_command_batch", "launch-axpy", b"\1" + request.SerializeToString())
+
+    # 3D copies: buffer 1 into array 16 at (8 bytes, row 2), array to array, array 17 out to
+    # pitched memory in buffer 1, and one that leaves the array (refused).
+    batch = E.CommandBatch()
+    c = batch.commands.add(sequence=20)
+    c.copy_3d.destination.array_id, c.copy_3d.destination.x_bytes = 16, 8
+    c.copy_3d.destination.y = 2
+    c.copy_3d.source.device.CopyFrom(pointer(1, 0))
+    c.copy_3d.source.pitch_bytes = 100
+    c.copy_3d.width_bytes, c.copy_3d.height, c.copy_3d.depth = 40, 4, 1
+    c = batch.commands.add(sequence=21)
+    c.copy_3d.destination.array_id = 17
+    c.copy_3d.source.array_id = 16
+    c.copy_3d.width_bytes, c.copy_3d.height, c.copy_3d.depth = 14, 5, 1
+    c.copy_3d.stream_id = 4
+    c = batch.commands.add(sequence=22)
+    c.copy_3d.destination.device.CopyFrom(pointer(1, 64))
+    c.copy_3d.destination.pitch_bytes, c.copy_3d.destination.height = 16, 6
+    c.copy_3d.source.array_id = 17
+    c.copy_3d.width_bytes, c.copy_3d.height, c.copy_3d.depth = 14, 5, 3
+    c = batch.commands.add(sequence=23)
+    c.copy_3d.destination.array_id, c.copy_3d.destination.z = 17, 2
+    c.copy_3d.source.device.CopyFrom(pointer(2, 0))
+    c.copy_3d.width_bytes, c.copy_3d.height, c.copy_3d.depth = 14, 5, 2
+    c = batch.commands.add(sequence=24)
+    c.sync.whole_session = True
+    write("fuzz_command_batch", "batch-copy-3d", b"\0" + batch.SerializeToString())
 
     # Packed arguments (mode 2): fill_u32 of buffer 1, copy_bytes from buffer 1 to 2.
     p = Provider().integer(0, 6, 2)

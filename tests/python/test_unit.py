@@ -335,7 +335,7 @@ def test_pool_size_classes_waste_little() -> None:
 
 
 @pytest.mark.parametrize("module, name, why", [
-    ("gpurpc.driver", "Array", "CUDA arrays"),
+    ("gpurpc.driver", "MipmappedArray", "mipmapped"),
     ("gpurpc.driver", "memcpy_peer", "peer copies"),
     ("gpurpc.driver", "register_host_memory", "pagelocked_empty"),
     ("gpurpc.driver", "managed_empty", "managed memory"),

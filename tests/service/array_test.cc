@@ -108,6 +108,9 @@ TEST_F(ArrayTest, ShapesAndFormatsRoundTrip) {
       {Shape(9, 7, 3, v1::ARRAY_FORMAT_SIGNED_INT32, 4), 144},     // 3D, int4
       {Shape(64, 32, 4, v1::ARRAY_FORMAT_UNSIGNED_INT16, 1, /*LAYERED*/ 1), 128},
       {Shape(33, 0, 0, v1::ARRAY_FORMAT_SIGNED_INT8, 2), 66},
+      {Shape(40, 0, 3, v1::ARRAY_FORMAT_FLOAT, 1, /*LAYERED*/ 1), 160},
+      {Shape(16, 16, 6, v1::ARRAY_FORMAT_FLOAT, 1, /*CUBEMAP*/ 4), 64},
+      {Shape(16, 16, 0, v1::ARRAY_FORMAT_UNSIGNED_INT8, 4, /*TEXTURE_GATHER*/ 8), 64},
   };
   uint32_t seed = 1;
   for (const Case& c : cases) {
@@ -220,6 +223,11 @@ TEST_F(ArrayTest, BadShapesAreRefusedAndNothingIsCharged) {
       {"width 0", Shape(0, 8, 0, v1::ARRAY_FORMAT_FLOAT, 1), "width must be"},
       {"width past 2^20", Shape((1u << 20) + 1, 0, 0, v1::ARRAY_FORMAT_FLOAT, 1), "width must be"},
       {"depth without height", Shape(8, 0, 4, v1::ARRAY_FORMAT_FLOAT, 1), "needs a height"},
+      {"layered without layers", Shape(8, 8, 0, v1::ARRAY_FORMAT_FLOAT, 1, 1), "depth >= 1"},
+      {"a cubemap that is not square", Shape(8, 4, 6, v1::ARRAY_FORMAT_FLOAT, 1, 4), "CUBEMAP"},
+      {"a cubemap of 5 faces", Shape(8, 8, 5, v1::ARRAY_FORMAT_FLOAT, 1, 4), "CUBEMAP"},
+      {"a layered cubemap of 8 faces", Shape(8, 8, 8, v1::ARRAY_FORMAT_FLOAT, 1, 5), "CUBEMAP"},
+      {"gather on a 3D array", Shape(8, 8, 2, v1::ARRAY_FORMAT_FLOAT, 1, 8), "TEXTURE_GATHER"},
       {"huge in every dimension", Shape(1u << 20, 1u << 20, 1u << 20, v1::ARRAY_FORMAT_FLOAT, 4),
        "larger than any device"},
       {"an unknown flag", Shape(8, 8, 0, v1::ARRAY_FORMAT_FLOAT, 1, 0x10), "flags"},
@@ -278,7 +286,9 @@ TEST_F(ArrayTest, OutOfBoundsCopiesAreRefusedAndWriteNothing) {
       {"slices past its depth", array->at(0, 0, 1), Copy3DEnd::Linear(linear->at()), 64, 8, 2,
        absl::StatusCode::kInvalidArgument, "leave array"},
       {"x not a multiple of the element", array->at(2), Copy3DEnd::Linear(linear->at()), 8, 1, 1,
-       absl::StatusCode::kInvalidArgument, "multiple of the array's element size"},
+       absl::StatusCode::kInvalidArgument, "multiples of the array's element size"},
+      {"a width that splits an element", array->at(), Copy3DEnd::Linear(linear->at()), 6, 1, 1,
+       absl::StatusCode::kInvalidArgument, "multiples of the array's element size"},
       {"offsets that wrap around", array->at(0, ~0ull - 2), Copy3DEnd::Linear(linear->at()), 4, 4,
        1, absl::StatusCode::kInvalidArgument, "leave array"},
       {"linear source past its buffer", array->at(), Copy3DEnd::Linear(linear->at(), 1024), 64, 8,

@@ -319,6 +319,14 @@ TEST_F(ContextLimitsTest, CacheConfigRoundTripsAndRefusesUnknownValues) {
   ExpectUsable();
 }
 
+TEST_F(ContextLimitsTest, ProfilingStartsAndStopsAndSaysWhetherItWasOn) {
+  EXPECT_THAT(session_.SetProfiling(true), IsOkAndHolds(false));
+  EXPECT_THAT(session_.SetProfiling(true), IsOkAndHolds(true));
+  EXPECT_THAT(session_.SetProfiling(false), IsOkAndHolds(true));
+  EXPECT_THAT(session_.SetProfiling(false), IsOkAndHolds(false));
+  ExpectUsable();
+}
+
 TEST_F(ContextLimitsTest, SharedConfigIsCheckedAndAnswersTheFixedBankWidth) {
   EXPECT_THAT(raw_->GetSharedConfig(), IsOkAndHolds(v1::SHARED_CONFIG_FOUR_BYTE_BANK_SIZE));
   EXPECT_OK(raw_->SetSharedConfig(v1::SHARED_CONFIG_EIGHT_BYTE_BANK_SIZE));

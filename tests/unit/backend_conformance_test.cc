@@ -337,6 +337,73 @@ TYPED_TEST(BackendConformanceTest, CopyDeviceToDeviceCopiesBetweenAndWithinAlloc
   EXPECT_OK(this->context().Free(dst));
 }
 
+// --- Arrays and 3D copies --------------------------------------------------------------------
+
+TYPED_TEST(BackendConformanceTest, Copy3DMovesRowsBetweenPitchedMemoryAndArrays) {
+  ASSERT_OK_AND_ASSIGN(std::unique_ptr<Stream> stream, this->context().CreateStream(true));
+  // A 2D float array of 12 x 6 (48-byte rows) and pitched linear memory of 64-byte rows.
+  ArrayShape shape;
+  shape.width = 12;
+  shape.height = 6;
+  shape.format = 0x20;  // CU_AD_FORMAT_FLOAT
+  shape.num_channels = 1;
+  shape.element_bytes = 4;
+  ASSERT_OK_AND_ASSIGN(std::unique_ptr<Array> array, this->context().CreateArray(shape));
+  constexpr uint64_t kPitch = 64, kRows = 6;
+  const std::vector<uint8_t> data = Pattern(kPitch * kRows, 21);
+  ASSERT_OK_AND_ASSIGN(const DevicePtr src, this->context().Alloc(kPitch * kRows));
+  ASSERT_OK(this->context().Upload(src, data.data(), data.size(), stream.get()));
+  ASSERT_OK_AND_ASSIGN(const DevicePtr dst, this->AllocFilled(48 * kRows, 0x5a));
+  // Zero the array, then copy 4 x 3 floats from linear (row 1, byte 8) into it at (x 16
+  // bytes, y 2), then the whole array back out densely.
+  ASSERT_OK_AND_ASSIGN(const DevicePtr zeros, this->AllocFilled(48 * kRows, 0));
+  Copy3DEnd dense{nullptr, zeros, 48, kRows};
+  Copy3DEnd whole{array.get()};
+  ASSERT_OK(this->context().Copy3D(whole, dense, 48, kRows, 1, stream.get()));
+  Copy3DEnd from{nullptr, src + kPitch + 8, kPitch, kRows};
+  Copy3DEnd into{array.get(), 0, 0, 0, 16, 2, 0};
+  ASSERT_OK(this->context().Copy3D(into, from, 16, 3, 1, stream.get()));
+  Copy3DEnd out{nullptr, dst, 48, kRows};
+  ASSERT_OK(this->context().Copy3D(out, whole, 48, kRows, 1, stream.get()));
+  ASSERT_OK_AND_ASSIGN(const std::vector<uint8_t> back, this->Read(dst, 48 * kRows, stream.get()));
+  std::vector<uint8_t> expected(48 * kRows, 0);
+  for (uint64_t y = 0; y < 3; ++y) {
+    std::copy_n(data.begin() + (1 + y) * kPitch + 8, 16, expected.begin() + (2 + y) * 48 + 16);
+  }
+  EXPECT_TRUE(back == expected);
+  // 3D: two slices of linear memory with a slice pitch of 8 rows into a 3D array and back.
+  ArrayShape cube = shape;
+  cube.depth = 2;
+  ASSERT_OK_AND_ASSIGN(std::unique_ptr<Array> volume, this->context().CreateArray(cube));
+  ASSERT_OK_AND_ASSIGN(const DevicePtr slices, this->context().Alloc(kPitch * 8 * 2));
+  const std::vector<uint8_t> slice_data = Pattern(kPitch * 8 * 2, 22);
+  ASSERT_OK(this->context().Upload(slices, slice_data.data(), slice_data.size(), stream.get()));
+  ASSERT_OK(this->context().Copy3D(Copy3DEnd{volume.get()}, Copy3DEnd{nullptr, slices, kPitch, 8},
+                                   48, kRows, 2, stream.get()));
+  ASSERT_OK_AND_ASSIGN(const DevicePtr packed, this->AllocFilled(48 * kRows * 2, 0));
+  ASSERT_OK(this->context().Copy3D(Copy3DEnd{nullptr, packed, 48, kRows}, Copy3DEnd{volume.get()},
+                                   48, kRows, 2, stream.get()));
+  ASSERT_OK_AND_ASSIGN(const std::vector<uint8_t> cube_back,
+                       this->Read(packed, 48 * kRows * 2, stream.get()));
+  for (uint64_t z = 0; z < 2; ++z) {
+    for (uint64_t y = 0; y < kRows; ++y) {
+      EXPECT_TRUE(std::equal(cube_back.begin() + (z * kRows + y) * 48,
+                             cube_back.begin() + (z * kRows + y) * 48 + 48,
+                             slice_data.begin() + z * kPitch * 8 + y * kPitch))
+          << "z " << z << " y " << y;
+    }
+  }
+  volume.reset();
+  array.reset();
+  for (DevicePtr ptr : {src, dst, zeros, slices, packed}) EXPECT_OK(this->context().Free(ptr));
+}
+
+TYPED_TEST(BackendConformanceTest, ProfilingStartsAndStopsWithoutAProfiler) {
+  EXPECT_OK(this->context().SetProfiling(true));
+  EXPECT_OK(this->context().SetProfiling(false));
+  EXPECT_OK(this->context().Synchronize());
+}
+
 // --- Streams --------------------------------------------------------------------------------
 
 TYPED_TEST(BackendConformanceTest, DownloadSeesUploadAndMemsetQueuedBeforeItOnTheSameStream) {

@@ -512,6 +512,33 @@ absl::StatusOr<Buffer> Session::Allocate(uint64_t size_bytes) const {
   return internal::AllocateBuffer(core_, size_bytes);
 }
 
+absl::StatusOr<std::string> Session::ExportMemory(const Buffer& buffer) const {
+  if (core_ == nullptr) return NoSession();
+  v1::ExportMemoryRequest request;
+  request.set_buffer_id(buffer.id());
+  v1::ExportMemoryResponse response;
+  absl::Status status = SessionCall(*core_, GPURPC_RPC(core_->sessions(), ExportMemory),
+                                    "ExportMemory", request, &response);
+  if (!status.ok()) return status;
+  return std::move(*response.mutable_handle());
+}
+
+absl::StatusOr<Buffer> Session::OpenMemoryHandle(const std::string& handle) const {
+  if (core_ == nullptr) return NoSession();
+  v1::OpenMemoryHandleRequest request;
+  request.set_handle(handle);
+  v1::OpenMemoryHandleResponse response;
+  absl::Status status = SessionCall(*core_, GPURPC_RPC(core_->sessions(), OpenMemoryHandle),
+                                    "OpenMemoryHandle", request, &response);
+  if (!status.ok()) return status;
+  Buffer buffer;
+  buffer.core_ = core_;
+  buffer.id_ = response.buffer().buffer_id();
+  buffer.device_address_ = response.buffer().device_address();
+  buffer.size_bytes_ = response.buffer().size_bytes();
+  return buffer;
+}
+
 absl::StatusOr<Array> Session::AllocateArray(const v1::ArrayDescriptor& descriptor) const {
   if (core_ == nullptr) return NoSession();
   absl::StatusOr<uint32_t> element =
@@ -566,6 +593,17 @@ absl::StatusOr<uint64_t> Session::GetLimit(v1::ContextLimit limit) const {
                                     "GetContextLimit", request, &response);
   if (!status.ok()) return status;
   return response.value();
+}
+
+absl::StatusOr<bool> Session::SetProfiling(bool enabled) const {
+  if (core_ == nullptr) return NoSession();
+  v1::SetProfilingRequest request;
+  request.set_enabled(enabled);
+  v1::SetProfilingResponse response;
+  absl::Status status = SessionCall(*core_, GPURPC_RPC(core_->modules(), SetProfiling),
+                                    "SetProfiling", request, &response);
+  if (!status.ok()) return status;
+  return response.was_enabled();
 }
 
 absl::Status Session::SetCacheConfig(v1::CacheConfig config) const {

@@ -289,6 +289,17 @@ class Context {
   virtual absl::Status Copy3D(const Copy3DEnd& dst, const Copy3DEnd& src, uint64_t width_bytes,
                               uint64_t height, uint64_t depth, Stream* stream);
 
+  // CUDA IPC (each session is a process). ExportMemory: the driver's handle
+  // (cuIpcGetMemHandle, 64 bytes) of the allocation that starts at `ptr`. OpenExportedMemory
+  // maps an allocation that another process exported (cuIpcOpenMemHandle, with lazy peer
+  // access) and returns its address in this context; INVALID_ARGUMENT for a handle the driver
+  // refuses. CloseExportedMemory unmaps it (cuIpcCloseMemHandle); Free must not be used for
+  // it. The defaults (and the fake, whose memory cannot leave its process) answer
+  // UNIMPLEMENTED.
+  virtual absl::StatusOr<std::string> ExportMemory(DevicePtr ptr);
+  virtual absl::StatusOr<DevicePtr> OpenExportedMemory(const std::string& handle);
+  virtual absl::Status CloseExportedMemory(DevicePtr ptr);
+
   // Same-host regions. RegisterHostMemory pins [host, host + size_bytes) (size_bytes > 0)
   // for DMA; INVALID_ARGUMENT when the range overlaps memory already registered,
   // RESOURCE_EXHAUSTED when the host cannot pin that much.
@@ -372,6 +383,8 @@ class Context {
   virtual absl::StatusOr<uint64_t> GetLimit(ContextLimit limit);
   // cuCtxSetCacheConfig / cuCtxGetCacheConfig (a preference).
   virtual absl::Status SetCacheConfig(CacheConfig config);
+  // cuProfilerStart (true) / cuProfilerStop (false); both succeed without a profiler.
+  virtual absl::Status SetProfiling(bool enabled);
   virtual absl::StatusOr<CacheConfig> GetCacheConfig();
   // cuFuncSetAttribute on `function` (made by this context). Setting
   // kMaxDynamicSharedSizeBytes changes what the CUDA backend's Launch starts from when it
@@ -432,6 +445,22 @@ inline absl::Status Context::SetLimit(ContextLimit, uint64_t) {
 }
 inline absl::StatusOr<uint64_t> Context::GetLimit(ContextLimit) {
   return absl::UnimplementedError("this backend cannot read context limits");
+}
+inline absl::StatusOr<std::string> Context::ExportMemory(DevicePtr) {
+  return absl::UnimplementedError(
+      "this backend cannot share device memory with another session's process (CUDA IPC "
+      "needs the CUDA backend)");
+}
+inline absl::StatusOr<DevicePtr> Context::OpenExportedMemory(const std::string&) {
+  return absl::UnimplementedError(
+      "this backend cannot map another session's device memory (CUDA IPC needs the CUDA "
+      "backend)");
+}
+inline absl::Status Context::CloseExportedMemory(DevicePtr) {
+  return absl::UnimplementedError("this backend maps no other session's device memory");
+}
+inline absl::Status Context::SetProfiling(bool) {
+  return absl::UnimplementedError("this backend has no profiler control");
 }
 inline absl::Status Context::SetCacheConfig(CacheConfig) {
   return absl::UnimplementedError("this backend has no cache configuration");

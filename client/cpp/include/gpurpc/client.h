@@ -731,6 +731,15 @@ class Session {
 
   // Memory.
   absl::StatusOr<Buffer> Allocate(uint64_t size_bytes) const;
+  // CUDA IPC between sessions of one tenant on one device (SessionService.ExportMemory and
+  // OpenMemoryHandle, session_service.proto): ExportMemory answers an opaque handle (32
+  // bytes) for `buffer`, which another session, in this process or another, opens as a
+  // Buffer of its own over the same memory. Freeing the opened Buffer closes it; the
+  // exporter cannot free its buffer while another session has it open, and when the
+  // exporting session ends the buffers opened from it are closed. UNIMPLEMENTED on the fake
+  // backend.
+  absl::StatusOr<std::string> ExportMemory(const Buffer& buffer) const;
+  absl::StatusOr<Buffer> OpenMemoryHandle(const std::string& handle) const;
   // A CUDA array of `descriptor`'s shape (memory_service.proto: bounds, what it is charged).
   absl::StatusOr<Array> AllocateArray(const v1::ArrayDescriptor& descriptor) const;
   // Copies depth slices of height rows of width_bytes between two ends (arrays or pitched
@@ -817,6 +826,9 @@ class Session {
   absl::StatusOr<uint64_t> GetLimit(v1::ContextLimit limit) const;
   // The context's L1/shared memory preference (cuCtxSetCacheConfig/cuCtxGetCacheConfig).
   absl::Status SetCacheConfig(v1::CacheConfig config) const;
+  // Starts or stops profile collection in the session's worker (cuProfilerStart/Stop, for
+  // a profiler attached to the daemon); whether it was on before.
+  absl::StatusOr<bool> SetProfiling(bool enabled) const;
   absl::StatusOr<v1::CacheConfig> GetCacheConfig() const;
 
   // The deadline of this session's calls (from Client::call_timeout()); changing it affects

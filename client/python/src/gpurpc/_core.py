@@ -1008,6 +1008,32 @@ def device_pointer(address: int) -> common_pb2.DevicePointer:
     return common_pb2.DevicePointer(device_address=address)
 
 
+def copy_3d_array_end(array_id: int, x_bytes: int = 0, y: int = 0,
+                      z: int = 0) -> execution_service_pb2.Copy3DEndpoint:
+    """One side of a Copy3DCommand: the CUDA array ``array_id``, from element byte ``x_bytes``
+    of row ``y`` of slice (or layer) ``z``."""
+    return execution_service_pb2.Copy3DEndpoint(array_id=array_id, x_bytes=x_bytes, y=y, z=z)
+
+
+def copy_3d_linear_end(address: int, pitch_bytes: int = 0,
+                       height: int = 0) -> execution_service_pb2.Copy3DEndpoint:
+    """One side of a Copy3DCommand: linear device memory from ``address`` (the copy's first
+    byte), rows ``pitch_bytes`` apart (0: the copy's width) and slices ``height`` rows apart
+    (0: the copy's height)."""
+    return execution_service_pb2.Copy3DEndpoint(device=device_pointer(address),
+                                                pitch_bytes=pitch_bytes, height=height)
+
+
+def copy_3d_command(destination: execution_service_pb2.Copy3DEndpoint,
+                    source: execution_service_pb2.Copy3DEndpoint, width_bytes: int, height: int,
+                    depth: int, stream_id: int) -> execution_service_pb2.Copy3DCommand:
+    """A stream-ordered copy of ``depth`` slices of ``height`` rows of ``width_bytes`` bytes
+    between two endpoints (queue it with ``CommandStream.add(label, copy_3d=...)``)."""
+    return execution_service_pb2.Copy3DCommand(
+        destination=destination, source=source, width_bytes=width_bytes, height=height,
+        depth=depth, stream_id=stream_id)
+
+
 # ---------------------------------------------------------------------------------------------
 
 class _Batch:
@@ -1758,6 +1784,15 @@ class SessionCore:
                     e.details.startswith(f"no session {self.session_id}"):
                 raise session_lost_error(e.details, op or name, self.client.target) from None
             raise
+
+    def allocate_array(self, descriptor: memory_service_pb2.ArrayDescriptor,
+                       op: str = "Array") -> memory_service_pb2.BufferInfo:
+        """Creates a CUDA array (``MemoryService.Allocate`` with ``array`` set); its BufferInfo
+        (buffer_id = the array's handle, size_bytes = what it is charged, array = its shape).
+        Freed with ``MemoryService.Free`` like a buffer (release kind "buffer")."""
+        reply = self.call("MemoryService.Allocate",
+                          memory_service_pb2.AllocateRequest(array=descriptor), op=op)
+        return reply.buffer
 
     def drain(self, timeout: Optional[float] = None) -> None:
         """Waits until every queued command is enqueued on the server (errors raise here), at

@@ -3,26 +3,27 @@
 ``gpurpc.driver`` re-exports everything here (``__all__``); use it from there:
 
 * :func:`mem_alloc_pitch`: a linear allocation with rows padded to the pitch alignment;
-* :class:`Memcpy2D` and :class:`Memcpy3D`: pitched copies between host buffers and linear
-  device memory, both ways, and device to device;
+* :class:`Memcpy2D` and :class:`Memcpy3D`: pitched copies between host buffers, linear
+  device memory and CUDA arrays (``gpurpc._arrays``), in every direction;
 * :func:`memset_d2d8`, :func:`memset_d2d16`, :func:`memset_d2d32` and their ``_async`` forms;
 * :func:`mem_get_address_range`, and the ``pointer_attribute`` and ``memory_type`` enums;
 * :func:`aligned_empty`, :func:`aligned_zeros`, :func:`aligned_empty_like`,
   :func:`aligned_zeros_like`, which honour ``alignment``.
 
-The daemon knows linear memory only, so a 2D or 3D copy is sent as one copy (upload,
-download, device-to-device copy or region copy) per run of contiguous bytes, queued in order on
-the session's command stream: rows that touch on both sides merge, so a copy whose pitches
-equal ``width_in_bytes`` is one command. A synchronous call drains the stream once at the end,
-so all its rows travel in as few batches as their size allows.
+A 2D or 3D copy of linear memory is sent as one copy (upload, download, device-to-device
+copy or region copy) per run of contiguous bytes, queued in order on the session's command
+stream: rows that touch on both sides merge, so a copy whose pitches equal ``width_in_bytes``
+is one command. A synchronous call drains the stream once at the end, so all its rows travel
+in as few batches as their size allows. A copy with a CUDA array on one side
+(``set_src_array``/``set_dst_array``) is one ``Copy3DCommand`` (through a temporary device
+buffer when the other side is host memory); ``gpurpc._arrays`` runs it.
 
 Every copy and memset is checked before anything is sent: a device side must lie within one
 live allocation of the session (the client's allocation registry; memory from
 :func:`gpurpc.driver.mem_alloc` and what is built on it, not module globals), and a host side
 within its buffer. A violation raises :class:`LogicError` naming the side and the bytes.
 
-Not served: CUDA arrays (``set_src_array``/``set_dst_array`` raise :class:`LogicError`) and
-levels of detail (``src_lod``/``dst_lod`` other than 0).
+Not served: levels of detail of mipmapped arrays (``src_lod``/``dst_lod`` other than 0).
 """
 from __future__ import annotations
 
@@ -302,7 +303,8 @@ def memset_d2d32_async(dest: Any, pitch: int, data: int, width: int, height: int
 # Structured copies
 
 class _Endpoint:
-    """One side of a structured copy: a host buffer (flat byte view) or a device address."""
+    """One side of a structured copy: a host buffer (flat byte view), a device address or a
+    CUDA array (``obj``)."""
 
     __slots__ = ("kind", "obj", "view", "address", "owner")
 
@@ -325,7 +327,15 @@ def _is_device_like(obj: Any) -> bool:
             or hasattr(obj, "__cuda_array_interface__"))
 
 
+def _no_array(obj: Any, what: str) -> None:
+    if isinstance(obj, _drv().Array):
+        method = what.rsplit(".", 1)[-1]
+        raise TypeError(f"{what} takes {'host' if 'host' in method else 'device'} memory, got a "
+                        f"CUDA Array; use {what.rsplit('_', 1)[0]}_array")
+
+
 def _host_endpoint(buffer: Any, writable: bool, what: str) -> _Endpoint:
+    _no_array(buffer, what)
     if _is_device_like(buffer):
         raise TypeError(f"{what} takes a host buffer (numpy array, bytes, bytearray, ...), got "
                         f"{type(buffer).__name__}, which is device memory; use "
@@ -347,6 +357,7 @@ def _host_endpoint(buffer: Any, writable: bool, what: str) -> _Endpoint:
 
 
 def _device_endpoint(devptr: Any, what: str) -> _Endpoint:
+    _no_array(devptr, what)
     if isinstance(devptr, (np.ndarray, bytes, bytearray, memoryview)):
         raise TypeError(f"{what} takes a device pointer (DeviceAllocation, int address, "
                         f"GPUArray), got host memory ({type(devptr).__name__}); use "
@@ -449,8 +460,11 @@ class Memcpy2D:
     copy is called (or, from a region-backed ``pagelocked_*`` array, when the stream gets
     there); a downloaded destination is filled when the stream (or context) is synchronised.
 
-    Both sides are checked before anything is sent (see the module docstring). CUDA arrays are
-    not served: ``set_src_array``/``set_dst_array`` raise :class:`LogicError`.
+    A side may be a CUDA array (:meth:`set_src_array`, :meth:`set_dst_array`): its origin is
+    ``*_x_in_bytes`` (a multiple of the element size), ``*_y`` (and ``*_z`` for Memcpy3D), and
+    its pitch and height are the array's own (``*_pitch``/``*_height`` are ignored).
+
+    Both sides are checked before anything is sent (see the module docstring).
     """
 
     __slots__ = ("_src", "_dst", "_src_x_in_bytes", "_src_y", "_src_pitch", "_dst_x_in_bytes",
@@ -509,19 +523,23 @@ class Memcpy2D:
         else:
             self.set_dst_host(buffer)
 
-    def _no_arrays(self, method: str) -> None:
-        raise LogicError(f"{self._what(method)}: CUDA arrays are not served by gpurpcd (there "
-                         "are no gpurpc Array objects); copy to or from linear device memory "
-                         "with set_src_device/set_dst_device", code=_INVALID,
-                         operation=self._what(method))
+    def _array_endpoint(self, array: Any, method: str) -> _Endpoint:
+        what = self._what(method)
+        if not isinstance(array, _drv().Array):
+            raise TypeError(f"{what} takes a gpurpc.driver.Array, got {type(array).__name__}"
+                            + ("; for linear device memory use "
+                               f"{what.rsplit('_', 1)[0]}_device" if _is_device_like(array)
+                               else ""))
+        array._check_alive("the array", what)
+        return _Endpoint(memory_type.ARRAY, array, owner=array._core)
 
     def set_src_array(self, array: Any) -> None:
-        """Not available: raises :class:`LogicError` (CUDA arrays are not served)."""
-        self._no_arrays("set_src_array")
+        """The source is the CUDA array ``array`` (a :class:`gpurpc.driver.Array`)."""
+        self._src = self._array_endpoint(array, "set_src_array")
 
     def set_dst_array(self, array: Any) -> None:
-        """Not available: raises :class:`LogicError` (CUDA arrays are not served)."""
-        self._no_arrays("set_dst_array")
+        """The destination is the CUDA array ``array``."""
+        self._dst = self._array_endpoint(array, "set_dst_array")
 
     @property
     def src_memory_type(self) -> int:
@@ -571,9 +589,10 @@ class Memcpy2D:
         ignored: the daemon copies linear memory). ``copy(stream)``: queues the copy on the
         :class:`Stream` ``stream``.
 
-        :raises LogicError: a side is missing or is a CUDA array, a pitch is smaller than
-            ``width_in_bytes``, a side runs past the end of its allocation or host buffer,
-            device memory of another session, or a stream of another session.
+        :raises LogicError: a side is missing, a pitch is smaller than ``width_in_bytes``, a
+            side runs past the end of its allocation, host buffer or CUDA array, an offset or
+            width into an array is not a multiple of its element size, a freed array, memory
+            or an array of another session, or a stream of another session.
         """
         drv = _drv()
         if isinstance(aligned, drv.Stream):
@@ -590,8 +609,13 @@ class Memcpy2D:
         if src is None or dst is None:
             missing = "source" if src is None else "destination"
             kind = "src" if src is None else "dst"
-            raise LogicError(f"{label}: no {missing} was set (call set_{kind}_host or "
-                             f"set_{kind}_device first)", code=_INVALID, operation=label)
+            raise LogicError(f"{label}: no {missing} was set (call set_{kind}_host, "
+                             f"set_{kind}_device or set_{kind}_array first)", code=_INVALID,
+                             operation=label)
+        if src.kind == memory_type.ARRAY or dst.kind == memory_type.ARRAY:
+            from . import _arrays
+            _arrays.execute_memcpy(self, src, dst, stream, sync, label)
+            return
         geometry = self._geometry(label)
         core = self._session(src, dst, stream, label)
         stream_id = 0 if core is None else _stream_for(core, stream, label)
@@ -626,7 +650,7 @@ class Memcpy2D:
         """The session the copy runs in: the device sides' own, else the stream's, else the
         current context's; None for a host-to-host copy without a stream."""
         owners = [(name, e.owner) for name, e in (("source", src), ("destination", dst))
-                  if e.kind == memory_type.DEVICE and e.owner is not None]
+                  if e.kind in (memory_type.DEVICE, memory_type.ARRAY) and e.owner is not None]
         if len(owners) == 2 and owners[0][1] is not owners[1][1]:
             raise LogicError(f"{label}: the source is memory of gpurpc session "
                              f"{owners[0][1].session_id} and the destination of session "
@@ -645,8 +669,9 @@ class Memcpy3D(Memcpy2D):
     """A pitched 3D copy (``pycuda.driver.Memcpy3D``): :class:`Memcpy2D` plus ``depth``
     slices; slice ``k`` of a side starts ``k * pitch * height`` bytes after the first, with
     ``src_height``/``dst_height`` the rows per slice of each side (needed when ``depth`` > 1),
-    and ``src_z``/``dst_z`` the first slice. ``depth`` starts at 0, as in PyCUDA: set it.
-    ``src_lod``/``dst_lod`` (levels of detail of CUDA arrays) must stay 0.
+    and ``src_z``/``dst_z`` the first slice (of a CUDA array: the first slice or layer).
+    ``depth`` starts at 0, as in PyCUDA: set it. ``src_lod``/``dst_lod`` (levels of detail of
+    mipmapped arrays, which are not served) must stay 0.
     """
 
     __slots__ = ("_src_z", "_src_height", "_src_lod", "_dst_z", "_dst_height", "_dst_lod",
@@ -670,8 +695,9 @@ class Memcpy3D(Memcpy2D):
         w, h, d = self.width_in_bytes, self.height, self.depth
         for side in ("src", "dst"):
             if getattr(self, side + "_lod"):
-                raise LogicError(f"{label}: {side}_lod applies to CUDA arrays, which are not "
-                                 "served; it must be 0", code=_INVALID, operation=label)
+                raise LogicError(f"{label}: {side}_lod applies to CUDA arrays' levels of "
+                                 "detail (mipmapped arrays), which are not served; it must be 0",
+                                 code=_INVALID, operation=label)
             pitch = getattr(self, side + "_pitch")
             if (h > 1 or d > 1) and pitch < w:
                 raise LogicError(f"{label}: {side}_pitch ({pitch}) is smaller than "

@@ -59,17 +59,51 @@ What differs from PyCUDA, and why:
   daemon is stopped or gone.
 * Pitched memory (``mem_alloc_pitch``, ``Memcpy2D``/``Memcpy3D`` of linear memory,
   ``memset_d2d*``) is built from linear copies and memsets; see ``gpurpc._driver_extras``.
+* CUDA arrays (``Array``, ``ArrayDescriptor``, ``ArrayDescriptor3D``, ``array_format``,
+  ``array3d_flags``, ``memcpy_htoa``/``atoh`` (and ``_async``), ``memcpy_dtoa``/``atod``/
+  ``atoa``, ``Memcpy2D``/``Memcpy3D`` with ``set_src_array``/``set_dst_array``,
+  ``matrix_to_array``, ``np_to_array``, ``gpuarray_to_array``,
+  ``make_multichannel_2d_array``, ``dtype_to_array_format``) are served: a copy between an
+  array and device memory or another array is one stream-ordered command; one with host
+  memory goes through a temporary device buffer of the session (see ``gpurpc._arrays``).
+  ``Array.handle`` is the daemon's id of the array. Arrays count against the tenant's
+  device-memory quota.
 * :class:`Linker` gathers its inputs here and links them on the daemon in one
   ``ModuleService.LinkModule`` call (the driver's ``cuLink*`` there) when ``link_module`` is
   called; link errors surface then.
-* Not available: texture/surface references, CUDA arrays, managed and
-  mapped memory, IPC handles, peer copies, ``register_host_memory``. Asking for one raises :class:`AttributeError` saying why (so ``hasattr``
-  checks keep working).
+* IPC between contexts of one tenant (``mem_get_ipc_handle``, ``IPCMemoryHandle``): each
+  context is a session, a process on the daemon, so this is CUDA IPC there; the handle is an
+  opaque token only the same tenant's sessions on the same device can open (see
+  ``gpurpc._ipc``). ``start_profiler``/``stop_profiler`` mark the range a profiler attached
+  to the daemon records.
+* Not available: texture/surface references (so arrays cannot be bound to textures here),
+  mipmapped arrays, managed and mapped memory, IPC event handles, peer copies,
+  ``register_host_memory``, ``initialize_profiler``. Asking for one raises :class:`AttributeError` saying why (so
+  ``hasattr`` checks keep working).
 """
 from __future__ import annotations
 
 from typing import Any
 
+from ._arrays import (
+    Array,
+    ArrayDescriptor,
+    ArrayDescriptor3D,
+    array3d_flags,
+    array_format,
+    dtype_to_array_format,
+    gpuarray_to_array,
+    make_multichannel_2d_array,
+    matrix_to_array,
+    memcpy_atoa,
+    memcpy_atod,
+    memcpy_atoh,
+    memcpy_atoh_async,
+    memcpy_dtoa,
+    memcpy_htoa,
+    memcpy_htoa_async,
+    np_to_array,
+)
 from ._context import Context
 from ._core import Client, SessionCore, device_pointer, resolve_address
 from ._devices import Device, get_driver_version, get_version, init, pick_device
@@ -130,6 +164,7 @@ from ._functions import (
     module_from_file,
 )
 from ._graphs import Graph, GraphExec, GraphNode
+from ._ipc import IPCMemoryHandle, ipc_mem_flags, mem_get_ipc_handle, start_profiler, stop_profiler
 from ._memory import (
     DeviceAllocation,
     PointerHolderBase,
@@ -167,6 +202,7 @@ __all__ = [
     "device_attribute", "function_attribute", "ctx_flags", "event_flags", "stream_flags",
     "host_alloc_flags", "func_cache", "shared_config", "limit", "capture_mode", "capture_status",
     "pointer_attribute", "memory_type", "jit_option", "jit_input_type", "jit_fallback",
+    "array_format", "array3d_flags",
     # init / devices / contexts
     "init", "get_version", "get_driver_version", "Device", "Context", "pick_device",
     # memory
@@ -180,6 +216,13 @@ __all__ = [
     "memset_d16_async", "memset_d32_async",
     "pagelocked_empty", "pagelocked_zeros", "pagelocked_empty_like", "pagelocked_zeros_like",
     "aligned_empty", "aligned_zeros", "aligned_empty_like", "aligned_zeros_like",
+    # CUDA arrays
+    "Array", "ArrayDescriptor", "ArrayDescriptor3D", "dtype_to_array_format",
+    "matrix_to_array", "np_to_array", "gpuarray_to_array", "make_multichannel_2d_array",
+    "memcpy_htoa", "memcpy_atoh", "memcpy_htoa_async", "memcpy_atoh_async", "memcpy_dtoa",
+    "memcpy_atod", "memcpy_atoa",
+    # IPC and profiling
+    "ipc_mem_flags", "IPCMemoryHandle", "mem_get_ipc_handle", "start_profiler", "stop_profiler",
     # execution
     "Stream", "Event", "Module", "Function", "module_from_buffer", "module_from_file",
     "Linker",
@@ -198,24 +241,25 @@ _ALSO_EXPORTED = (Client, SessionCore, device_pointer, resolve_address, timeout_
 # says so instead of a bare "no attribute". (AttributeError still, so hasattr() feature checks
 # keep working.)
 _NOT_AVAILABLE = {
-    **dict.fromkeys(
-        ["Array", "ArrayDescriptor", "ArrayDescriptor3D", "matrix_to_array", "np_to_array",
-         "gpuarray_to_array", "make_multichannel_2d_array", "memcpy_atoh", "memcpy_htoa",
-         "memcpy_atod", "memcpy_dtoa", "memcpy_atoa"],
-        "CUDA arrays are not served by gpurpcd yet (Memcpy2D/Memcpy3D copy linear memory)"),
     "Memcpy3DPeer": "copies between contexts (sessions) are not served by gpurpcd yet; within "
                     "one context use Memcpy3D",
     **dict.fromkeys(
-        ["TextureReference", "SurfaceReference", "bind_array_to_texref"],
-        "texture and surface references were removed in CUDA 12"),
+        ["TextureReference", "SurfaceReference", "bind_array_to_texref", "address_mode",
+         "filter_mode", "TRSA_OVERRIDE_FORMAT", "TRSF_READ_AS_INTEGER",
+         "TRSF_NORMALIZED_COORDINATES", "TR_DEFAULT"],
+        "texture and surface references were removed in CUDA 12 (CUDA arrays are served: "
+        "Array, memcpy_htoa, Memcpy2D.set_dst_array ...)"),
+    "MipmappedArray": "mipmapped CUDA arrays are not served by gpurpcd (Array is)",
     **dict.fromkeys(
         ["managed_empty", "managed_zeros", "managed_empty_like", "managed_zeros_like",
          "mem_alloc_managed"],
         "managed memory would have to be shared between the daemon's GPU and this process's "
         "host memory, which are on different machines (or processes)"),
-    **dict.fromkeys(
-        ["IPCMemoryHandle", "mem_get_ipc_handle", "IPCEventHandle"],
-        "IPC handles between sessions are not served by gpurpcd yet"),
+    "IPCEventHandle": "IPC event handles are not served by gpurpcd yet (IPC memory handles "
+                      "are: mem_get_ipc_handle, IPCMemoryHandle)",
+    "initialize_profiler": "cuProfilerInitialize was removed in CUDA 12; start_profiler and "
+                           "stop_profiler mark the range a profiler attached to the daemon "
+                           "records",
     **dict.fromkeys(
         ["memcpy_peer", "memcpy_peer_async"],
         "peer copies between devices are not served by gpurpcd yet"),

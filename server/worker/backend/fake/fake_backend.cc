@@ -1629,6 +1629,11 @@ class FakeContext final : public Context {
     return state_->CopyDeviceToDevice(dst, src, size_bytes, stream);
   }
 
+  // Nothing to collect: like the driver without a profiler attached, both succeed.
+  absl::Status SetProfiling(bool enabled) override {
+    return state_->CheckHealthy(enabled ? "cuProfilerStart" : "cuProfilerStop");
+  }
+
   absl::StatusOr<std::unique_ptr<Array>> CreateArray(const ArrayShape& shape) override {
     constexpr absl::string_view kCall = "cuArray3DCreate";
     if (shape.element_bytes == 0 || shape.width == 0) {

@@ -81,6 +81,18 @@ FUNCTION_ATTRIBUTE_CACHE_MODE_CA: FunctionAttribute
 FUNCTION_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES: FunctionAttribute
 FUNCTION_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT: FunctionAttribute
 
+class SetProfilingRequest(_message.Message):
+    __slots__ = ("enabled",)
+    ENABLED_FIELD_NUMBER: _ClassVar[int]
+    enabled: bool
+    def __init__(self, enabled: bool = ...) -> None: ...
+
+class SetProfilingResponse(_message.Message):
+    __slots__ = ("was_enabled",)
+    WAS_ENABLED_FIELD_NUMBER: _ClassVar[int]
+    was_enabled: bool
+    def __init__(self, was_enabled: bool = ...) -> None: ...
+
 class Header(_message.Message):
     __slots__ = ("name", "content")
     NAME_FIELD_NUMBER: _ClassVar[int]

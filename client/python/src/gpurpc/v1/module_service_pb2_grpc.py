@@ -111,6 +111,11 @@ class ModuleServiceStub(object):
                 request_serializer=gpurpc_dot_v1_dot_module__service__pb2.SetFunctionCacheConfigRequest.SerializeToString,
                 response_deserializer=gpurpc_dot_v1_dot_module__service__pb2.SetFunctionCacheConfigResponse.FromString,
                 _registered_method=True)
+        self.SetProfiling = channel.unary_unary(
+                '/gpurpc.v1.ModuleService/SetProfiling',
+                request_serializer=gpurpc_dot_v1_dot_module__service__pb2.SetProfilingRequest.SerializeToString,
+                response_deserializer=gpurpc_dot_v1_dot_module__service__pb2.SetProfilingResponse.FromString,
+                _registered_method=True)
 
 
 class ModuleServiceServicer(object):
@@ -325,6 +330,19 @@ class ModuleServiceServicer(object):
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def SetProfiling(self, request, context):
+        """Starts or stops profile collection in the session's worker (cuProfilerStart /
+        cuProfilerStop): the range that a profiler the operator attached to the daemon records
+        (e.g. nsys --capture-range=cudaProfilerApi). Without a profiler attached nothing is
+        recorded and the call still succeeds, as the driver's does. Each session is its own
+        process, so the range covers this session's work only.
+        Codes: OK.
+        Retry: safe.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_ModuleServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -397,6 +415,11 @@ def add_ModuleServiceServicer_to_server(servicer, server):
                     servicer.SetFunctionCacheConfig,
                     request_deserializer=gpurpc_dot_v1_dot_module__service__pb2.SetFunctionCacheConfigRequest.FromString,
                     response_serializer=gpurpc_dot_v1_dot_module__service__pb2.SetFunctionCacheConfigResponse.SerializeToString,
+            ),
+            'SetProfiling': grpc.unary_unary_rpc_method_handler(
+                    servicer.SetProfiling,
+                    request_deserializer=gpurpc_dot_v1_dot_module__service__pb2.SetProfilingRequest.FromString,
+                    response_serializer=gpurpc_dot_v1_dot_module__service__pb2.SetProfilingResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -778,6 +801,33 @@ class ModuleService(object):
             '/gpurpc.v1.ModuleService/SetFunctionCacheConfig',
             gpurpc_dot_v1_dot_module__service__pb2.SetFunctionCacheConfigRequest.SerializeToString,
             gpurpc_dot_v1_dot_module__service__pb2.SetFunctionCacheConfigResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def SetProfiling(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/gpurpc.v1.ModuleService/SetProfiling',
+            gpurpc_dot_v1_dot_module__service__pb2.SetProfilingRequest.SerializeToString,
+            gpurpc_dot_v1_dot_module__service__pb2.SetProfilingResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -1,4 +1,5 @@
 from gpurpc.v1 import device_service_pb2 as _device_service_pb2
+from gpurpc.v1 import memory_service_pb2 as _memory_service_pb2
 from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
 from google.protobuf import descriptor as _descriptor
 from google.protobuf import message as _message
@@ -14,6 +15,32 @@ class SessionState(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
 SESSION_STATE_UNSPECIFIED: SessionState
 SESSION_STATE_ACTIVE: SessionState
 SESSION_STATE_FAULTED: SessionState
+
+class ExportMemoryRequest(_message.Message):
+    __slots__ = ("buffer_id",)
+    BUFFER_ID_FIELD_NUMBER: _ClassVar[int]
+    buffer_id: int
+    def __init__(self, buffer_id: _Optional[int] = ...) -> None: ...
+
+class ExportMemoryResponse(_message.Message):
+    __slots__ = ("handle", "size_bytes")
+    HANDLE_FIELD_NUMBER: _ClassVar[int]
+    SIZE_BYTES_FIELD_NUMBER: _ClassVar[int]
+    handle: bytes
+    size_bytes: int
+    def __init__(self, handle: _Optional[bytes] = ..., size_bytes: _Optional[int] = ...) -> None: ...
+
+class OpenMemoryHandleRequest(_message.Message):
+    __slots__ = ("handle",)
+    HANDLE_FIELD_NUMBER: _ClassVar[int]
+    handle: bytes
+    def __init__(self, handle: _Optional[bytes] = ...) -> None: ...
+
+class OpenMemoryHandleResponse(_message.Message):
+    __slots__ = ("buffer",)
+    BUFFER_FIELD_NUMBER: _ClassVar[int]
+    buffer: _memory_service_pb2.BufferInfo
+    def __init__(self, buffer: _Optional[_Union[_memory_service_pb2.BufferInfo, _Mapping]] = ...) -> None: ...
 
 class OpenSessionRequest(_message.Message):
     __slots__ = ("device_ordinal", "client_label")

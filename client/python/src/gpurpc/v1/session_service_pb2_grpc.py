@@ -68,6 +68,16 @@ class SessionServiceStub(object):
                 request_serializer=gpurpc_dot_v1_dot_session__service__pb2.WatchSessionRequest.SerializeToString,
                 response_deserializer=gpurpc_dot_v1_dot_session__service__pb2.SessionEvent.FromString,
                 _registered_method=True)
+        self.ExportMemory = channel.unary_unary(
+                '/gpurpc.v1.SessionService/ExportMemory',
+                request_serializer=gpurpc_dot_v1_dot_session__service__pb2.ExportMemoryRequest.SerializeToString,
+                response_deserializer=gpurpc_dot_v1_dot_session__service__pb2.ExportMemoryResponse.FromString,
+                _registered_method=True)
+        self.OpenMemoryHandle = channel.unary_unary(
+                '/gpurpc.v1.SessionService/OpenMemoryHandle',
+                request_serializer=gpurpc_dot_v1_dot_session__service__pb2.OpenMemoryHandleRequest.SerializeToString,
+                response_deserializer=gpurpc_dot_v1_dot_session__service__pb2.OpenMemoryHandleResponse.FromString,
+                _registered_method=True)
 
 
 class SessionServiceServicer(object):
@@ -130,6 +140,37 @@ class SessionServiceServicer(object):
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ExportMemory(self, request, context):
+        """Exports a buffer of the session named in metadata to the tenant's other sessions on the
+        same device (cuIpcGetMemHandle: each session is a process, so this is CUDA IPC). The
+        handle is an opaque token of this daemon run: another tenant's session, or a session of
+        a later run, cannot open it. Exporting a buffer again answers the same handle. The
+        export ends when the buffer is freed or its session ends. While another session has it
+        open, Free of the buffer is FAILED_PRECONDITION; when the exporting session ends, the
+        buffers opened from it are closed in their sessions (their ids then answer NOT_FOUND).
+        Codes: OK; NOT_FOUND for an unknown buffer; UNIMPLEMENTED on a backend that cannot share
+        memory between processes (the fake backend).
+        Retry: safe.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def OpenMemoryHandle(self, request, context):
+        """Opens a handle from ExportMemory in the session named in metadata (cuIpcOpenMemHandle):
+        a new buffer of this session over the exporter's memory, used by kernels and copies like
+        any buffer. Free closes it (cuIpcCloseMemHandle); the memory stays the exporter's and is
+        charged to it alone.
+        Codes: OK; NOT_FOUND for a handle this tenant cannot open (unknown, another tenant's, or
+        its export ended: one message for all three); INVALID_ARGUMENT for the session's own
+        export, a session on another device, or a handle that is not 32 bytes;
+        ALREADY_EXISTS when this session has it open already (the message names the buffer).
+        Retry: not idempotent (a retry after a lost response answers ALREADY_EXISTS).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_SessionServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -152,6 +193,16 @@ def add_SessionServiceServicer_to_server(servicer, server):
                     servicer.WatchSession,
                     request_deserializer=gpurpc_dot_v1_dot_session__service__pb2.WatchSessionRequest.FromString,
                     response_serializer=gpurpc_dot_v1_dot_session__service__pb2.SessionEvent.SerializeToString,
+            ),
+            'ExportMemory': grpc.unary_unary_rpc_method_handler(
+                    servicer.ExportMemory,
+                    request_deserializer=gpurpc_dot_v1_dot_session__service__pb2.ExportMemoryRequest.FromString,
+                    response_serializer=gpurpc_dot_v1_dot_session__service__pb2.ExportMemoryResponse.SerializeToString,
+            ),
+            'OpenMemoryHandle': grpc.unary_unary_rpc_method_handler(
+                    servicer.OpenMemoryHandle,
+                    request_deserializer=gpurpc_dot_v1_dot_session__service__pb2.OpenMemoryHandleRequest.FromString,
+                    response_serializer=gpurpc_dot_v1_dot_session__service__pb2.OpenMemoryHandleResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -270,6 +321,60 @@ class SessionService(object):
             '/gpurpc.v1.SessionService/WatchSession',
             gpurpc_dot_v1_dot_session__service__pb2.WatchSessionRequest.SerializeToString,
             gpurpc_dot_v1_dot_session__service__pb2.SessionEvent.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ExportMemory(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/gpurpc.v1.SessionService/ExportMemory',
+            gpurpc_dot_v1_dot_session__service__pb2.ExportMemoryRequest.SerializeToString,
+            gpurpc_dot_v1_dot_session__service__pb2.ExportMemoryResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def OpenMemoryHandle(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/gpurpc.v1.SessionService/OpenMemoryHandle',
+            gpurpc_dot_v1_dot_session__service__pb2.OpenMemoryHandleRequest.SerializeToString,
+            gpurpc_dot_v1_dot_session__service__pb2.OpenMemoryHandleResponse.FromString,
             options,
             channel_credentials,
             insecure,

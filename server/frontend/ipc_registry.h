@@ -1,0 +1,102 @@
+// The front end's record of CUDA IPC exports (SessionService.ExportMemory and
+// OpenMemoryHandle, session_service.proto): which buffer of which session a handle names,
+// which sessions have it open, and what must happen when either side frees or ends.
+//
+// The driver's IPC handle never leaves the daemon. A client gets a token: 32 random bytes
+// (OpenSSL's RAND_bytes) that name one export in this run of the front end. Only sessions of
+// the exporting tenant on the exporting device may open it; every other token answers one
+// NOT_FOUND, so a tenant learns nothing about another's exports.
+//
+// Lifetime rules (CUDA leaves freeing exported memory that another process has open
+// undefined, so gpurpc never lets it happen through its API):
+// - An open is begun (BeginOpen) before the importer's worker maps the memory and counts as
+//   an import from then on, so a Free of the exported buffer racing the open is refused.
+// - Free of an exported buffer with imports is FAILED_PRECONDITION (BeginFree); while a
+//   Free is under way, opens are refused.
+// - When the exporting session ends, its imports are handed back (SessionEnded) for the
+//   caller to close in their sessions; a pending open then fails at CommitOpen.
+//
+// Thread-safe; every method takes the registry's own lock, never another.
+#ifndef GPURPC_SERVER_FRONTEND_IPC_REGISTRY_H_
+#define GPURPC_SERVER_FRONTEND_IPC_REGISTRY_H_
+
+#include <cstdint>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/container/flat_hash_map.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+
+namespace gpurpc::frontend {
+
+class IpcRegistry {
+ public:
+  static constexpr size_t kTokenBytes = 32;
+
+  struct Export {
+    std::string tenant;
+    uint64_t session_id = 0;
+    int device = 0;
+    uint64_t buffer_id = 0;
+    std::string ipc_handle;  // the driver's
+    uint64_t size_bytes = 0;
+  };
+  // A session's buffer that was opened from an export.
+  struct Import {
+    uint64_t session_id = 0;
+    uint64_t buffer_id = 0;  // 0 while the open is pending
+  };
+
+  // The token of `entry`'s (session, buffer): the existing one when it was exported
+  // before, else a new one.
+  std::string Add(Export entry) ABSL_LOCKS_EXCLUDED(mu_);
+
+  // Begins opening `token` in session `session_id` of `tenant` on `device`: the export, now
+  // counted as open there (pending). NOT_FOUND for a token this tenant cannot open;
+  // INVALID_ARGUMENT for a token of the wrong size, the session's own export or another
+  // device; ALREADY_EXISTS when the session has it open or is opening it.
+  absl::StatusOr<Export> BeginOpen(const std::string& token, const std::string& tenant,
+                                   uint64_t session_id, int device) ABSL_LOCKS_EXCLUDED(mu_);
+  // The open succeeded as buffer `buffer_id`: OK, or NOT_FOUND when the export ended
+  // meanwhile (the caller then closes the buffer).
+  absl::Status CommitOpen(const std::string& token, uint64_t session_id, uint64_t buffer_id)
+      ABSL_LOCKS_EXCLUDED(mu_);
+  // The open failed.
+  void CancelOpen(const std::string& token, uint64_t session_id) ABSL_LOCKS_EXCLUDED(mu_);
+
+  // Before a Free of `buffer_id` in `session_id`: FAILED_PRECONDITION naming the sessions
+  // that have it open; otherwise OK, and until Freed or CancelFree no session can begin
+  // opening it (BeginOpen answers NOT_FOUND), so no open races the free.
+  absl::Status BeginFree(uint64_t session_id, uint64_t buffer_id) ABSL_LOCKS_EXCLUDED(mu_);
+  // The Free failed: the export stands again.
+  void CancelFree(uint64_t session_id, uint64_t buffer_id) ABSL_LOCKS_EXCLUDED(mu_);
+  // After a Free: the buffer's export ends, and so does the import it was.
+  void Freed(uint64_t session_id, uint64_t buffer_id) ABSL_LOCKS_EXCLUDED(mu_);
+  // A session ended: its exports and imports are forgotten. Returns the imports of its
+  // exports that other sessions still hold, for the caller to close there.
+  std::vector<Import> SessionEnded(uint64_t session_id) ABSL_LOCKS_EXCLUDED(mu_);
+
+  size_t exports() const ABSL_LOCKS_EXCLUDED(mu_);
+
+ private:
+  struct Entry {
+    Export exported;
+    std::vector<Import> imports;
+    bool freeing = false;
+  };
+  // Drops the export named by `token` and its (session, buffer) entry.
+  void EraseLocked(const std::string& token) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
+  mutable absl::Mutex mu_;
+  absl::flat_hash_map<std::string, Entry> by_token_ ABSL_GUARDED_BY(mu_);
+  // (session, buffer) -> token, for exports.
+  absl::flat_hash_map<std::pair<uint64_t, uint64_t>, std::string> by_buffer_ ABSL_GUARDED_BY(mu_);
+};
+
+}  // namespace gpurpc::frontend
+
+#endif  // GPURPC_SERVER_FRONTEND_IPC_REGISTRY_H_
