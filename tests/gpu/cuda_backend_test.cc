@@ -1,9 +1,14 @@
 // Tests of the CUDA backend on a real GPU (ctest label `gpu`).
 //
 // Every test needs a driver and a device: when MakeCudaBackend() fails, each one skips
-// and prints why. The kernels are embedded: PTX written by nvcc 13.0 from the CUDA C++
-// below (compute_75, so any CUDA 13 device JIT-compiles it), and add_one built for sm_90
-// as a cubin and as a fatbin (tests of those skip on other devices).
+// and prints why (CudaBackendTestData needs neither). The kernels are files of
+// tests/gpu/data: PTX written by nvcc 13.0 from the CUDA C++ below (cuda_backend_kernels.ptx,
+// compute_75, so any CUDA 13 device JIT-compiles it), and add_one built for sm_90 as a cubin
+// (add_one.sm_90.cubin: `nvcc -cubin -arch=sm_90`) and as a fatbin (add_one.sm_90.fatbin:
+// `nvcc -fatbin -gencode arch=compute_90,code=sm_90`); tests of those skip on other devices.
+// The build copies tests/gpu/data to `data` beside this executable and the install puts it
+// beside the installed one (libexec/gpurpc/tests/data, tests/CMakeLists.txt): the test reads
+// the files from there, found from its own path (/proc/self/exe).
 //
 //   extern "C" __global__ void add_one(float* p, unsigned long long n) {
 //     unsigned long long i = blockIdx.x * (unsigned long long)blockDim.x + threadIdx.x;
@@ -27,20 +32,24 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <filesystem>
+#include <fstream>
 #include <iostream>
 #include <memory>
 #include <random>
+#include <sstream>
 #include <string>
+#include <system_error>
 #include <thread>
 #include <utility>
 #include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
-#include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/string_view.h"
 #include "absl/types/span.h"
+#include "common/status_macros.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "server/worker/backend/backend.h"
@@ -55,279 +64,57 @@ using ::testing::AllOf;
 using ::testing::Field;
 using ::testing::HasSubstr;
 using ::testing::SizeIs;
+using ::testing::StartsWith;
 
 // CUdevice_attribute values (the test does not include cuda.h).
 constexpr int kAttributeWarpSize = 10;
 constexpr int kAttributeMultiprocessorCount = 16;
 constexpr int kAttributeComputeCapabilityMajor = 75;
 
-constexpr absl::string_view kKernelsPtx = R"ptx(
-.version 9.0
-.target sm_75
-.address_size 64
+// The kernels of the header comment, read once per process from `data` beside the test
+// executable; NOT_FOUND naming the path when a file cannot be read.
+struct TestKernels {
+  std::string ptx;     // cuda_backend_kernels.ptx: add_one, noop, shared_roundtrip, ...
+  std::string cubin;   // add_one.sm_90.cubin
+  std::string fatbin;  // add_one.sm_90.fatbin
+};
 
-  // .globl  add_one
-.global .align 4 .u32 counter;
-.extern .shared .align 16 .b8 s[];
-
-.visible .entry add_one(
-  .param .u64 add_one_param_0,
-  .param .u64 add_one_param_1
-)
-{
-  .reg .pred   %p<2>;
-  .reg .f32   %f<3>;
-  .reg .b32   %r<4>;
-  .reg .b64   %rd<9>;
-
-  ld.param.u64   %rd2, [add_one_param_0];
-  ld.param.u64   %rd3, [add_one_param_1];
-  mov.u32   %r1, %ctaid.x;
-  mov.u32   %r2, %ntid.x;
-  mul.wide.u32   %rd4, %r1, %r2;
-  mov.u32   %r3, %tid.x;
-  cvt.u64.u32   %rd5, %r3;
-  add.s64   %rd1, %rd4, %rd5;
-  setp.ge.u64   %p1, %rd1, %rd3;
-  @%p1 bra   $L__BB0_2;
-
-  cvta.to.global.u64   %rd6, %rd2;
-  shl.b64   %rd7, %rd1, 2;
-  add.s64   %rd8, %rd6, %rd7;
-  ld.global.f32   %f1, [%rd8];
-  add.f32   %f2, %f1, 0f3F800000;
-  st.global.f32   [%rd8], %f2;
-
-$L__BB0_2:
-  ret;
-
+// `data` in the folder of this executable (/proc/self/exe: wherever the tree was copied, and
+// also in a death test's re-executed child); `data` in the working folder if that fails.
+std::filesystem::path TestDataDir() {
+  std::error_code error;
+  const std::filesystem::path self = std::filesystem::read_symlink("/proc/self/exe", error);
+  return error ? std::filesystem::path("data") : self.parent_path() / "data";
 }
-  // .globl  noop
-.visible .entry noop()
-{
 
-  ret;
-
+absl::StatusOr<std::string> ReadTestData(const std::string& name) {
+  const std::filesystem::path path = TestDataDir() / name;
+  std::ifstream in(path, std::ios::binary);
+  if (!in) {
+    return absl::NotFoundError(absl::StrCat("cannot read the test data file ", path.string(),
+                                            " (tests/gpu/data, copied beside the test "
+                                            "executable by the build and by the install)"));
+  }
+  std::ostringstream bytes;
+  bytes << in.rdbuf();
+  return bytes.str();
 }
-  // .globl  shared_roundtrip
-.visible .entry shared_roundtrip(
-  .param .u64 shared_roundtrip_param_0,
-  .param .u32 shared_roundtrip_param_1
-)
-{
-  .reg .pred   %p<5>;
-  .reg .b32   %r<20>;
-  .reg .b64   %rd<5>;
 
-  ld.param.u64   %rd2, [shared_roundtrip_param_0];
-  ld.param.u32   %r8, [shared_roundtrip_param_1];
-  mov.u32   %r19, %tid.x;
-  setp.ge.u32   %p1, %r19, %r8;
-  @%p1 bra   $L__BB2_3;
-
-  mov.u32   %r2, %ntid.x;
-  mov.u32   %r10, s;
-  mov.u32   %r18, %r19;
-
-$L__BB2_2:
-  shl.b32   %r9, %r18, 2;
-  add.s32   %r11, %r10, %r9;
-  st.shared.u32   [%r11], %r18;
-  add.s32   %r18, %r18, %r2;
-  setp.lt.u32   %p2, %r18, %r8;
-  @%p2 bra   $L__BB2_2;
-
-$L__BB2_3:
-  bar.sync   0;
-  @%p1 bra   $L__BB2_6;
-
-  mov.u32   %r5, %ntid.x;
-  cvta.to.global.u64   %rd1, %rd2;
-  mov.u32   %r15, s;
-
-$L__BB2_5:
-  not.b32   %r12, %r19;
-  add.s32   %r13, %r12, %r8;
-  shl.b32   %r14, %r13, 2;
-  add.s32   %r16, %r15, %r14;
-  ld.shared.u32   %r17, [%r16];
-  mul.wide.u32   %rd3, %r19, 4;
-  add.s64   %rd4, %rd1, %rd3;
-  st.global.u32   [%rd4], %r17;
-  add.s32   %r19, %r19, %r5;
-  setp.lt.u32   %p4, %r19, %r8;
-  @%p4 bra   $L__BB2_5;
-
-$L__BB2_6:
-  ret;
-
+absl::StatusOr<TestKernels> LoadTestKernels() {
+  TestKernels kernels;
+  GPURPC_ASSIGN_OR_RETURN(kernels.ptx, ReadTestData("cuda_backend_kernels.ptx"));
+  GPURPC_ASSIGN_OR_RETURN(kernels.cubin, ReadTestData("add_one.sm_90.cubin"));
+  GPURPC_ASSIGN_OR_RETURN(kernels.fatbin, ReadTestData("add_one.sm_90.fatbin"));
+  return kernels;
 }
-  // .globl  store_to
-.visible .entry store_to(
-  .param .u64 store_to_param_0
-)
-{
-  .reg .b32   %r<2>;
-  .reg .b64   %rd<3>;
 
-  ld.param.u64   %rd1, [store_to_param_0];
-  cvta.to.global.u64   %rd2, %rd1;
-  mov.u32   %r1, 1;
-  st.global.u32   [%rd2], %r1;
-  ret;
-
+const absl::StatusOr<TestKernels>& Kernels() {
+  static const auto* const kernels = new absl::StatusOr<TestKernels>(LoadTestKernels());
+  return *kernels;
 }
-  // .globl  bump_counter
-.visible .entry bump_counter()
-{
-  .reg .b32   %r<2>;
-  .reg .b64   %rd<2>;
-
-  mov.u64   %rd1, counter;
-  atom.global.add.u32   %r1, [%rd1], 1;
-  ret;
-
-}
-)ptx";
-
-// add_one for sm_90 only: `nvcc -cubin -arch=sm_90` (an ELF image).
-constexpr absl::string_view kAddOneSm90CubinBase64 =
-    "f0VMRgIBAUEIAAAAAAAAAAIAvgABAAAAAAAAAAAAAADgDQAAAAAAACAKAAAAAAAABFoABkAAOAAFAEAADwAB"
-    "AAAuc2hzdHJ0YWIALnN0cnRhYgAuc3ltdGFiAC5zeW10YWJfc2huZHgALm5vdGUubnYudGtpbmZvAC5ub3Rl"
-    "Lm52LmN1aW5mbwAubnYuaW5mbwAubnYuY29tcGF0AC50ZXh0LmFkZF9vbmUALm52LmluZm8uYWRkX29uZQAu"
-    "bnYuc2hhcmVkLmFkZF9vbmUALm52LnNoYXJlZC5yZXNlcnZlZC4wAC5kZWJ1Z19mcmFtZQAucmVsLmRlYnVn"
-    "X2ZyYW1lAC5yZWxhLmRlYnVnX2ZyYW1lAC5udi5jYWxsZ3JhcGgALm52LnByb3RvdHlwZQAubnYuY29uc3Rh"
-    "bnQwLmFkZF9vbmUAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAC5zaHN0cnRhYgAu"
-    "c3RydGFiAC5zeW10YWIALnN5bXRhYl9zaG5keAAubm90ZS5udi50a2luZm8ALm5vdGUubnYuY3VpbmZvAC5u"
-    "di5pbmZvAC5udi5jb21wYXQALnRleHQuYWRkX29uZQAubnYuaW5mby5hZGRfb25lAC5udi5zaGFyZWQuYWRk"
-    "X29uZQAubnYucmVzZXJ2ZWRTbWVtLm9mZnNldDAALm52LnNoYXJlZC5yZXNlcnZlZC4wAF9fbnZfcmVzZXJ2"
-    "ZWRTTUVNX29mZnNldF8wX2FsaWFzAC5kZWJ1Z19mcmFtZQAucmVsLmRlYnVnX2ZyYW1lAC5yZWxhLmRlYnVn"
-    "X2ZyYW1lAC5udi5jYWxsZ3JhcGgALm52LnByb3RvdHlwZQBhZGRfb25lAC5udi5jb25zdGFudDAuYWRkX29u"
-    "ZQAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAKQAAAAMABQAAAAAAAAAAAAAAAAAAAAAAOQAAAAMABgAAAAAA"
-    "AAAAAAAAAAAAAAAAXQAAAAMADAAAAAAAAAAAAAAAAAAAAAAAjwAAACEAAAAAAAAAAAAAAAQAAAAAAAAAvgAA"
-    "ACCgDQAAAAAAAAAAAAAAAAAAAAAA3wAAAAMABAAAAAAAAAAAAAAAAAAAAAAADwEAAAMACgAAAAAAAAAAAAAA"
-    "AAAAAAAAKwEAABIQDAAAAAAAAAAAAAACAAAAAAAAMwEAAAMADgAAAAAAAAAAAAAAAAAAAAAA/////yQAAAAA"
-    "AAAA//////////8DAAR8/////w8MgYCAKAAI/4GAKAiBgIAoAAAA/////ywAAAAAAAAAAAAAAAAAAAAAAAAA"
-    "AAAAAAACAAAAAAAABCgAAAAMgYCAKAAEHAAAAAAAAAAMAAAAjAAAANAHAABOVklESUEgQ29ycAACAAAAAAAA"
-    "AAEAAAAHAAAANgAAAGAAAAAAcHR4YXMAQ3VkYSBjb21waWxhdGlvbiB0b29scywgcmVsZWFzZSAxMy4wLCBW"
-    "MTMuMC44OABCdWlsZCBjdWRhXzEzLjAucjEzLjAvY29tcGlsZXIuMzY0MjQ3MTRfMAAtYXJjaCBzbV85MCAt"
-    "bSA2NCAAAAwAAAAIAAAA6AMAAE5WSURJQSBDb3JwAAIAWgCCAAAABC8IAAgAAAAIAAAABBEIAAgAAAAAAAAA"
-    "BBIIAAgAAAAAAAAAAgkAAAICAQACBQUAAwcBAQIDAAACBgEABAsIAAAAAAAAAAAABDcEAIIAAAAEFwwAAAAA"
-    "AAEACAAA8CEABBcMAAAAAAAAAAAAAPAhAANQAAADG/8AA18BAQQcCACQAAAAEAEAAAMZEAAECggACQAAABAC"
-    "EAAENgQACAAAAAAAAAD/////AAAAAP7///8AAAAA/f///wAAAAD8////AAAAAEQAAAAAAAAAAgAAAAgAAAAA"
-    "AAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA"
-    "AAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAgnsB/wAKAAAACAAAAOIPABl5AgAAAAAAACEAAAAuDgDDeQQAAAAA"
-    "AAAlAAAAIg4AJHID//8AAAD/AI4HAM4PAIJ7Bf8AAAAAAAgAAAAkDgAlfAIFBAAAAAIAjg8A4h8AuXoEAACG"
-    "AAAACgAAAOQPAAx8AAIEAAAAcGDwCwDIDwAMfAADBQAAAABh8AsA2g8ATQkAAAAAAAAAAIADAOoPALl6BAAA"
-    "hAAAAAoAAADkDwARfAQCBAAAAP8QgA8AyA8AEXwFAgUAAAADFA8IAOIPALl6BAAAggAAAAoAAADIDwCBeQAE"
-    "BAAAAAAZHgwApA4AIXQDAAAAgD8AAAAAAMpPAIZ5AAQDAAAABBkQDADiDwBNeQAAAAAAAAAAgAMA6g8AR3n8"
-    "APz//////4MDAMAPABh5AAAAAAAAAAAAAADADwAYeQAAAAAAAAAAAAAAwA8AGHkAAAAAAAAAAAAAAMAPABh5"
-    "AAAAAAAAAAAAAADADwAYeQAAAAAAAAAAAAAAwA8AGHkAAAAAAAAAAAAAAMAPABh5AAAAAAAAAAAAAADADwAY"
-    "eQAAAAAAAAAAAAAAwA8AGHkAAAAAAAAAAAAAAMAPABh5AAAAAAAAAAAAAADADwAYeQAAAAAAAAAAAAAAwA8A"
-    "GHkAAAAAAAAAAAAAAMAPABh5AAAAAAAAAAAAAADADwAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA"
-    "AAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA"
-    "AAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA"
-    "AAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA"
-    "AAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA"
-    "AAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA"
-    "AAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA"
-    "AAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA"
-    "AAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA"
-    "AAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA"
-    "AAAAAAAAAAAAAAEAAAADAAAAAAAAAAAAAAAAAAAAAAAAAEAAAAAAAAAABwEAAAAAAAAAAAAAAAAAAAEAAAAA"
-    "AAAAAAAAAAAAAAALAAAAAwAAAAAAAAAAAAAAAAAAAAAAAABuAQAAAAAAAEkBAAAAAAAAAAAAAAAAAAABAAAA"
-    "AAAAAAAAAAAAAAAAEwAAAAIAAAAAAAAAAAAAAAAAAAAAAAAAuAIAAAAAAADwAAAAAAAAAAIAAAAKAAAACAAA"
-    "AAAAAAAYAAAAAAAAAKUAAAABAAAAAAAAAAAAAAAAAAAAAAAAAKgDAAAAAAAAaAAAAAAAAAAAAAAAAAAAAAEA"
-    "AAAAAAAAAAAAAAAAAAApAAAABwAAAAAAAAIAAAAAAAAAAAAAAAAQBAAAAAAAAKQAAAAAAAAAAAAAAAAAAAAE"
-    "AAAAAAAAAAAAAAAAAAAAOQAAAAcAAABAAAABAAAAAAAAAAAAAAAAtAQAAAAAAAAgAAAAAAAAAAUAAAAIAAAA"
-    "BAAAAAAAAAAAAAAAAAAAAEkAAAAAAABwAAAAAAAAAAAAAAAAAAAAANQEAAAAAAAAJAAAAAAAAAADAAAAAAAA"
-    "AAQAAAAAAAAAAAAAAAAAAABSAAAAhgAAcAAAAAAAAAAAAAAAAAAAAAD4BAAAAAAAACQAAAAAAAAAAAAAAAAA"
-    "AAAEAAAAAAAAAAAAAAAAAAAAawAAAAAAAHBAAAAAAAAAAAAAAAAAAAAAHAUAAAAAAABYAAAAAAAAAAMAAAAM"
-    "AAAABAAAAAAAAAAAAAAAAAAAANUAAAABAABwAAAAAAAAAAAAAAAAAAAAAHQFAAAAAAAAIAAAAAAAAAADAAAA"
-    "AAAAAAQAAAAAAAAACAAAAAAAAADDAAAABAAAAEAAAAAAAAAAAAAAAAAAAACYBQAAAAAAABgAAAAAAAAAAwAA"
-    "AAQAAAAIAAAAAAAAABgAAAAAAAAAXQAAAAEAAAAGAAAAAAAAAAAAAAAAAAAAAAYAAAAAAAAAAgAAAAAAAAMA"
-    "AAAIAAAAgAAAAAAAAAAAAAAAAAAAAI8AAAAIAAAAAwAAAAAAAAAAAAAAAAAAAAAIAAAAAAAAAAAAAAAAAAAA"
-    "AAAAAAAAAAEAAAAAAAAAAAAAAAAAAADxAAAAAQAAAEIAAAAAAAAAAAAAAAAAAAAACAAAAAAAACACAAAAAAAA"
-    "AAAAAAwAAAAEAAAAAAAAAAAAAAAAAAAABgAAAAQAAADgDQAAAAAAAAAAAAAAAAAAAAAAAAAAAAAYAQAAAAAA"
-    "ABgBAAAAAAAACAAAAAAAAAABAAAABAAAAOANAAAAAAAAAAAAAAAAAAAAAAAAAAAAABgBAAAAAAAAGAEAAAAA"
-    "AAAIAAAAAAAAAAEAAAAFAAAAAAYAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAIAAAAAAAAAAgAAAAAAAAgAAAAA"
-    "AAAAAQAAAAYAAAAACAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAACAAAAAAAAAABAAAA"
-    "BAAAAAAIAAAAAAAAAAAAAAAAAAAAAAAAAAAAACACAAAAAAAAIAIAAAAAAAAIAAAAAAAAAA==";
-
-// add_one for sm_90 only: `nvcc -fatbin -gencode arch=compute_90,code=sm_90`.
-constexpr absl::string_view kAddOneSm90FatbinBase64 =
-    "UO1VugEAEAA4DwAAAAAAAAIAAQFAAAAA+A4AAAAAAAAAAAAAAAAAAAgAAQBaAAAAAAAAAAAAAAARAAAAAAAA"
-    "AAAAAAAAAAAAAAAAAAAAAAB/RUxGAgEBQQgAAAAAAAAAAgC+AAEAAAAAAAAAAAAAAOANAAAAAAAAIAoAAAAA"
-    "AAAEWgAGQAA4AAUAQAAPAAEAAC5zaHN0cnRhYgAuc3RydGFiAC5zeW10YWIALnN5bXRhYl9zaG5keAAubm90"
-    "ZS5udi50a2luZm8ALm5vdGUubnYuY3VpbmZvAC5udi5pbmZvAC5udi5jb21wYXQALnRleHQuYWRkX29uZQAu"
-    "bnYuaW5mby5hZGRfb25lAC5udi5zaGFyZWQuYWRkX29uZQAubnYuc2hhcmVkLnJlc2VydmVkLjAALmRlYnVn"
-    "X2ZyYW1lAC5yZWwuZGVidWdfZnJhbWUALnJlbGEuZGVidWdfZnJhbWUALm52LmNhbGxncmFwaAAubnYucHJv"
-    "dG90eXBlAC5udi5jb25zdGFudDAuYWRkX29uZQAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA"
-    "AAAAAAAALnNoc3RydGFiAC5zdHJ0YWIALnN5bXRhYgAuc3ltdGFiX3NobmR4AC5ub3RlLm52LnRraW5mbwAu"
-    "bm90ZS5udi5jdWluZm8ALm52LmluZm8ALm52LmNvbXBhdAAudGV4dC5hZGRfb25lAC5udi5pbmZvLmFkZF9v"
-    "bmUALm52LnNoYXJlZC5hZGRfb25lAC5udi5yZXNlcnZlZFNtZW0ub2Zmc2V0MAAubnYuc2hhcmVkLnJlc2Vy"
-    "dmVkLjAAX19udl9yZXNlcnZlZFNNRU1fb2Zmc2V0XzBfYWxpYXMALmRlYnVnX2ZyYW1lAC5yZWwuZGVidWdf"
-    "ZnJhbWUALnJlbGEuZGVidWdfZnJhbWUALm52LmNhbGxncmFwaAAubnYucHJvdG90eXBlAGFkZF9vbmUALm52"
-    "LmNvbnN0YW50MC5hZGRfb25lAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAApAAAAAwAFAAAAAAAAAAAAAAAA"
-    "AAAAAAA5AAAAAwAGAAAAAAAAAAAAAAAAAAAAAABdAAAAAwAMAAAAAAAAAAAAAAAAAAAAAACPAAAAIQAAAAAA"
-    "AAAAAAAABAAAAAAAAAC+AAAAIKANAAAAAAAAAAAAAAAAAAAAAADfAAAAAwAEAAAAAAAAAAAAAAAAAAAAAAAP"
-    "AQAAAwAKAAAAAAAAAAAAAAAAAAAAAAArAQAAEhAMAAAAAAAAAAAAAAIAAAAAAAAzAQAAAwAOAAAAAAAAAAAA"
-    "AAAAAAAAAAD/////JAAAAAAAAAD//////////wMABHz/////DwyBgIAoAAj/gYAoCIGAgCgAAAD/////LAAA"
-    "AAAAAAAAAAAAAAAAAAAAAAAAAAAAAAIAAAAAAAAEKAAAAAyBgIAoAAQcAAAAAAAAAAwAAACMAAAA0AcAAE5W"
-    "SURJQSBDb3JwAAIAAAAAAAAAAQAAAAcAAAA2AAAAYAAAAABwdHhhcwBDdWRhIGNvbXBpbGF0aW9uIHRvb2xz"
-    "LCByZWxlYXNlIDEzLjAsIFYxMy4wLjg4AEJ1aWxkIGN1ZGFfMTMuMC5yMTMuMC9jb21waWxlci4zNjQyNDcx"
-    "NF8wAC1hcmNoIHNtXzkwIC1tIDY0IAAADAAAAAgAAADoAwAATlZJRElBIENvcnAAAgBaAIIAAAAELwgACAAA"
-    "AAgAAAAEEQgACAAAAAAAAAAEEggACAAAAAAAAAACCQAAAgIBAAIFBQADBwEBAgMAAAIGAQAECwgAAAAAAAAA"
-    "AAAENwQAggAAAAQXDAAAAAAAAQAIAADwIQAEFwwAAAAAAAAAAAAA8CEAA1AAAAMb/wADXwEBBBwIAJAAAAAQ"
-    "AQAAAxkQAAQKCAAJAAAAEAIQAAQ2BAAIAAAAAAAAAP////8AAAAA/v///wAAAAD9////AAAAAPz///8AAAAA"
-    "RAAAAAAAAAACAAAACAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA"
-    "AAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAACCewH/AAoAAAAIAAAA4g8AGXkCAAAA"
-    "AAAAIQAAAC4OAMN5BAAAAAAAACUAAAAiDgAkcgP//wAAAP8AjgcAzg8AgnsF/wAAAAAACAAAACQOACV8AgUE"
-    "AAAAAgCODwDiHwC5egQAAIYAAAAKAAAA5A8ADHwAAgQAAABwYPALAMgPAAx8AAMFAAAAAGHwCwDaDwBNCQAA"
-    "AAAAAAAAgAMA6g8AuXoEAACEAAAACgAAAOQPABF8BAIEAAAA/xCADwDIDwARfAUCBQAAAAMUDwgA4g8AuXoE"
-    "AACCAAAACgAAAMgPAIF5AAQEAAAAABkeDACkDgAhdAMAAACAPwAAAAAAyk8AhnkABAMAAAAEGRAMAOIPAE15"
-    "AAAAAAAAAACAAwDqDwBHefwA/P//////gwMAwA8AGHkAAAAAAAAAAAAAAMAPABh5AAAAAAAAAAAAAADADwAY"
-    "eQAAAAAAAAAAAAAAwA8AGHkAAAAAAAAAAAAAAMAPABh5AAAAAAAAAAAAAADADwAYeQAAAAAAAAAAAAAAwA8A"
-    "GHkAAAAAAAAAAAAAAMAPABh5AAAAAAAAAAAAAADADwAYeQAAAAAAAAAAAAAAwA8AGHkAAAAAAAAAAAAAAMAP"
-    "ABh5AAAAAAAAAAAAAADADwAYeQAAAAAAAAAAAAAAwA8AGHkAAAAAAAAAAAAAAMAPAAAAAAAAAAAAAAAAAAAA"
-    "AAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA"
-    "AAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA"
-    "AAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA"
-    "AAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA"
-    "AAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA"
-    "AAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA"
-    "AAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA"
-    "AAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA"
-    "AAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA"
-    "AAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAQAAAAMAAAAAAAAAAAAAAAAAAAAAAAAAQAAAAAAAAAAHAQAA"
-    "AAAAAAAAAAAAAAAAAQAAAAAAAAAAAAAAAAAAAAsAAAADAAAAAAAAAAAAAAAAAAAAAAAAAG4BAAAAAAAASQEA"
-    "AAAAAAAAAAAAAAAAAAEAAAAAAAAAAAAAAAAAAAATAAAAAgAAAAAAAAAAAAAAAAAAAAAAAAC4AgAAAAAAAPAA"
-    "AAAAAAAAAgAAAAoAAAAIAAAAAAAAABgAAAAAAAAApQAAAAEAAAAAAAAAAAAAAAAAAAAAAAAAqAMAAAAAAABo"
-    "AAAAAAAAAAAAAAAAAAAAAQAAAAAAAAAAAAAAAAAAACkAAAAHAAAAAAAAAgAAAAAAAAAAAAAAABAEAAAAAAAA"
-    "pAAAAAAAAAAAAAAAAAAAAAQAAAAAAAAAAAAAAAAAAAA5AAAABwAAAEAAAAEAAAAAAAAAAAAAAAC0BAAAAAAA"
-    "ACAAAAAAAAAABQAAAAgAAAAEAAAAAAAAAAAAAAAAAAAASQAAAAAAAHAAAAAAAAAAAAAAAAAAAAAA1AQAAAAA"
-    "AAAkAAAAAAAAAAMAAAAAAAAABAAAAAAAAAAAAAAAAAAAAFIAAACGAABwAAAAAAAAAAAAAAAAAAAAAPgEAAAA"
-    "AAAAJAAAAAAAAAAAAAAAAAAAAAQAAAAAAAAAAAAAAAAAAABrAAAAAAAAcEAAAAAAAAAAAAAAAAAAAAAcBQAA"
-    "AAAAAFgAAAAAAAAAAwAAAAwAAAAEAAAAAAAAAAAAAAAAAAAA1QAAAAEAAHAAAAAAAAAAAAAAAAAAAAAAdAUA"
-    "AAAAAAAgAAAAAAAAAAMAAAAAAAAABAAAAAAAAAAIAAAAAAAAAMMAAAAEAAAAQAAAAAAAAAAAAAAAAAAAAJgF"
-    "AAAAAAAAGAAAAAAAAAADAAAABAAAAAgAAAAAAAAAGAAAAAAAAABdAAAAAQAAAAYAAAAAAAAAAAAAAAAAAAAA"
-    "BgAAAAAAAAACAAAAAAAAAwAAAAgAAACAAAAAAAAAAAAAAAAAAAAAjwAAAAgAAAADAAAAAAAAAAAAAAAAAAAA"
-    "AAgAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAQAAAAAAAAAAAAAAAAAAAPEAAAABAAAAQgAAAAAAAAAAAAAAAAAA"
-    "AAAIAAAAAAAAIAIAAAAAAAAAAAAADAAAAAQAAAAAAAAAAAAAAAAAAAAGAAAABAAAAOANAAAAAAAAAAAAAAAA"
-    "AAAAAAAAAAAAABgBAAAAAAAAGAEAAAAAAAAIAAAAAAAAAAEAAAAEAAAA4A0AAAAAAAAAAAAAAAAAAAAAAAAA"
-    "AAAAGAEAAAAAAAAYAQAAAAAAAAgAAAAAAAAAAQAAAAUAAAAABgAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAgAA"
-    "AAAAAAACAAAAAAAACAAAAAAAAAABAAAABgAAAAAIAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA"
-    "AAAAAAAIAAAAAAAAAAEAAAAEAAAAAAgAAAAAAAAAAAAAAAAAAAAAAAAAAAAAIAIAAAAAAAAgAgAAAAAAAAgA"
-    "AAAAAAAA";
 
 absl::Span<const uint8_t> Bytes(absl::string_view text) {
   return absl::Span<const uint8_t>(reinterpret_cast<const uint8_t*>(text.data()), text.size());
-}
-
-std::string FromBase64(absl::string_view base64) {
-  std::string bytes;
-  EXPECT_TRUE(absl::Base64Unescape(base64, &bytes));
-  return bytes;
 }
 
 std::vector<uint8_t> RandomBytes(size_t size, uint64_t seed) {
@@ -373,6 +160,21 @@ MATCHER_P2(ParamIs, offset_bytes, size_bytes, "") {
          arg.size_bytes == static_cast<uint32_t>(size_bytes);
 }
 
+// The kernel files are found beside the executable (in the build tree as in an install)
+// and are what their names say. Needs no driver: never skips.
+TEST(CudaBackendTestData, KernelFilesAreFound) {
+  const absl::StatusOr<TestKernels>& kernels = Kernels();
+  ASSERT_OK(kernels.status());
+  std::cout << "test data from " << TestDataDir().string() << "\n";
+  EXPECT_THAT(kernels->ptx, StartsWith(".version 9.0\n.target sm_75\n"));
+  for (const char* entry : {"add_one", "noop", "shared_roundtrip", "store_to", "bump_counter"}) {
+    EXPECT_THAT(kernels->ptx, HasSubstr(absl::StrCat(".visible .entry ", entry, "(")));
+  }
+  EXPECT_THAT(kernels->cubin, StartsWith("\x7f"
+                                         "ELF"));
+  EXPECT_THAT(kernels->fatbin, StartsWith("\x50\xed\x55\xba"));  // 0xba55ed50, little-endian
+}
+
 class CudaBackendTest : public ::testing::Test {
  protected:
   void SetUp() override {
@@ -380,12 +182,15 @@ class CudaBackendTest : public ::testing::Test {
     if (!backend.ok()) GTEST_SKIP() << "no CUDA driver: " << backend.status();
     backend_ = std::move(backend).value();
     ASSERT_OK_AND_ASSIGN(context_, backend_->OpenContext(0));
+    ASSERT_OK(Kernels().status());
   }
 
   Context& context() { return *context_; }
+  // The kernel files (TestKernels); SetUp made sure they were read.
+  const TestKernels& kernels() const { return *Kernels(); }
 
   absl::StatusOr<std::unique_ptr<Module>> LoadKernels() {
-    return context_->LoadModule(Bytes(kKernelsPtx));
+    return context_->LoadModule(Bytes(kernels().ptx));
   }
 
   bool IsSm90() const {
@@ -617,10 +422,10 @@ TEST_F(CudaBackendTest, LoadModuleRejectsInvalidImages) {
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("JIT error log")));
   const std::string garbage(4096, '\x7f');
   EXPECT_THAT(context().LoadModule(Bytes(garbage)), StatusIs(absl::StatusCode::kInvalidArgument));
-  const std::string cubin = FromBase64(kAddOneSm90CubinBase64);
+  const std::string& cubin = kernels().cubin;
   EXPECT_THAT(context().LoadModule(Bytes(absl::string_view(cubin).substr(0, 200))),
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("truncated")));
-  const std::string fatbin = FromBase64(kAddOneSm90FatbinBase64);
+  const std::string& fatbin = kernels().fatbin;
   EXPECT_THAT(context().LoadModule(Bytes(absl::string_view(fatbin).substr(0, 1000))),
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("truncated")));
   // Still usable.
@@ -631,7 +436,7 @@ TEST_F(CudaBackendTest, LoadModuleRejectsInvalidImages) {
 
 TEST_F(CudaBackendTest, PtxModuleReportsFunctionsAndGlobals) {
   // With and without the trailing NUL (the backend adds one when missing).
-  const std::string with_nul(kKernelsPtx.data(), kKernelsPtx.size() + 1);
+  const std::string with_nul = kernels().ptx + '\0';
   ASSERT_OK(context().LoadModule(Bytes(with_nul)).status());
   ASSERT_OK_AND_ASSIGN(std::unique_ptr<Module> module, LoadKernels());
 
@@ -756,9 +561,9 @@ void ExpectAddOneWorks(Context& context, Module& module) {
 }
 
 TEST_F(CudaBackendTest, LoadsCubinAndFatbinImages) {
-  if (!IsSm90()) GTEST_SKIP() << "the embedded cubin and fatbin are for sm_90";
-  for (absl::string_view base64 : {kAddOneSm90CubinBase64, kAddOneSm90FatbinBase64}) {
-    const std::string image = FromBase64(base64);
+  if (!IsSm90()) GTEST_SKIP() << "the test's cubin and fatbin are for sm_90";
+  for (const std::string* binary : {&kernels().cubin, &kernels().fatbin}) {
+    const std::string& image = *binary;
     {
       ASSERT_OK_AND_ASSIGN(std::unique_ptr<Module> module, context().LoadModule(Bytes(image)));
       ExpectAddOneWorks(context(), *module);
@@ -946,8 +751,8 @@ TEST_F(CudaBackendTest, ManyLaunchesSucceed) {
 
 // Runs in a child process (the fault poisons the whole process). Returns the exit code:
 // 0 when every step behaved, after printing what happened to stderr.
-int FaultAndReport(Context& context) {
-  absl::StatusOr<std::unique_ptr<Module>> module = context.LoadModule(Bytes(kKernelsPtx));
+int FaultAndReport(Context& context, absl::string_view kernels_ptx) {
+  absl::StatusOr<std::unique_ptr<Module>> module = context.LoadModule(Bytes(kernels_ptx));
   if (!module.ok()) {
     std::fprintf(stderr, "LoadModule: %s\n", module.status().ToString().c_str());
     return 2;
@@ -978,7 +783,7 @@ TEST_F(CudaBackendDeathTest, IllegalAddressIsAbortedAndPoisonsTheContext) {
   GTEST_FLAG_SET(death_test_style, "threadsafe");
   EXPECT_EXIT(
       {
-        const int code = FaultAndReport(*context_);
+        const int code = FaultAndReport(*context_, kernels().ptx);
         context_.reset();
         backend_.reset();
         std::fflush(stderr);

@@ -1,27 +1,30 @@
 // The CUDA device backend: backend.h on the CUDA driver API, loaded at run time
 // (driver_api.h).
 //
-// Structure:
-// - ContextCore: the retained primary context of one device. The Context and every object
-//   it creates hold it through a shared_ptr, so the primary context is released only after
-//   the last of them is gone. It makes the context current on the calling thread before
-//   each driver call (gRPC calls arrive on a thread pool), turns CUresults into statuses
-//   and remembers when a sticky fault has poisoned the context, after which destructors
-//   skip their driver calls.
-// - CudaContext: memory, copies through a pinned staging ring, modules, launches, streams
-//   and events.
-// - CudaModule / CudaFunction / CudaStream / CudaEvent: move-free owners of one driver
-//   object each.
+// Structure (one subject per file in this folder):
+// - context_core.h: ContextCore, the retained primary context of one device. The Context and
+//   every object it creates hold it through a shared_ptr, so the primary context is released
+//   only after the last of them is gone. It makes the context current on the calling thread
+//   before each driver call (gRPC calls arrive on a thread pool), turns CUresults into
+//   statuses and remembers when a sticky fault has poisoned the context, after which
+//   destructors skip their driver calls.
+// - this file: CudaContext (memory, copies, launches, streams, events, configuration and
+//   graph capture, on the pieces below) and CudaBackend (devices, contexts).
+// - staging_ring.h: the pinned staging rings that Upload and Download copy through.
+// - cuda_module.h / module_loader.h: modules and kernels (function lookup, parameter layout,
+//   the launch parameters of a packed argument buffer) and loading and linking them.
+// - cuda_handles.h: CudaStream, CudaEvent, CudaHostRegistration, move-free owners of one
+//   driver object each; cuda_graph.h: CudaGraph and CudaGraphExec.
+// - device_info.h: what a device reports (ListDevices, OpenContext).
 //
 // The launch path allocates nothing, logs nothing and builds no string unless it fails.
 
 #include <cuda.h>
 
 #include <algorithm>
-#include <atomic>
+#include <cstddef>
 #include <cstdint>
 #include <cstring>
-#include <map>
 #include <memory>
 #include <string>
 #include <utility>
@@ -32,17 +35,21 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
-#include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/types/span.h"
 #include "common/status_macros.h"
 #include "server/worker/backend/backend.h"
+#include "server/worker/backend/cuda/context_core.h"
+#include "server/worker/backend/cuda/cuda_graph.h"
+#include "server/worker/backend/cuda/cuda_handles.h"
+#include "server/worker/backend/cuda/cuda_module.h"
 #include "server/worker/backend/cuda/cuda_status.h"
+#include "server/worker/backend/cuda/device_info.h"
 #include "server/worker/backend/cuda/driver_api.h"
-#include "server/worker/backend/cuda/module_image.h"
-#include "server/worker/backend/module_footprint.h"
-#include "spdlog/spdlog.h"
+#include "server/worker/backend/cuda/module_loader.h"
+#include "server/worker/backend/cuda/staging_ring.h"
 
 namespace gpurpc::backend {
 namespace cuda {
@@ -60,11 +67,6 @@ constexpr int kStagingSlots = 2;
 // wait for the GPU after the second one.
 constexpr size_t kSmallStagingSlotBytes = kSmallTransferBytes;
 constexpr int kSmallStagingSlots = 16;
-// JIT log buffers for cuModuleLoadDataEx.
-constexpr size_t kJitLogBytes = 16 << 10;
-// More parameters than fit in the 32764-byte parameter space means the driver never said
-// "no more".
-constexpr size_t kMaxKernelParams = 32764;
 
 std::string HexAddress(uint64_t address) { return absl::StrCat("0x", absl::Hex(address)); }
 
@@ -113,601 +115,36 @@ const char* CuLimitName(ContextLimit limit) {
 
 // ---------------------------------------------------------------------------------------
 
-class ContextCore {
- public:
-  // Takes over one reference to the primary context of `device` (released by the
-  // destructor).
-  ContextCore(const DriverApi& api, CUdevice device, CUcontext context, int ordinal)
-      : api_(api), device_(device), context_(context), ordinal_(ordinal) {}
-
-  ContextCore(const ContextCore&) = delete;
-  ContextCore& operator=(const ContextCore&) = delete;
-
-  ~ContextCore() {
-    if (poisoned()) {
-      spdlog::debug("cuDevicePrimaryCtxRelease skipped on device {}: the context is poisoned",
-                    ordinal_);
-      return;
-    }
-    const CUresult result = api_.cuDevicePrimaryCtxRelease(device_);
-    if (result != CUDA_SUCCESS) {
-      spdlog::warn("{}", CuResultToStatus(&api_, result, "cuDevicePrimaryCtxRelease",
-                                          absl::StrCat("device ", ordinal_))
-                             .ToString());
-    }
-  }
-
-  const DriverApi& api() const { return api_; }
-  CUcontext context() const { return context_; }
-  int ordinal() const { return ordinal_; }
-  bool poisoned() const { return poisoned_.load(std::memory_order_acquire); }
-
-  // Makes the context current on the calling thread. The process owns one context, so it
-  // is left current afterwards; the usual cost is one cuCtxGetCurrent (a thread-local
-  // read in the driver).
-  absl::Status MakeCurrent() {
-    CUcontext current = nullptr;
-    CUresult result = api_.cuCtxGetCurrent(&current);
-    if (ABSL_PREDICT_TRUE(result == CUDA_SUCCESS && current == context_)) {
-      return absl::OkStatus();
-    }
-    if (result != CUDA_SUCCESS) return Error(result, "cuCtxGetCurrent");
-    result = api_.cuCtxSetCurrent(context_);
-    if (ABSL_PREDICT_FALSE(result != CUDA_SUCCESS)) return Error(result, "cuCtxSetCurrent");
-    return absl::OkStatus();
-  }
-
-  absl::Status Check(CUresult result, const char* call) {
-    if (ABSL_PREDICT_TRUE(result == CUDA_SUCCESS)) return absl::OkStatus();
-    return Error(result, call);
-  }
-
-  // The status for a failed call (see CuResultToStatus). A sticky fault poisons the
-  // context. Failure path only.
-  ABSL_ATTRIBUTE_NOINLINE absl::Status Error(CUresult result, const char* call,
-                                             absl::string_view detail = {}) {
-    absl::Status status = CuResultToStatus(&api_, result, call, detail);
-    if (IsStickyCuResult(result) && !poisoned_.exchange(true, std::memory_order_acq_rel)) {
-      spdlog::error("the CUDA context on device {} is poisoned: {}", ordinal_, status.ToString());
-    }
-    return status;
-  }
-
-  // For destructors: runs `release` (returning a CUresult) with the context current, unless
-  // the context is poisoned. Logs failures; never throws.
-  template <typename F>
-  void CleanUp(const char* call, const F& release) noexcept {
-    if (poisoned()) {
-      spdlog::debug("{} skipped: the CUDA context on device {} is poisoned", call, ordinal_);
-      return;
-    }
-    absl::Status status = MakeCurrent();
-    if (status.ok()) status = Check(release(), call);
-    if (status.ok()) return;
-    if (poisoned()) {
-      spdlog::debug("{} (cleanup abandoned)", status.ToString());
+// One side of a CUDA_MEMCPY3D from a Copy3DEnd (the session checked the ranges).
+void SetCopyEnd(const Copy3DEnd& end, bool source, CUDA_MEMCPY3D* copy) {
+  if (end.array != nullptr) {
+    const CUarray array = static_cast<const CudaArray*>(end.array)->handle();
+    if (source) {
+      copy->srcMemoryType = CU_MEMORYTYPE_ARRAY;
+      copy->srcArray = array;
+      copy->srcXInBytes = end.x_bytes;
+      copy->srcY = end.y;
+      copy->srcZ = end.z;
     } else {
-      spdlog::warn("cleanup failed: {}", status.ToString());
+      copy->dstMemoryType = CU_MEMORYTYPE_ARRAY;
+      copy->dstArray = array;
+      copy->dstXInBytes = end.x_bytes;
+      copy->dstY = end.y;
+      copy->dstZ = end.z;
     }
+    return;
   }
-
- private:
-  const DriverApi& api_;
-  const CUdevice device_;
-  const CUcontext context_;
-  const int ordinal_;
-  std::atomic<bool> poisoned_{false};
-};
-
-// ---------------------------------------------------------------------------------------
-
-class CudaFunction final : public Function {
- public:
-  CudaFunction(CUfunction handle, std::string name, std::vector<ParamInfo> params,
-               const FunctionAttributes& attributes)
-      : handle_(handle),
-        name_(std::move(name)),
-        params_(std::move(params)),
-        attributes_(attributes),
-        dynamic_shared_limit_(
-            static_cast<uint32_t>(std::max(0, attributes.max_dynamic_shared_size_bytes))) {}
-
-  const std::vector<ParamInfo>& params() const override { return params_; }
-  const FunctionAttributes& attributes() const override { return attributes_; }
-
-  CUfunction handle() const { return handle_; }
-  const std::string& name() const { return name_; }
-
-  bool NeedsMoreDynamicShared(uint32_t bytes) const {
-    return bytes > dynamic_shared_limit_.load(std::memory_order_acquire);
+  if (source) {
+    copy->srcMemoryType = CU_MEMORYTYPE_DEVICE;
+    copy->srcDevice = static_cast<CUdeviceptr>(end.address);
+    copy->srcPitch = end.pitch_bytes;
+    copy->srcHeight = end.height;
+  } else {
+    copy->dstMemoryType = CU_MEMORYTYPE_DEVICE;
+    copy->dstDevice = static_cast<CUdeviceptr>(end.address);
+    copy->dstPitch = end.pitch_bytes;
+    copy->dstHeight = end.height;
   }
-
-  // Raises CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES to at least `bytes`. Only ever
-  // raises it, so concurrent launches asking for different sizes all stay valid.
-  ABSL_ATTRIBUTE_NOINLINE absl::Status RaiseDynamicShared(ContextCore& core, uint32_t bytes)
-      ABSL_LOCKS_EXCLUDED(raise_mu_) {
-    absl::MutexLock lock(&raise_mu_);
-    if (bytes <= dynamic_shared_limit_.load(std::memory_order_acquire)) {
-      return absl::OkStatus();
-    }
-    const CUresult result = core.api().cuFuncSetAttribute(
-        handle_, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, static_cast<int>(bytes));
-    if (result != CUDA_SUCCESS) {
-      return core.Error(result, "cuFuncSetAttribute",
-                        absl::StrCat("kernel ", name_, ": cannot allow ", bytes,
-                                     " bytes of dynamic shared memory (the kernel uses ",
-                                     attributes_.shared_size_bytes,
-                                     " bytes of static shared memory; see the device's "
-                                     "max_shared_memory_per_block_optin_bytes)"));
-    }
-    dynamic_shared_limit_.store(bytes, std::memory_order_release);
-    return absl::OkStatus();
-  }
-
-  // cuFuncSetAttribute. A new MAX_DYNAMIC_SHARED_SIZE_BYTES is also where RaiseDynamicShared
-  // starts from (it may lower it: a later launch that asks for more raises it again).
-  absl::Status SetAttribute(ContextCore& core, CUfunction_attribute attribute,
-                            const char* attribute_name, int value) ABSL_LOCKS_EXCLUDED(raise_mu_) {
-    absl::MutexLock lock(&raise_mu_);
-    const CUresult result = core.api().cuFuncSetAttribute(handle_, attribute, value);
-    if (result != CUDA_SUCCESS) {
-      return core.Error(result, "cuFuncSetAttribute",
-                        absl::StrCat(attribute_name, " = ", value, " for kernel ", name_));
-    }
-    if (attribute == CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES) {
-      dynamic_shared_limit_.store(static_cast<uint32_t>(std::max(0, value)),
-                                  std::memory_order_release);
-    }
-    return absl::OkStatus();
-  }
-
- private:
-  const CUfunction handle_;
-  const std::string name_;
-  const std::vector<ParamInfo> params_;
-  const FunctionAttributes attributes_;
-  // Stored only with raise_mu_ held, but loaded without it on the launch path (hence an
-  // atomic, and no ABSL_GUARDED_BY).
-  std::atomic<uint32_t> dynamic_shared_limit_;
-  // Serialises the cuFuncSetAttribute calls on handle_ with the check-and-store of
-  // dynamic_shared_limit_ that goes with them.
-  absl::Mutex raise_mu_;
-};
-
-class CudaModule final : public Module {
- public:
-  CudaModule(std::shared_ptr<ContextCore> core, CUmodule module, uint64_t device_memory_bytes)
-      : core_(std::move(core)), module_(module), device_memory_bytes_(device_memory_bytes) {}
-
-  ~CudaModule() override {
-    functions_.clear();  // Handles only; the driver frees them with the module.
-    const DriverApi& api = core_->api();
-    core_->CleanUp("cuModuleUnload", [&] { return api.cuModuleUnload(module_); });
-  }
-
-  absl::StatusOr<Function*> GetFunction(const std::string& name) ABSL_LOCKS_EXCLUDED(mu_) override {
-    absl::MutexLock lock(&mu_);
-    if (auto it = functions_.find(name); it != functions_.end()) return it->second.get();
-
-    GPURPC_RETURN_IF_ERROR(core_->MakeCurrent());
-    const DriverApi& api = core_->api();
-    CUfunction handle = nullptr;
-    CUresult result = api.cuModuleGetFunction(&handle, module_, name.c_str());
-    if (result != CUDA_SUCCESS) {
-      return core_->Error(result, "cuModuleGetFunction",
-                          result == CUDA_ERROR_NOT_FOUND
-                              ? absl::StrCat("the module has no kernel named \"", name, "\"")
-                              : absl::StrCat("kernel \"", name, "\""));
-    }
-    // Under lazy loading (the default since CUDA 12.2) some attributes need a fully
-    // loaded function; load it now rather than on the first launch.
-    result = api.cuFuncLoad(handle);
-    if (result != CUDA_SUCCESS) {
-      return core_->Error(result, "cuFuncLoad", absl::StrCat("kernel \"", name, "\""));
-    }
-
-    std::vector<ParamInfo> params;
-    for (size_t i = 0;; ++i) {
-      if (i > kMaxKernelParams) {
-        return absl::InternalError(absl::StrCat("cuFuncGetParamInfo: kernel \"", name,
-                                                "\" reports more than ", kMaxKernelParams,
-                                                " parameters"));
-      }
-      size_t offset = 0;
-      size_t size = 0;
-      result = api.cuFuncGetParamInfo(handle, i, &offset, &size);
-      if (result == CUDA_ERROR_INVALID_VALUE) break;  // Past the last parameter.
-      if (result != CUDA_SUCCESS) {
-        return core_->Error(result, "cuFuncGetParamInfo",
-                            absl::StrCat("kernel \"", name, "\" parameter ", i));
-      }
-      params.push_back(ParamInfo{static_cast<uint32_t>(offset), static_cast<uint32_t>(size)});
-    }
-
-    FunctionAttributes attributes;
-    const struct {
-      CUfunction_attribute attribute;
-      const char* attribute_name;
-      int* value;
-    } queries[] = {
-        {CU_FUNC_ATTRIBUTE_NUM_REGS, "CU_FUNC_ATTRIBUTE_NUM_REGS", &attributes.num_regs},
-        {CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES, "CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES",
-         &attributes.shared_size_bytes},
-        {CU_FUNC_ATTRIBUTE_CONST_SIZE_BYTES, "CU_FUNC_ATTRIBUTE_CONST_SIZE_BYTES",
-         &attributes.const_size_bytes},
-        {CU_FUNC_ATTRIBUTE_LOCAL_SIZE_BYTES, "CU_FUNC_ATTRIBUTE_LOCAL_SIZE_BYTES",
-         &attributes.local_size_bytes},
-        {CU_FUNC_ATTRIBUTE_MAX_THREADS_PER_BLOCK, "CU_FUNC_ATTRIBUTE_MAX_THREADS_PER_BLOCK",
-         &attributes.max_threads_per_block},
-        {CU_FUNC_ATTRIBUTE_PTX_VERSION, "CU_FUNC_ATTRIBUTE_PTX_VERSION", &attributes.ptx_version},
-        {CU_FUNC_ATTRIBUTE_BINARY_VERSION, "CU_FUNC_ATTRIBUTE_BINARY_VERSION",
-         &attributes.binary_version},
-        {CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
-         "CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES",
-         &attributes.max_dynamic_shared_size_bytes},
-    };
-    for (const auto& query : queries) {
-      result = api.cuFuncGetAttribute(query.value, query.attribute, handle);
-      if (result != CUDA_SUCCESS) {
-        return core_->Error(result, "cuFuncGetAttribute",
-                            absl::StrCat(query.attribute_name, " of kernel \"", name, "\""));
-      }
-    }
-
-    auto function = std::make_unique<CudaFunction>(handle, name, std::move(params), attributes);
-    Function* raw = function.get();
-    functions_.emplace(name, std::move(function));
-    return raw;
-  }
-
-  absl::StatusOr<Global> GetGlobal(const std::string& name) override {
-    GPURPC_RETURN_IF_ERROR(core_->MakeCurrent());
-    CUdeviceptr address = 0;
-    size_t size = 0;
-    const CUresult result = core_->api().cuModuleGetGlobal(&address, &size, module_, name.c_str());
-    if (result != CUDA_SUCCESS) {
-      return core_->Error(result, "cuModuleGetGlobal",
-                          result == CUDA_ERROR_NOT_FOUND
-                              ? absl::StrCat("the module has no global named \"", name, "\"")
-                              : absl::StrCat("global \"", name, "\""));
-    }
-    return Global{static_cast<DevicePtr>(address), static_cast<uint64_t>(size)};
-  }
-
-  uint64_t device_memory_bytes() const override { return device_memory_bytes_; }
-
- private:
-  const std::shared_ptr<ContextCore> core_;
-  const CUmodule module_;
-  const uint64_t device_memory_bytes_;
-  absl::Mutex mu_;
-  // Stable addresses: Function pointers are handed out.
-  std::map<std::string, std::unique_ptr<CudaFunction>> functions_ ABSL_GUARDED_BY(mu_);
-};
-
-class CudaStream final : public Stream {
- public:
-  CudaStream(std::shared_ptr<ContextCore> core, CUstream stream)
-      : core_(std::move(core)), stream_(stream) {}
-
-  // cuStreamDestroy returns at once; the driver frees the stream after its queued work.
-  ~CudaStream() override {
-    const DriverApi& api = core_->api();
-    core_->CleanUp("cuStreamDestroy", [&] { return api.cuStreamDestroy(stream_); });
-  }
-
-  CUstream handle() const { return stream_; }
-
- private:
-  const std::shared_ptr<ContextCore> core_;
-  const CUstream stream_;
-};
-
-class CudaEvent final : public Event {
- public:
-  CudaEvent(std::shared_ptr<ContextCore> core, CUevent event, bool timing_enabled)
-      : core_(std::move(core)), event_(event), timing_enabled_(timing_enabled) {}
-
-  ~CudaEvent() override {
-    const DriverApi& api = core_->api();
-    core_->CleanUp("cuEventDestroy", [&] { return api.cuEventDestroy(event_); });
-  }
-
-  CUevent handle() const { return event_; }
-  bool timing_enabled() const { return timing_enabled_; }
-
- private:
-  const std::shared_ptr<ContextCore> core_;
-  const CUevent event_;
-  const bool timing_enabled_;
-};
-
-// Backend objects come only from this backend (the session layer never mixes backends),
-// hence the static_casts.
-CUstream ToCuStream(Stream* stream) {
-  return stream == nullptr ? nullptr : static_cast<CudaStream*>(stream)->handle();
-}
-
-// ---------------------------------------------------------------------------------------
-
-// Pinned host buffers for staging copies. Each slot has an event recorded after the copy
-// that uses it; a slot is reused only after its event has completed. All methods except
-// the constructor, mutex() and slot_bytes() require mutex() held (ABSL_EXCLUSIVE_LOCKS_REQUIRED);
-// all but slot accessors also the context current.
-class StagingRing {
- public:
-  struct Slot {
-    uint8_t* host = nullptr;
-    CUevent done = nullptr;
-    bool pending = false;  // `done` was recorded and not yet waited for.
-  };
-
-  StagingRing(size_t slot_bytes, int slot_count)
-      : slot_bytes_(slot_bytes), slots_(static_cast<size_t>(slot_count)) {}
-
-  absl::Mutex& mutex() ABSL_LOCK_RETURNED(mu_) { return mu_; }
-  size_t slot_bytes() const { return slot_bytes_; }
-  size_t slot_count() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return slots_.size(); }
-  Slot& slot(uint64_t index) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    return slots_[index % slots_.size()];
-  }
-  Slot& NextSlot() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return slots_[next_++ % slots_.size()]; }
-
-  absl::Status EnsureAllocated(ContextCore& core) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    if (host_ != nullptr) return absl::OkStatus();
-    const DriverApi& api = core.api();
-    const size_t total_bytes = slot_bytes_ * slots_.size();
-    void* host = nullptr;
-    CUresult result = api.cuMemHostAlloc(&host, total_bytes, 0);
-    if (result != CUDA_SUCCESS) {
-      return core.Error(result, "cuMemHostAlloc",
-                        absl::StrCat(total_bytes, " bytes of pinned staging memory"));
-    }
-    size_t created = 0;
-    for (; created < slots_.size(); ++created) {
-      result = api.cuEventCreate(&slots_[created].done, CU_EVENT_DISABLE_TIMING);
-      if (result != CUDA_SUCCESS) break;
-    }
-    if (result != CUDA_SUCCESS) {
-      absl::Status status = core.Error(result, "cuEventCreate", "staging event");
-      for (size_t i = 0; i < created; ++i) {
-        api.cuEventDestroy(slots_[i].done);
-        slots_[i].done = nullptr;
-      }
-      api.cuMemFreeHost(host);
-      return status;
-    }
-    host_ = host;
-    for (size_t i = 0; i < slots_.size(); ++i) {
-      slots_[i].host = static_cast<uint8_t*>(host_) + i * slot_bytes_;
-      slots_[i].pending = false;
-    }
-    return absl::OkStatus();
-  }
-
-  // Waits until the last copy that used `slot` has completed.
-  absl::Status WaitIdle(ContextCore& core, Slot& slot) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    if (!slot.pending) return absl::OkStatus();
-    const CUresult result = core.api().cuEventSynchronize(slot.done);
-    // CUDA_ERROR_CAPTURED_EVENT: a stream capture that began while the copy was enqueued
-    // recorded the copy and the event instead of running them; nothing on a stream reads
-    // the slot, so it is free (without this, it would stay busy for good).
-    if (result != CUDA_ERROR_CAPTURED_EVENT) {
-      GPURPC_RETURN_IF_ERROR(core.Check(result, "cuEventSynchronize"));
-    }
-    slot.pending = false;
-    return absl::OkStatus();
-  }
-
-  // Marks `slot` busy until the work just queued on `stream` completes.
-  absl::Status MarkPending(ContextCore& core, Slot& slot, CUstream stream)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    const CUresult result = core.api().cuEventRecord(slot.done, stream);
-    if (ABSL_PREDICT_FALSE(result != CUDA_SUCCESS)) {
-      // Without the event we cannot tell when the DMA stops reading the slot: wait.
-      core.api().cuStreamSynchronize(stream);
-      return core.Error(result, "cuEventRecord", "staging event");
-    }
-    slot.pending = true;
-    return absl::OkStatus();
-  }
-
-  // Waits for in-flight copies, then frees the events and the pinned memory. Never throws.
-  void Destroy(ContextCore& core) noexcept ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    if (host_ == nullptr) return;
-    const DriverApi& api = core.api();
-    for (Slot& slot : slots_) {
-      if (slot.pending) {
-        core.CleanUp("cuEventSynchronize", [&] { return api.cuEventSynchronize(slot.done); });
-      }
-      core.CleanUp("cuEventDestroy", [&] { return api.cuEventDestroy(slot.done); });
-      slot = Slot{};
-    }
-    void* host = host_;
-    core.CleanUp("cuMemFreeHost", [&] { return api.cuMemFreeHost(host); });
-    host_ = nullptr;
-  }
-
- private:
-  absl::Mutex mu_;
-  const size_t slot_bytes_;
-  std::vector<Slot> slots_ ABSL_GUARDED_BY(mu_);
-  void* host_ ABSL_GUARDED_BY(mu_) = nullptr;  // One allocation; the slots are slices of it.
-  uint64_t next_ ABSL_GUARDED_BY(mu_) = 0;
-};
-
-// ---------------------------------------------------------------------------------------
-
-// A cuMemHostRegister'ed range, unregistered when destroyed (skipped on a poisoned context,
-// whose process is about to end).
-class CudaHostRegistration final : public HostRegistration {
- public:
-  CudaHostRegistration(std::shared_ptr<ContextCore> core, void* host)
-      : core_(std::move(core)), host_(host) {}
-  ~CudaHostRegistration() override {
-    core_->CleanUp("cuMemHostUnregister", [&] { return core_->api().cuMemHostUnregister(host_); });
-  }
-
- private:
-  const std::shared_ptr<ContextCore> core_;
-  void* const host_;
-};
-
-// A graph captured from a stream, with its nodes in capture order (the chain from its
-// root) and their kinds. The driver's graph objects are not internally synchronised: every
-// call that reads or changes one holds mutex() (Instantiate, Update, node handles in
-// SetParams; a graph exec's mutex is always taken before its graph's).
-class CudaGraph final : public Graph {
- public:
-  CudaGraph(std::shared_ptr<ContextCore> core, CUgraph graph)
-      : core_(std::move(core)), graph_(graph) {}
-  ~CudaGraph() override {
-    const DriverApi& api = core_->api();
-    // A copy: the lambda is analysed apart from this destructor, which needs no lock.
-    const CUgraph graph = graph_;
-    core_->CleanUp("cuGraphDestroy", [&] { return api.cuGraphDestroy(graph); });
-  }
-
-  // Reads the nodes; the constructor's caller calls it once before handing the graph out.
-  // Nothing else can reach the graph yet, so (like the constructor) it runs without
-  // mutex() and is left out of the lock analysis.
-  absl::Status ReadNodes() ABSL_NO_THREAD_SAFETY_ANALYSIS {
-    const DriverApi& api = core_->api();
-    size_t count = 0;
-    GPURPC_RETURN_IF_ERROR(
-        core_->Check(api.cuGraphGetNodes(graph_, nullptr, &count), "cuGraphGetNodes"));
-    std::vector<CUgraphNode> all(count);
-    if (count > 0) {
-      GPURPC_RETURN_IF_ERROR(
-          core_->Check(api.cuGraphGetNodes(graph_, all.data(), &count), "cuGraphGetNodes"));
-      all.resize(count);
-    }
-    // Topological order (Kahn), ties in cuGraphGetNodes order: for the chain a one-stream
-    // capture makes, the order the work was enqueued in.
-    std::map<CUgraphNode, size_t> waiting;  // node -> dependencies not yet placed
-    std::map<CUgraphNode, std::vector<CUgraphNode>> dependents;
-    for (CUgraphNode node : all) waiting.emplace(node, 0);
-    for (CUgraphNode node : all) {
-      size_t n = 0;
-      GPURPC_RETURN_IF_ERROR(
-          core_->Check(api.cuGraphNodeGetDependentNodes(node, nullptr, nullptr, &n),
-                       "cuGraphNodeGetDependentNodes"));
-      std::vector<CUgraphNode>& out = dependents[node];
-      out.resize(n);
-      if (n > 0) {
-        GPURPC_RETURN_IF_ERROR(
-            core_->Check(api.cuGraphNodeGetDependentNodes(node, out.data(), nullptr, &n),
-                         "cuGraphNodeGetDependentNodes"));
-        out.resize(n);
-      }
-      for (CUgraphNode next : out) ++waiting[next];
-    }
-    std::vector<CUgraphNode> ready;
-    for (CUgraphNode node : all) {
-      if (waiting[node] == 0) ready.push_back(node);
-    }
-    std::reverse(ready.begin(), ready.end());  // a stack, first node on top
-    while (!ready.empty()) {
-      CUgraphNode node = ready.back();
-      ready.pop_back();
-      nodes_.push_back(node);
-      const std::vector<CUgraphNode>& out = dependents[node];
-      for (auto it = out.rbegin(); it != out.rend(); ++it) {
-        if (--waiting[*it] == 0) ready.push_back(*it);
-      }
-    }
-    if (nodes_.size() != all.size()) {
-      return absl::InternalError(absl::StrCat("the captured graph has ", all.size(),
-                                              " nodes but only ", nodes_.size(),
-                                              " are reachable in dependency order"));
-    }
-    for (CUgraphNode node : nodes_) {
-      CUgraphNodeType type;
-      GPURPC_RETURN_IF_ERROR(
-          core_->Check(api.cuGraphNodeGetType(node, &type), "cuGraphNodeGetType"));
-      switch (type) {
-        case CU_GRAPH_NODE_TYPE_KERNEL:
-          kinds_.push_back(GraphNodeKind::kKernel);
-          break;
-        case CU_GRAPH_NODE_TYPE_MEMSET:
-          kinds_.push_back(GraphNodeKind::kMemset);
-          break;
-        case CU_GRAPH_NODE_TYPE_MEMCPY:
-          kinds_.push_back(GraphNodeKind::kCopy);
-          break;
-        default:
-          kinds_.push_back(GraphNodeKind::kOther);
-      }
-    }
-    return absl::OkStatus();
-  }
-
-  const std::vector<GraphNodeKind>& nodes() const override { return kinds_; }
-  CUgraph handle() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return graph_; }
-  const std::vector<CUgraphNode>& node_handles() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    return nodes_;
-  }
-  absl::Mutex& mutex() ABSL_LOCK_RETURNED(mu_) { return mu_; }
-
- private:
-  const std::shared_ptr<ContextCore> core_;
-  // The driver's graph and its nodes: every driver call on them holds mu_ (past ReadNodes).
-  const CUgraph graph_ ABSL_GUARDED_BY(mu_);
-  std::vector<CUgraphNode> nodes_ ABSL_GUARDED_BY(mu_);
-  // Set by ReadNodes, read-only afterwards (nodes() reads it without mu_).
-  std::vector<GraphNodeKind> kinds_;
-  absl::Mutex mu_;
-};
-
-class CudaGraphExec final : public GraphExec {
- public:
-  CudaGraphExec(std::shared_ptr<ContextCore> core, CUgraphExec exec,
-                std::shared_ptr<CudaGraph> source)
-      : core_(std::move(core)), exec_(exec), source_(std::move(source)) {}
-  // Launches already enqueued still run (cuGraphExecDestroy does not wait for them).
-  ~CudaGraphExec() override {
-    const DriverApi& api = core_->api();
-    // A copy: the lambda is analysed apart from this destructor, which needs no lock.
-    const CUgraphExec exec = exec_;
-    core_->CleanUp("cuGraphExecDestroy", [&] { return api.cuGraphExecDestroy(exec); });
-  }
-  CUgraphExec handle() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return exec_; }
-  // The graph it was instantiated from: its node handles name this exec's nodes.
-  CudaGraph& source() const { return *source_; }
-  absl::Mutex& mutex() ABSL_LOCK_RETURNED(mu_) { return mu_; }
-
- private:
-  const std::shared_ptr<ContextCore> core_;
-  // The driver's graph exec: every driver call on it holds mu_.
-  const CUgraphExec exec_ ABSL_GUARDED_BY(mu_);
-  const std::shared_ptr<CudaGraph> source_;
-  // Lock order: a graph exec's mutex is taken before a graph's (its source's, or the graph
-  // it is updated from; see UpdateGraphExec and SetGraphExecKernelNode).
-  absl::Mutex mu_ ABSL_ACQUIRED_BEFORE(source_->mutex());
-};
-
-const char* GraphExecUpdateResultName(CUgraphExecUpdateResult result) {
-  switch (result) {
-    case CU_GRAPH_EXEC_UPDATE_SUCCESS:
-      return "CU_GRAPH_EXEC_UPDATE_SUCCESS";
-    case CU_GRAPH_EXEC_UPDATE_ERROR:
-      return "CU_GRAPH_EXEC_UPDATE_ERROR";
-    case CU_GRAPH_EXEC_UPDATE_ERROR_TOPOLOGY_CHANGED:
-      return "CU_GRAPH_EXEC_UPDATE_ERROR_TOPOLOGY_CHANGED";
-    case CU_GRAPH_EXEC_UPDATE_ERROR_NODE_TYPE_CHANGED:
-      return "CU_GRAPH_EXEC_UPDATE_ERROR_NODE_TYPE_CHANGED";
-    case CU_GRAPH_EXEC_UPDATE_ERROR_FUNCTION_CHANGED:
-      return "CU_GRAPH_EXEC_UPDATE_ERROR_FUNCTION_CHANGED";
-    case CU_GRAPH_EXEC_UPDATE_ERROR_PARAMETERS_CHANGED:
-      return "CU_GRAPH_EXEC_UPDATE_ERROR_PARAMETERS_CHANGED";
-    case CU_GRAPH_EXEC_UPDATE_ERROR_NOT_SUPPORTED:
-      return "CU_GRAPH_EXEC_UPDATE_ERROR_NOT_SUPPORTED";
-    case CU_GRAPH_EXEC_UPDATE_ERROR_UNSUPPORTED_FUNCTION_CHANGE:
-      return "CU_GRAPH_EXEC_UPDATE_ERROR_UNSUPPORTED_FUNCTION_CHANGE";
-    case CU_GRAPH_EXEC_UPDATE_ERROR_ATTRIBUTES_CHANGED:
-      return "CU_GRAPH_EXEC_UPDATE_ERROR_ATTRIBUTES_CHANGED";
-  }
-  return "an unknown CUgraphExecUpdateResult";
 }
 
 class CudaContext final : public Context {
@@ -901,6 +338,85 @@ class CudaContext final : public Context {
     return absl::OkStatus();
   }
 
+  absl::StatusOr<std::unique_ptr<Array>> CreateArray(const ArrayShape& shape) override {
+    GPURPC_RETURN_IF_ERROR(core_->MakeCurrent());
+    CUDA_ARRAY3D_DESCRIPTOR descriptor{};
+    descriptor.Width = shape.width;
+    descriptor.Height = shape.height;
+    descriptor.Depth = shape.depth;
+    descriptor.Format = static_cast<CUarray_format>(shape.format);
+    descriptor.NumChannels = shape.num_channels;
+    descriptor.Flags = shape.flags;
+    CUarray array = nullptr;
+    const CUresult result = api_.cuArray3DCreate(&array, &descriptor);
+    if (result != CUDA_SUCCESS) {
+      return core_->Error(result, "cuArray3DCreate",
+                          absl::StrCat("width=", shape.width, " height=", shape.height,
+                                       " depth=", shape.depth, " format=", shape.format,
+                                       " channels=", shape.num_channels, " flags=", shape.flags));
+    }
+    return std::make_unique<CudaArray>(core_, array);
+  }
+
+  absl::Status Copy3D(const Copy3DEnd& dst, const Copy3DEnd& src, uint64_t width_bytes,
+                      uint64_t height, uint64_t depth, Stream* stream) override {
+    GPURPC_RETURN_IF_ERROR(core_->MakeCurrent());
+    CUDA_MEMCPY3D copy{};
+    SetCopyEnd(src, /*source=*/true, &copy);
+    SetCopyEnd(dst, /*source=*/false, &copy);
+    copy.WidthInBytes = width_bytes;
+    copy.Height = height;
+    copy.Depth = depth;
+    const CUresult result = api_.cuMemcpy3DAsync(&copy, ToCuStream(stream));
+    if (result != CUDA_SUCCESS) {
+      return core_->Error(
+          result, "cuMemcpy3DAsync",
+          absl::StrCat("width_bytes=", width_bytes, " height=", height, " depth=", depth));
+    }
+    return absl::OkStatus();
+  }
+
+  absl::StatusOr<std::string> ExportMemory(DevicePtr ptr) override {
+    GPURPC_RETURN_IF_ERROR(core_->MakeCurrent());
+    CUipcMemHandle handle{};
+    const CUresult result = api_.cuIpcGetMemHandle(&handle, static_cast<CUdeviceptr>(ptr));
+    if (result != CUDA_SUCCESS) {
+      return core_->Error(result, "cuIpcGetMemHandle", absl::StrCat("ptr=", HexAddress(ptr)));
+    }
+    return std::string(handle.reserved, sizeof(handle.reserved));
+  }
+
+  absl::StatusOr<DevicePtr> OpenExportedMemory(const std::string& bytes) override {
+    CUipcMemHandle handle{};
+    if (bytes.size() != sizeof(handle.reserved)) {
+      return absl::InvalidArgumentError(absl::StrCat("cuIpcOpenMemHandle: a handle is ",
+                                                     sizeof(handle.reserved), " bytes, got ",
+                                                     bytes.size()));
+    }
+    GPURPC_RETURN_IF_ERROR(core_->MakeCurrent());
+    std::memcpy(handle.reserved, bytes.data(), sizeof(handle.reserved));
+    CUdeviceptr address = 0;
+    const CUresult result =
+        api_.cuIpcOpenMemHandle(&address, handle, CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS);
+    if (result != CUDA_SUCCESS) return core_->Error(result, "cuIpcOpenMemHandle");
+    return static_cast<DevicePtr>(address);
+  }
+
+  absl::Status CloseExportedMemory(DevicePtr ptr) override {
+    GPURPC_RETURN_IF_ERROR(core_->MakeCurrent());
+    const CUresult result = api_.cuIpcCloseMemHandle(static_cast<CUdeviceptr>(ptr));
+    if (result != CUDA_SUCCESS) {
+      return core_->Error(result, "cuIpcCloseMemHandle", absl::StrCat("ptr=", HexAddress(ptr)));
+    }
+    return absl::OkStatus();
+  }
+
+  absl::Status SetProfiling(bool enabled) override {
+    GPURPC_RETURN_IF_ERROR(core_->MakeCurrent());
+    return enabled ? core_->Check(api_.cuProfilerStart(), "cuProfilerStart")
+                   : core_->Check(api_.cuProfilerStop(), "cuProfilerStop");
+  }
+
   absl::StatusOr<std::unique_ptr<HostRegistration>> RegisterHostMemory(
       void* host, uint64_t size_bytes) override {
     GPURPC_RETURN_IF_ERROR(core_->MakeCurrent());
@@ -938,151 +454,12 @@ class CudaContext final : public Context {
   }
 
   absl::StatusOr<std::unique_ptr<Module>> LoadModule(absl::Span<const uint8_t> image) override {
-    // Refusals before the driver sees the image name the call that would have refused it,
-    // as the driver's own refusals (and the fake's) do.
-    const auto refused_early = [](const absl::Status& status) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "cuModuleLoadDataEx: CUDA_ERROR_INVALID_IMAGE (device kernel image is invalid) - ",
-          status.message()));
-    };
-    absl::StatusOr<ModuleImage> prepared_or = ModuleImage::Prepare(image);
-    if (!prepared_or.ok()) return refused_early(prepared_or.status());
-    ModuleImage prepared = *std::move(prepared_or);
-    // Before the driver allocates the globals: an image whose footprint cannot be known is
-    // refused here.
-    const absl::StatusOr<uint64_t> footprint = ModuleFootprintBytes(image);
-    if (!footprint.ok()) return refused_early(footprint.status());
-    const uint64_t device_memory_bytes = *footprint;
-    GPURPC_RETURN_IF_ERROR(core_->MakeCurrent());
-    std::string error_log(kJitLogBytes, '\0');
-    std::string info_log(kJitLogBytes, '\0');
-    CUjit_option options[] = {
-        CU_JIT_ERROR_LOG_BUFFER,
-        CU_JIT_ERROR_LOG_BUFFER_SIZE_BYTES,
-        CU_JIT_INFO_LOG_BUFFER,
-        CU_JIT_INFO_LOG_BUFFER_SIZE_BYTES,
-    };
-    // The size options are unsigned ints passed by value in the pointer slot.
-    void* values[] = {
-        error_log.data(),
-        reinterpret_cast<void*>(static_cast<uintptr_t>(kJitLogBytes - 1)),
-        info_log.data(),
-        reinterpret_cast<void*>(static_cast<uintptr_t>(kJitLogBytes - 1)),
-    };
-    static_assert(sizeof(options) / sizeof(options[0]) == sizeof(values) / sizeof(values[0]));
-    CUmodule module = nullptr;
-    const CUresult result = api_.cuModuleLoadDataEx(
-        &module, prepared.data(), sizeof(options) / sizeof(options[0]), options, values);
-    // The buffers were zero-filled and the driver was told one byte less than their size.
-    error_log.resize(std::strlen(error_log.c_str()));
-    info_log.resize(std::strlen(info_log.c_str()));
-    if (result != CUDA_SUCCESS) {
-      std::string detail = absl::StrCat(ModuleImageKindName(prepared.kind()), " image of ",
-                                        prepared.size_bytes(), " bytes rejected");
-      if (!error_log.empty()) absl::StrAppend(&detail, "; JIT error log: ", error_log);
-      absl::Status status = core_->Error(result, "cuModuleLoadDataEx", detail);
-      switch (status.code()) {
-        case absl::StatusCode::kResourceExhausted:
-        case absl::StatusCode::kAborted:
-        case absl::StatusCode::kDataLoss:
-        case absl::StatusCode::kUnavailable:
-          return status;
-        default:
-          // Whatever the driver's reason, the image is what was wrong (backend.h).
-          return absl::InvalidArgumentError(status.message());
-      }
-    }
-    if (!info_log.empty()) spdlog::debug("cuModuleLoadDataEx info log: {}", info_log);
-    return std::unique_ptr<Module>(
-        std::make_unique<CudaModule>(core_, module, device_memory_bytes));
+    return LoadCudaModule(core_, image);
   }
 
   absl::StatusOr<LinkedModule> LinkModule(absl::Span<const LinkInput> inputs,
                                           bool log_verbose) override {
-    if (inputs.empty()) return absl::InvalidArgumentError("cuLinkAddData: nothing to link");
-    GPURPC_RETURN_IF_ERROR(core_->MakeCurrent());
-    std::string error_log(kJitLogBytes, '\0');
-    std::string info_log(kJitLogBytes, '\0');
-    // The linker targets the current context's device. The log buffers stay valid until
-    // cuLinkDestroy, which also frees the linked image.
-    CUjit_option options[] = {
-        CU_JIT_ERROR_LOG_BUFFER, CU_JIT_ERROR_LOG_BUFFER_SIZE_BYTES,
-        CU_JIT_INFO_LOG_BUFFER,  CU_JIT_INFO_LOG_BUFFER_SIZE_BYTES,
-        CU_JIT_LOG_VERBOSE,
-    };
-    void* values[] = {
-        error_log.data(),
-        reinterpret_cast<void*>(static_cast<uintptr_t>(kJitLogBytes - 1)),
-        info_log.data(),
-        reinterpret_cast<void*>(static_cast<uintptr_t>(kJitLogBytes - 1)),
-        reinterpret_cast<void*>(static_cast<uintptr_t>(log_verbose ? 1 : 0)),
-    };
-    static_assert(sizeof(options) / sizeof(options[0]) == sizeof(values) / sizeof(values[0]));
-    CUlinkState state = nullptr;
-    CUresult result =
-        api_.cuLinkCreate(sizeof(options) / sizeof(options[0]), options, values, &state);
-    if (result != CUDA_SUCCESS) return core_->Error(result, "cuLinkCreate", "");
-    struct Destroy {
-      const DriverApi& api;
-      std::shared_ptr<ContextCore> core;
-      CUlinkState state;
-      ~Destroy() {
-        core->CleanUp("cuLinkDestroy", [&] { return api.cuLinkDestroy(state); });
-      }
-    } destroy{api_, core_, state};
-    const auto logs = [&] {
-      error_log.resize(std::strlen(error_log.c_str()));
-      return error_log.empty() ? std::string() : absl::StrCat("; linker error log: ", error_log);
-    };
-    // An image the linker refuses, or a failed link, is what the caller sent (backend.h).
-    const auto refused = [&](CUresult failed, const char* call, const std::string& detail) {
-      absl::Status status = core_->Error(failed, call, absl::StrCat(detail, logs()));
-      switch (status.code()) {
-        case absl::StatusCode::kResourceExhausted:
-        case absl::StatusCode::kAborted:
-        case absl::StatusCode::kDataLoss:
-        case absl::StatusCode::kUnavailable:
-          return status;
-        default:
-          return absl::InvalidArgumentError(status.message());
-      }
-    };
-    for (size_t i = 0; i < inputs.size(); ++i) {
-      const LinkInput& input = inputs[i];
-      std::vector<uint8_t> text;  // PTX must be NUL-terminated for the driver
-      void* data = const_cast<uint8_t*>(input.data.data());
-      size_t size = input.data.size();
-      std::vector<uint64_t> aligned;  // binaries at 8-byte alignment, as ModuleImage does
-      if (input.type == LinkInputType::kPtx && (size == 0 || input.data[size - 1] != 0)) {
-        text.assign(input.data.begin(), input.data.end());
-        text.push_back(0);
-        data = text.data();
-        size = text.size();
-      } else if (input.type != LinkInputType::kPtx &&
-                 reinterpret_cast<uintptr_t>(data) % alignof(uint64_t) != 0) {
-        aligned.assign(size / sizeof(uint64_t) + 1, 0);
-        std::memcpy(aligned.data(), input.data.data(), size);
-        data = aligned.data();
-      }
-      result = api_.cuLinkAddData(state, static_cast<CUjitInputType>(input.type), data, size,
-                                  input.name.c_str(), 0, nullptr, nullptr);
-      if (result != CUDA_SUCCESS) {
-        return refused(result, "cuLinkAddData",
-                       absl::StrCat("input ", i, " '", absl::CHexEscape(input.name), "' (",
-                                    input.data.size(), " bytes) rejected"));
-      }
-    }
-    void* linked = nullptr;
-    size_t linked_bytes = 0;
-    result = api_.cuLinkComplete(state, &linked, &linked_bytes);
-    if (result != CUDA_SUCCESS) return refused(result, "cuLinkComplete", "link failed");
-    info_log.resize(std::strlen(info_log.c_str()));
-    LinkedModule out;
-    // The image is the linker's until cuLinkDestroy: LoadModule reads it before that.
-    GPURPC_ASSIGN_OR_RETURN(out.module, LoadModule(absl::Span<const uint8_t>(
-                                            static_cast<const uint8_t*>(linked), linked_bytes)));
-    out.info_log = std::move(info_log);
-    return out;
+    return LinkCudaModule(core_, inputs, log_verbose);
   }
 
   absl::Status Launch(Function* function, const LaunchConfig& config,
@@ -1095,20 +472,13 @@ class CudaContext final : public Context {
     if (ABSL_PREDICT_FALSE(cuda_function->NeedsMoreDynamicShared(config.shared_memory_bytes))) {
       GPURPC_RETURN_IF_ERROR(cuda_function->RaiseDynamicShared(*core_, config.shared_memory_bytes));
     }
-    size_t args_size = packed_args.size();
-    void* extra[] = {
-        CU_LAUNCH_PARAM_BUFFER_POINTER,
-        const_cast<uint8_t*>(packed_args.data()),
-        CU_LAUNCH_PARAM_BUFFER_SIZE,
-        &args_size,
-        CU_LAUNCH_PARAM_END,
-    };
+    PackedLaunchArgs args(packed_args);
     const CUresult result = api_.cuLaunchKernel(
         cuda_function->handle(), config.grid.x, config.grid.y, config.grid.z, config.block.x,
         config.block.y, config.block.z, config.shared_memory_bytes, ToCuStream(stream),
-        /*kernelParams=*/nullptr, args_size == 0 ? nullptr : extra);
+        /*kernelParams=*/nullptr, args.extra());
     if (ABSL_PREDICT_TRUE(result == CUDA_SUCCESS)) return absl::OkStatus();
-    return LaunchError(result, *cuda_function, config, args_size);
+    return LaunchError(result, *cuda_function, config, args.size_bytes());
   }
 
   absl::Status SetLimit(ContextLimit limit, uint64_t value) override {
@@ -1395,14 +765,7 @@ class CudaContext final : public Context {
       return absl::InvalidArgumentError(absl::StrCat("cuGraphExecKernelNodeSetParams: node ",
                                                      node_index, " is not a kernel node"));
     }
-    size_t args_size = packed_args.size();
-    void* extra[] = {
-        CU_LAUNCH_PARAM_BUFFER_POINTER,
-        const_cast<uint8_t*>(packed_args.data()),
-        CU_LAUNCH_PARAM_BUFFER_SIZE,
-        &args_size,
-        CU_LAUNCH_PARAM_END,
-    };
+    PackedLaunchArgs args(packed_args);
     CUDA_KERNEL_NODE_PARAMS_v2 params{};
     params.func = cuda_function->handle();
     params.gridDimX = config.grid.x;
@@ -1413,7 +776,7 @@ class CudaContext final : public Context {
     params.blockDimZ = config.block.z;
     params.sharedMemBytes = config.shared_memory_bytes;
     params.kernelParams = nullptr;
-    params.extra = args_size == 0 ? nullptr : extra;  // copied by the driver
+    params.extra = args.extra();  // copied by the driver
     const CUresult result = api_.cuGraphExecKernelNodeSetParams(
         cuda_exec->handle(), source.node_handles()[node_index], &params);
     if (result == CUDA_SUCCESS) return absl::OkStatus();
@@ -1467,90 +830,6 @@ class CudaContext final : public Context {
 };
 
 // ---------------------------------------------------------------------------------------
-
-absl::StatusOr<DeviceInfo> QueryDeviceInfo(const DriverApi& api, int ordinal) {
-  CUdevice device = 0;
-  CUresult result = api.cuDeviceGet(&device, ordinal);
-  if (result != CUDA_SUCCESS) {
-    return CuResultToStatus(&api, result, "cuDeviceGet", absl::StrCat("ordinal ", ordinal));
-  }
-  auto fail = [&](const char* call, absl::string_view what) {
-    return CuResultToStatus(&api, result, call, absl::StrCat(what, " of device ", ordinal));
-  };
-
-  DeviceInfo info;
-  info.ordinal = ordinal;
-
-  char name[256] = {};
-  result = api.cuDeviceGetName(name, sizeof(name) - 1, device);
-  if (result != CUDA_SUCCESS) return fail("cuDeviceGetName", "name");
-  info.name = name;
-
-  size_t total_bytes = 0;
-  result = api.cuDeviceTotalMem(&total_bytes, device);
-  if (result != CUDA_SUCCESS) return fail("cuDeviceTotalMem", "total memory");
-  info.total_memory_bytes = total_bytes;
-
-  char bus_id[64] = {};
-  result = api.cuDeviceGetPCIBusId(bus_id, sizeof(bus_id) - 1, device);
-  if (result != CUDA_SUCCESS) return fail("cuDeviceGetPCIBusId", "PCI bus id");
-  info.pci_bus_id = bus_id;
-
-  const struct {
-    CUdevice_attribute attribute;
-    const char* attribute_name;
-    int* value;
-  } required[] = {
-      {CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR, "CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR",
-       &info.compute_capability_major},
-      {CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR, "CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR",
-       &info.compute_capability_minor},
-      {CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT, "CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT",
-       &info.multiprocessor_count},
-      {CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_BLOCK, "CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_BLOCK",
-       &info.max_threads_per_block},
-      {CU_DEVICE_ATTRIBUTE_MAX_BLOCK_DIM_X, "CU_DEVICE_ATTRIBUTE_MAX_BLOCK_DIM_X",
-       &info.max_block_dim[0]},
-      {CU_DEVICE_ATTRIBUTE_MAX_BLOCK_DIM_Y, "CU_DEVICE_ATTRIBUTE_MAX_BLOCK_DIM_Y",
-       &info.max_block_dim[1]},
-      {CU_DEVICE_ATTRIBUTE_MAX_BLOCK_DIM_Z, "CU_DEVICE_ATTRIBUTE_MAX_BLOCK_DIM_Z",
-       &info.max_block_dim[2]},
-      {CU_DEVICE_ATTRIBUTE_MAX_GRID_DIM_X, "CU_DEVICE_ATTRIBUTE_MAX_GRID_DIM_X",
-       &info.max_grid_dim[0]},
-      {CU_DEVICE_ATTRIBUTE_MAX_GRID_DIM_Y, "CU_DEVICE_ATTRIBUTE_MAX_GRID_DIM_Y",
-       &info.max_grid_dim[1]},
-      {CU_DEVICE_ATTRIBUTE_MAX_GRID_DIM_Z, "CU_DEVICE_ATTRIBUTE_MAX_GRID_DIM_Z",
-       &info.max_grid_dim[2]},
-      {CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK,
-       "CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK", &info.max_shared_memory_per_block_bytes},
-      {CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN,
-       "CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN",
-       &info.max_shared_memory_per_block_optin_bytes},
-      {CU_DEVICE_ATTRIBUTE_WARP_SIZE, "CU_DEVICE_ATTRIBUTE_WARP_SIZE", &info.warp_size},
-  };
-  for (const auto& query : required) {
-    result = api.cuDeviceGetAttribute(query.value, query.attribute, device);
-    if (result != CUDA_SUCCESS) return fail("cuDeviceGetAttribute", query.attribute_name);
-  }
-
-  // Everything else the driver answers; values it does not know (reserved or removed
-  // attributes) are left out.
-  for (int attribute = 1; attribute < static_cast<int>(CU_DEVICE_ATTRIBUTE_MAX); ++attribute) {
-    int value = 0;
-    if (api.cuDeviceGetAttribute(&value, static_cast<CUdevice_attribute>(attribute), device) ==
-        CUDA_SUCCESS) {
-      info.attributes[attribute] = value;
-    }
-  }
-  info.is_fake = false;
-  return info;
-}
-
-absl::Status NoDeviceError(const DriverApi& api) {
-  return absl::UnavailableError(
-      absl::StrCat("no CUDA device: the NVIDIA driver (CUDA ", api.driver_version / 1000, ".",
-                   (api.driver_version % 1000) / 10, ") reports 0 devices"));
-}
 
 class CudaBackend final : public Backend {
  public:

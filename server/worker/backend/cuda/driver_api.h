@@ -10,6 +10,7 @@
 #define GPURPC_SERVER_WORKER_BACKEND_CUDA_DRIVER_API_H_
 
 #include <cuda.h>
+#include <cudaProfilerTypedefs.h>
 #include <cudaTypedefs.h>
 
 #include "absl/status/statusor.h"
@@ -64,6 +65,14 @@ inline constexpr int kCudaApiVersion = 13000;
   X(cuMemsetD8Async, 3020)               \
   X(cuMemsetD16Async, 3020)              \
   X(cuMemsetD32Async, 3020)              \
+  X(cuArray3DCreate, 3020)               \
+  X(cuArrayDestroy, 2000)                \
+  X(cuMemcpy3DAsync, 3020)               \
+  X(cuIpcGetMemHandle, 4010)             \
+  X(cuIpcOpenMemHandle, 11000)           \
+  X(cuIpcCloseMemHandle, 4010)           \
+  X(cuProfilerStart, 4000)               \
+  X(cuProfilerStop, 4000)                \
   X(cuModuleLoadDataEx, 2010)            \
   X(cuModuleUnload, 2000)                \
   X(cuLinkCreate, 6050)                  \
