@@ -32,12 +32,14 @@
 #include "grpcpp/grpcpp.h"
 #include "gtest/gtest.h"
 #include "tests/testing/daemon.h"
+#include "tests/testing/eventually.h"
 #include "tests/testing/status_matchers.h"
 
 namespace gpurpc {
 namespace {
 
 using ::gpurpc::testing::CudaAvailable;
+using ::gpurpc::testing::Eventually;
 using ::gpurpc::testing::StatusIs;
 using ::gpurpc::testing::TestDaemon;
 using ::testing::AllOf;
@@ -597,8 +599,10 @@ TEST_F(ComputeGpuTest, IllegalAddressFaultsOnlyItsSession) {
     }
   });
   absl::Status fault_launch, fault_sync, after_fault;
+  bool victim_under_way = false;
   std::thread culprit([&] {
-    while (done.load() < 20) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    victim_under_way = Eventually([&] { return done.load() >= 20; }, ::gpurpc::testing::kEventually,
+                                  absl::Milliseconds(1));
     fault_launch = write_to.Launch(Linear(1, 1), uint64_t{0});  // a null pointer
     fault_sync = session_.Synchronize();
     after_fault = session_.Allocate(64).status();
@@ -606,6 +610,7 @@ TEST_F(ComputeGpuTest, IllegalAddressFaultsOnlyItsSession) {
   culprit.join();
   victim.join();
 
+  EXPECT_TRUE(victim_under_way) << "the other session did not get through 20 iterations";
   EXPECT_OK(fault_launch);
   EXPECT_THAT(fault_sync,
               StatusIs(absl::StatusCode::kAborted, HasSubstr("CUDA_ERROR_ILLEGAL_ADDRESS")));

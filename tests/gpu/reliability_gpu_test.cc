@@ -3,12 +3,14 @@
 // and a client process killed in the middle of an upload loses its session (and the device
 // memory it held) after the grace period, not after the idle timeout. Another session is
 // served throughout. Skips without a driver.
+#include <poll.h>
 #include <signal.h>
 #include <spawn.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
@@ -28,6 +30,7 @@
 #include "gpurpc/client.h"
 #include "gtest/gtest.h"
 #include "tests/testing/daemon.h"
+#include "tests/testing/eventually.h"
 #include "tests/testing/status_matchers.h"
 
 extern char** environ;
@@ -68,6 +71,27 @@ bool WaitFor(absl::Duration limit, Done done) {
     absl::SleepFor(absl::Milliseconds(100));
   }
   return done();
+}
+
+// Reads `fd` into `text` until a whole line with `word` is there (true), for at most `limit`
+// (false then, or when the writer ends first).
+bool ReadUntilLine(int fd, const std::string& word, std::string* text, absl::Duration limit) {
+  const absl::Time deadline = absl::Now() + limit;
+  for (;;) {
+    const size_t at = text->find(word);
+    if (at != std::string::npos && text->find('\n', at) != std::string::npos) return true;
+    const absl::Duration left = deadline - absl::Now();
+    if (left <= absl::ZeroDuration()) return false;
+    pollfd p{fd, POLLIN, 0};
+    const int ready = poll(&p, 1, static_cast<int>(absl::ToInt64Milliseconds(left)) + 1);
+    if (ready < 0 && errno == EINTR) continue;
+    if (ready <= 0) return false;
+    char buffer[4096];
+    const ssize_t n = read(fd, buffer, sizeof(buffer));
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) return false;
+    text->append(buffer, static_cast<size_t>(n));
+  }
 }
 
 // Device memory in use, as the control session sees it (cuMemGetInfo in its worker).
@@ -224,9 +248,15 @@ TEST(ReliabilityGpuChild, HoldMemoryAndUploadUntilKilled) {
   std::printf("READY %llu\n", static_cast<unsigned long long>(session.id()));
   std::fflush(stdout);
   const std::vector<uint8_t> chunk(256 * kMiB, 0x5a);
+  bool said = false;
   for (;;) {
     for (uint64_t offset = 0; offset < kVictimBytes; offset += chunk.size()) {
       ASSERT_OK(hoard.Upload(chunk, offset));
+      if (!said) {
+        std::printf("UPLOADING\n");  // the first chunk is in: the uploads are under way
+        std::fflush(stdout);
+        said = true;
+      }
     }
   }
 }
@@ -260,21 +290,21 @@ TEST_F(ReliabilityGpuTest, DeadClientIsReclaimedAfterTheGrace) {
   posix_spawn_file_actions_destroy(&actions);
   close(out[1]);
 
-  // Wait for READY, then let it upload for a moment and kill it mid-transfer.
+  // Wait for READY, then for its uploads to be under way, and kill it mid-transfer.
   std::string text;
-  char c;
-  while (text.find("READY") == std::string::npos || text.back() != '\n') {
-    if (read(out[0], &c, 1) != 1) break;
-    text += c;
+  const bool ready = ReadUntilLine(out[0], "READY", &text, absl::Seconds(60));
+  if (ready) {
+    EXPECT_GE(UsedBytes(*control_), baseline + kVictimBytes - kSlackBytes);
   }
-  close(out[0]);
-  ASSERT_NE(text.find("READY"), std::string::npos) << "the child said: " << text;
-  EXPECT_GE(UsedBytes(*control_), baseline + kVictimBytes - kSlackBytes);
-  absl::SleepFor(absl::Seconds(1));
+  const bool uploading =
+      ready && ReadUntilLine(out[0], "UPLOADING", &text, ::gpurpc::testing::kEventually);
   kill(child, SIGKILL);
   int status = 0;
   waitpid(child, &status, 0);
   const absl::Time killed = absl::Now();
+  close(out[0]);
+  ASSERT_TRUE(ready) << "the child said: " << text;
+  ASSERT_TRUE(uploading) << "the child did not start uploading; it said: " << text;
 
   // Reclaimed after the 3 s grace (plus the reclaim pass), well before the 120 s idle
   // timeout: the tenant's session count and the device memory are back.

@@ -282,7 +282,11 @@ def test_detach_returns_while_the_daemon_is_stopped(daemons: Callable[..., Daemo
 
         waiter = threading.Thread(target=wait)
         waiter.start()
-        time.sleep(0.2)
+        # The synchronize is on its way: its batch is sent and unanswered (the daemon is
+        # stopped), so the waiter waits for it.
+        assert _eventually(lambda: any(
+            "Context.synchronize" in batch.labels
+            for batch in list(ctx._core.commands._inflight))), "the synchronize was not sent"
         assert _timed(ctx.detach) < MUST_NOT_HANG_S
         waiter.join(MUST_NOT_HANG_S)
         assert not waiter.is_alive()
@@ -358,7 +362,7 @@ def test_a_killed_clients_session_is_reclaimed_after_the_grace(
         child = _run_python(
             "import time, gpurpc.autoinit as a\n"
             "print(a.context.session_id, flush=True)\n"
-            "time.sleep(300)\n",
+            "time.sleep(300)\n",  # held open until the test kills it: the sleep is the point
             env={"GPURPC_ADDRESS": daemon.address},
             stdout=subprocess.PIPE, stderr=subprocess.PIPE)
         try:

@@ -12,9 +12,11 @@
 #include <signal.h>
 #include <spawn.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cstdint>
 #include <cstdlib>
 #include <fstream>
@@ -94,6 +96,16 @@ bool AllThreadsStopped(pid_t pid) {
   }
   closedir(tasks);
   return stopped && seen > 0;
+}
+
+// True while thread `tid` of this process sleeps ('S' in /proc/self/task/TID/stat): blocked
+// in the kernel, as a thread waiting for an answer is.
+bool ThreadSleeps(pid_t tid) {
+  std::ifstream stat(absl::StrCat("/proc/self/task/", tid, "/stat"));
+  std::string line;
+  std::getline(stat, line);
+  const size_t paren = line.rfind(')');
+  return paren != std::string::npos && paren + 2 < line.size() && line[paren + 2] == 'S';
 }
 
 // SIGSTOPs a process for the object's lifetime (SIGCONT at the end, also when a test fails).
@@ -245,8 +257,14 @@ TEST_F(ClientReliabilityTest, CloseReturnsWhileTheDaemonIsStopped) {
     // the session closes.
     ASSERT_OK(session.MemsetAsync(buffer.at(), 1, 4, 256));
     absl::Status synced;
-    std::thread waiter([&] { synced = session.Synchronize(); });
-    absl::SleepFor(absl::Milliseconds(200));
+    std::atomic<pid_t> waiter_tid{0};
+    std::thread waiter([&] {
+      waiter_tid = static_cast<pid_t>(syscall(SYS_gettid));
+      synced = session.Synchronize();
+    });
+    // The waiter has sent its Synchronize and sleeps, waiting for the daemon's answer.
+    EXPECT_TRUE(Eventually([&] { return waiter_tid.load() != 0 && ThreadSleeps(waiter_tid); }))
+        << "the waiter does not wait";
     absl::Status closed;
     EXPECT_LT(Timed([&] { closed = session.Close(); }), kMustNotHang);
     EXPECT_THAT(closed, AnyOf(StatusIs(absl::StatusCode::kDeadlineExceeded),
@@ -299,7 +317,7 @@ TEST(ClientReliabilityChild, DISABLED_HoldASessionUntilKilled) {
     out << session.id() << "\n";
   }
   ASSERT_EQ(rename(absl::StrCat(output, ".tmp").c_str(), output), 0);
-  absl::SleepFor(absl::Minutes(5));
+  absl::SleepFor(absl::Minutes(5));  // a fixed time is the point: held until the parent kills it
 }
 
 TEST_F(ClientReliabilityTest, KilledClientsSessionIsReclaimedAfterTheGrace) {

@@ -123,7 +123,8 @@ TEST_F(ClientTransportTest, NoGrpcCallbackThreadStartsInTheClient) {
   ASSERT_OK_AND_ASSIGN(std::vector<uint8_t> back, buffer.Download());  // streamed
   EXPECT_EQ(back, data);
   ASSERT_OK(client.GetServerInfo().status());
-  // An idle moment: the background thread serves the watch meanwhile.
+  // An idle moment: the background thread serves the watch meanwhile. A fixed time is the
+  // point: no callback thread may start while the client idles (past kBackgroundQuiet).
   absl::SleepFor(absl::Milliseconds(200));
   ASSERT_OK(session.Close());
   for (const std::string& name : ThreadNames()) {

@@ -21,11 +21,13 @@
 #include "grpcpp/grpcpp.h"
 #include "gtest/gtest.h"
 #include "tests/testing/daemon.h"
+#include "tests/testing/eventually.h"
 #include "tests/testing/status_matchers.h"
 
 namespace gpurpc {
 namespace {
 
+using ::gpurpc::testing::Eventually;
 using ::gpurpc::testing::IsOk;
 using ::gpurpc::testing::StatusIs;
 using ::gpurpc::testing::TestDaemon;
@@ -69,6 +71,12 @@ class MemoryContractTest : public ::testing::Test {
   }
 
   void SetUp() override { StartDaemon(DaemonOptions()); }
+
+  // The sessions the test's tenant holds open, as GetServerInfo says; -1 without an answer.
+  int64_t SessionsOpen() const {
+    absl::StatusOr<v1::GetServerInfoResponse> info = client_->GetServerInfo();
+    return info.ok() ? static_cast<int64_t>(info->sessions_open()) : -1;
+  }
 
   Session Open() {
     auto session = client_->OpenSession(0, "memory contract test");
@@ -399,12 +407,20 @@ TEST_F(IsolationTest, WorkerKilledDuringACallAbortsThatCall) {
   auto buffer = victim.Allocate(64 * kMiB);
   ASSERT_THAT(buffer, IsOk());
   const auto data = RandomBytes(64 * kMiB, 5);
+  std::atomic<int> uploads{0};
+  std::atomic<bool> finished{false};
   std::thread killer([&] {
-    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    // Once the uploads are under way (the first is done, the next one is in flight).
+    Eventually([&] { return uploads.load() > 0 || finished.load(); }, testing::kEventually,
+               absl::Milliseconds(1));
     kill(workers[0], SIGKILL);
   });
   absl::Status status;
-  for (int i = 0; i < 50 && status.ok(); ++i) status = buffer->Upload(data);
+  for (int i = 0; i < 50 && status.ok(); ++i) {
+    status = buffer->Upload(data);
+    ++uploads;
+  }
+  finished = true;
   killer.join();
   EXPECT_THAT(status, ::testing::AnyOf(StatusIs(absl::StatusCode::kAborted),
                                        StatusIs(absl::StatusCode::kFailedPrecondition)));
@@ -424,13 +440,18 @@ TEST_F(IsolationTest, VanishedClientIsReclaimedAfterTheIdleTimeout) {
   // Meanwhile a well-behaved session stays alive: its client holds a WatchSession stream.
   Session kept = Open();
 
-  std::this_thread::sleep_for(std::chrono::milliseconds(3500));
+  // Reclaimed after the idle timeout: the tenant holds only the kept session, and the
+  // reclaimed session's worker ends. (GetServerInfo is no session call: polling it does not
+  // keep the session.)
+  EXPECT_TRUE(Eventually([&] { return SessionsOpen() == 1; }))
+      << "the vanished client's session was not reclaimed";
+  EXPECT_TRUE(Eventually([&] { return daemon_->WorkerPids().size() == 1u; }))
+      << "the reclaimed session's worker still runs";
   grpc::ClientContext context;
   context.AddMetadata(kSessionMetadataKey, std::to_string(response.session_id()));
   v1::KeepAliveResponse state;
   EXPECT_EQ(stub->KeepAlive(&context, v1::KeepAliveRequest(), &state).error_code(),
             grpc::StatusCode::NOT_FOUND);
-  EXPECT_EQ(daemon_->WorkerPids().size(), 1u) << "the reclaimed session's worker still runs";
   ExpectRoundTrip(kept, 100, 1, 77);
 }
 
@@ -453,7 +474,10 @@ TEST_F(IsolationTest, AnOpenCommandStreamDoesNotKeepAVanishedClientsSession) {
   v1::CommandReply reply;
   ASSERT_TRUE(stream->Read(&reply));
 
-  std::this_thread::sleep_for(std::chrono::milliseconds(3500));
+  // Reclaimed after the idle timeout, the open stream notwithstanding. (GetServerInfo is no
+  // session call: polling it does not keep the session.)
+  EXPECT_TRUE(Eventually([&] { return SessionsOpen() == 0; }))
+      << "the session of a quiet command stream was not reclaimed";
   grpc::ClientContext context;
   context.AddMetadata(kSessionMetadataKey, std::to_string(opened.session_id()));
   v1::KeepAliveResponse state;

@@ -47,6 +47,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_replace.h"
 #include "absl/synchronization/mutex.h"
@@ -566,6 +567,65 @@ int TcpPort(const std::string& host_port) {
   return std::atoi(host_port.substr(host_port.rfind(':') + 1).c_str());
 }
 
+// GET /metrics from the daemon's --metrics-listen port on loopback: the body, "" without a
+// whole 200 answer within 10 s.
+std::string ScrapeMetrics(int port) {
+  const int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) return "";
+  sockaddr_in address{};
+  address.sin_family = AF_INET;
+  address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  address.sin_port = htons(static_cast<uint16_t>(port));
+  const std::string request = "GET /metrics HTTP/1.1\r\nHost: test\r\nConnection: close\r\n\r\n";
+  std::string answer;
+  bool ended = false;
+  if (connect(fd, reinterpret_cast<sockaddr*>(&address), sizeof(address)) == 0 &&
+      send(fd, request.data(), request.size(), MSG_NOSIGNAL) ==
+          static_cast<ssize_t>(request.size())) {
+    const absl::Time deadline = absl::Now() + absl::Seconds(10);
+    std::vector<char> buffer(64 * 1024);
+    while (!ended) {
+      const absl::Duration left = deadline - absl::Now();
+      if (left <= absl::ZeroDuration()) break;
+      pollfd p{fd, POLLIN, 0};
+      const int ready = poll(&p, 1, static_cast<int>(absl::ToInt64Milliseconds(left)) + 1);
+      if (ready < 0 && errno == EINTR) continue;
+      if (ready <= 0) break;
+      const ssize_t n = recv(fd, buffer.data(), buffer.size(), 0);
+      if (n < 0 && errno == EINTR) continue;
+      if (n <= 0) {
+        ended = n == 0;  // the server closes after its answer
+      } else {
+        answer.append(buffer.data(), static_cast<size_t>(n));
+      }
+    }
+  }
+  close(fd);
+  const size_t body = answer.find("\r\n\r\n");
+  if (!ended || answer.rfind("HTTP/1.1 200", 0) != 0 || body == std::string::npos) return "";
+  return answer.substr(body + 4);
+}
+
+// gpurpc_relayed_bytes_total{direction="to_worker"} of `method` (e.g.
+// "MemoryService/UploadStream") on the daemon's /metrics at `port`: the bytes of that
+// method's requests that the front end has handed to session workers. The series appears
+// when the front end takes the first call of the method (a request without fields counts 0
+// bytes); nullopt before that, or without an answer.
+std::optional<uint64_t> RelayedToWorkerAt(int port, const std::string& method) {
+  const std::string body = ScrapeMetrics(port);
+  const std::string series = absl::StrCat("\ngpurpc_relayed_bytes_total{method=\"/gpurpc.v1.",
+                                          method, "\",direction=\"to_worker\"} ");
+  const size_t at = body.find(series);
+  if (at == std::string::npos) return std::nullopt;
+  const size_t start = at + series.size();
+  const size_t end = body.find('\n', start);
+  uint64_t bytes = 0;
+  if (end == std::string::npos || !absl::SimpleAtoi(body.substr(start, end - start), &bytes)) {
+    return std::nullopt;
+  }
+  return bytes;
+}
+
 // A daemon with a token-authenticated loopback TCP listener for "alice" and "bob", and the
 // test's user (over the Unix socket) as its admin.
 class SessionLifecycleTest : public ::testing::Test {
@@ -613,6 +673,18 @@ class SessionLifecycleTest : public ::testing::Test {
     return grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(), args);
   }
 
+  // --metrics-listen on a free loopback port (metrics_port_), for RelayedToWorker: a flag
+  // for StartDaemon.
+  std::string MetricsListen() {
+    absl::StatusOr<int> port = ::gpurpc::testing::FreeLoopbackPort();
+    EXPECT_THAT(port.status(), IsOk());
+    metrics_port_ = port.ok() ? *port : 0;
+    return absl::StrCat("--metrics-listen=127.0.0.1:", metrics_port_);
+  }
+  std::optional<uint64_t> RelayedToWorker(const std::string& method) const {
+    return RelayedToWorkerAt(metrics_port_, method);
+  }
+
   // The tenant's (open sessions, device memory) reach `sessions` and 0 bytes within the bound.
   ::testing::AssertionResult UsageDropsTo(const Caller& caller, uint32_t sessions) {
     // Plain values, not the optional itself: GCC 12 sees it as maybe uninitialized once the
@@ -650,6 +722,7 @@ class SessionLifecycleTest : public ::testing::Test {
   Scratch scratch_;
   std::vector<::gpurpc::testing::TestToken> tokens_;
   std::unique_ptr<TestDaemon> daemon_;
+  int metrics_port_ = 0;
   std::optional<Caller> alice_, bob_, admin_;
 };
 
@@ -777,7 +850,7 @@ TEST_F(SessionLifecycleTest, WatchIsBoundedPerSessionAndNotFoundForOtherTenants)
 // A worker that dies (here: killed) faults its session: the call in flight answers ABORTED,
 // every later call FAILED_PRECONDITION with the cause, and the watch hears it.
 TEST_F(SessionLifecycleTest, WorkerCrashAbortsTheCallInFlightThenFailsPreconditions) {
-  StartDaemon({});
+  StartDaemon({MetricsListen()});
   ASSERT_OK_AND_ASSIGN(v1::OpenSessionResponse opened, alice_->Open());
   const uint64_t id = opened.session_id();
   ASSERT_OK_AND_ASSIGN(v1::OpenSessionResponse other, bob_->Open());
@@ -791,8 +864,11 @@ TEST_F(SessionLifecycleTest, WorkerCrashAbortsTheCallInFlightThenFailsPreconditi
   absl::Status in_flight = absl::UnknownError("not run");
   std::thread synchronize([&] { in_flight = alice_->SynchronizeSession(id); });
   JoinOnExit join_synchronize(synchronize);
-  // Let the SynchronizeSession reach the worker (it waits there for the 30 s kernel).
-  absl::SleepFor(absl::Seconds(3));
+  // The front end has taken the SynchronizeSession (its relay counter exists: the call is in
+  // flight) and relays it to the worker, where it waits for the 30 s kernel.
+  ASSERT_TRUE(Eventually([&] {
+    return RelayedToWorker("ExecutionService/SynchronizeSession").has_value();
+  })) << "the SynchronizeSession did not reach the daemon";
   ASSERT_OK_AND_ASSIGN(int64_t pid, admin_->WorkerPid(id));
   ASSERT_GT(pid, 0);
   ASSERT_EQ(kill(static_cast<pid_t>(pid), SIGKILL), 0);
@@ -879,7 +955,7 @@ TEST_F(SessionLifecycleTest, NeverWatchedSessionIsReclaimedAfterTheIdleTimeout) 
 // A call in flight is a live client: its session outlives the grace after its watch ended,
 // and the grace starts when the call ends.
 TEST_F(SessionLifecycleTest, CallInFlightKeepsASessionWhoseWatchEnded) {
-  StartDaemon({"--session-grace=1s", "--session-idle-timeout=60s"});
+  StartDaemon({"--session-grace=1s", "--session-idle-timeout=60s", MetricsListen()});
   ASSERT_OK_AND_ASSIGN(v1::OpenSessionResponse opened, alice_->Open());
   const uint64_t id = opened.session_id();
   auto watch = std::make_unique<Watch>(*alice_, id);
@@ -894,7 +970,10 @@ TEST_F(SessionLifecycleTest, CallInFlightKeepsASessionWhoseWatchEnded) {
     done.Notify();
   });
   JoinOnExit join_synchronize(synchronize);
-  absl::SleepFor(absl::Milliseconds(500));  // let it reach the worker
+  // It reaches the worker (the front end has relayed its request), and waits there.
+  ASSERT_TRUE(Eventually([&] {
+    return RelayedToWorker("ExecutionService/SynchronizeStream").value_or(0) > 0;
+  })) << "the SynchronizeStream did not reach the worker";
   watch->Cancel();
   ASSERT_TRUE(watch->WaitForEnd().has_value());
   // Four graces while the call runs: kept.
@@ -913,7 +992,7 @@ TEST_F(SessionLifecycleTest, CallInFlightKeepsASessionWhoseWatchEnded) {
 // A client process killed mid-transfer: its connection breaks without a word (no cancel, no
 // GOAWAY), with a watch and a streamed upload open on it. The session goes within the bound.
 TEST_F(SessionLifecycleTest, ClientCutOffMidTransferIsReclaimed) {
-  StartDaemon({"--session-grace=1s", "--session-idle-timeout=60s"});
+  StartDaemon({"--session-grace=1s", "--session-idle-timeout=60s", MetricsListen()});
   ASSERT_OK_AND_ASSIGN(std::unique_ptr<CuttableRelay> relay,
                        CuttableRelay::Start(TcpPort(daemon_->tcp_address())));
   Caller doomed(TcpChannel(relay->address()), tokens_[0].token);  // alice, through the relay
@@ -952,7 +1031,10 @@ TEST_F(SessionLifecycleTest, ClientCutOffMidTransferIsReclaimed) {
     if (!cut.HasBeenNotified()) cut.Notify();
   });
   sent.WaitForNotification();
-  absl::SleepFor(absl::Seconds(1));  // the chunks on their way to the worker
+  // The eight chunks sent are on their way to the worker: the front end has relayed them.
+  EXPECT_TRUE(Eventually([&] {
+    return RelayedToWorker("MemoryService/UploadStream").value_or(0) >= 8 * kMiB;
+  })) << "the front end did not relay the chunks sent to the worker";
   relay->Cut();
   cut.Notify();
   upload.join();

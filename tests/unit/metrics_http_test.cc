@@ -26,6 +26,7 @@
 #include "server/metrics/http_server.h"
 #include "server/metrics/registry.h"
 #include "server/options.h"
+#include "tests/testing/eventually.h"
 #include "tests/testing/status_matchers.h"
 
 namespace gpurpc::metrics {
@@ -101,6 +102,33 @@ absl::StatusOr<Reply> Exchange(int port, const std::string& request) {
 
 std::string Get(const std::string& path) {
   return absl::StrCat("GET ", path, " HTTP/1.1\r\nHost: test\r\nConnection: close\r\n\r\n");
+}
+
+// True once the server has accepted `count` connections to 127.0.0.1:`port`, as the kernel
+// shows them (/proc/net/tcp): that many established sockets on that local address, and none
+// left in the listening socket's accept queue (a LISTEN socket's rx_queue is its length).
+bool AcceptedAll(int port, int count) {
+  std::ifstream tcp("/proc/net/tcp");
+  std::string line;
+  std::getline(tcp, line);  // the header
+  int established = 0;
+  bool listening = false;
+  unsigned backlog = 0;
+  while (std::getline(tcp, line)) {
+    unsigned address = 0, local_port = 0, state = 0, tx_queue = 0, rx_queue = 0;
+    if (std::sscanf(line.c_str(), " %*u: %8X:%4X %*8X:%*4X %2X %8X:%8X", &address, &local_port,
+                    &state, &tx_queue, &rx_queue) != 5 ||
+        address != htonl(INADDR_LOOPBACK) || local_port != static_cast<unsigned>(port)) {
+      continue;
+    }
+    if (state == 0x0A) {  // TCP_LISTEN
+      listening = true;
+      backlog = rx_queue;
+    } else if (state == 0x01) {  // TCP_ESTABLISHED
+      ++established;
+    }
+  }
+  return listening && backlog == 0 && established == count;
 }
 
 class MetricsHttpTest : public ::testing::Test {
@@ -214,7 +242,8 @@ TEST_F(MetricsHttpTest, ConnectionsAreBoundedAndIdleOnesClosed) {
     idle.push_back(Connect(server_->port()));
     ASSERT_GE(idle.back(), 0);
   }
-  absl::SleepFor(absl::Milliseconds(200));  // accepted
+  ASSERT_TRUE(::gpurpc::testing::Eventually([&] { return AcceptedAll(server_->port(), 4); }))
+      << "the server did not accept the four connections";
   const int fifth = Connect(server_->port());
   ASSERT_GE(fifth, 0);  // the kernel accepts; the server closes it
   std::string nothing;
