@@ -113,21 +113,21 @@ struct SessionWatch::State : std::enable_shared_from_this<SessionWatch::State> {
   State(SessionCore* core, absl::Duration backoff_cap)
       : core(core), backoff_cap(backoff_cap), backoff(kWatchInitialBackoff) {}
 
-  // Opens a stream; mu held.
-  void OpenLocked() {
+  // Opens a stream.
+  void OpenLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
     if (core == nullptr || call != nullptr) return;
     call = std::make_shared<WatchCall>(shared_from_this());
     call->Begin(*core, call);
   }
 
-  void OnEvent(const v1::SessionEvent& event) {
-    std::lock_guard<std::mutex> lock(mu);
+  void OnEvent(const v1::SessionEvent& event) ABSL_LOCKS_EXCLUDED(mu) {
+    absl::MutexLock lock(&mu);
     backoff = kWatchInitialBackoff;  // the stream works
     if (core != nullptr) SessionWatch::Deliver(core, event);
   }
 
-  void OnCallDone(const grpc::Status& status) {
-    std::lock_guard<std::mutex> lock(mu);
+  void OnCallDone(const grpc::Status& status) ABSL_LOCKS_EXCLUDED(mu) {
+    absl::MutexLock lock(&mu);
     call.reset();
     if (core == nullptr) return;  // stopped
     switch (status.error_code()) {
@@ -147,18 +147,19 @@ struct SessionWatch::State : std::enable_shared_from_this<SessionWatch::State> {
     backoff = std::min(backoff * 2, backoff_cap);
   }
 
-  void OnAlarm(WatchAlarm* fired_alarm, bool fired) {
-    std::lock_guard<std::mutex> lock(mu);
+  void OnAlarm(WatchAlarm* fired_alarm, bool fired) ABSL_LOCKS_EXCLUDED(mu) {
+    absl::MutexLock lock(&mu);
     if (alarm == fired_alarm) alarm = nullptr;
     if (fired) OpenLocked();
   }
 
-  std::mutex mu;
-  SessionCore* core;  // null once stopped: nothing reaches the core afterwards
+  absl::Mutex mu;
+  SessionCore* core ABSL_GUARDED_BY(mu);  // null once stopped: nothing reaches the core afterwards
   const absl::Duration backoff_cap;
-  absl::Duration backoff;
-  std::shared_ptr<WatchCall> call;  // the open stream, if any
-  WatchAlarm* alarm = nullptr;      // the pending re-open, if any (it frees itself)
+  absl::Duration backoff ABSL_GUARDED_BY(mu);
+  std::shared_ptr<WatchCall> call ABSL_GUARDED_BY(mu);  // the open stream, if any
+  // The pending re-open, if any (it frees itself).
+  WatchAlarm* alarm ABSL_GUARDED_BY(mu) = nullptr;
 };
 
 void WatchCall::OnRead(bool ok) {
@@ -186,7 +187,7 @@ SessionWatch::SessionWatch(SessionCore* core, absl::Duration backoff_cap)
 SessionWatch::~SessionWatch() { Stop(); }
 
 void SessionWatch::Start() {
-  std::lock_guard<std::mutex> lock(state_->mu);
+  absl::MutexLock lock(&state_->mu);
   state_->OpenLocked();
 }
 
@@ -194,7 +195,7 @@ void SessionWatch::Stop() {
   // Under the lock, so that no reaction is between its check of `core` and its use: once
   // this returns, nothing reaches the core. Cancelling on a completion queue runs nothing
   // inline, so it may be done here too.
-  std::lock_guard<std::mutex> lock(state_->mu);
+  absl::MutexLock lock(&state_->mu);
   state_->core = nullptr;
   if (state_->call != nullptr) state_->call->Cancel();
   if (state_->alarm != nullptr) state_->alarm->Cancel();
@@ -208,48 +209,22 @@ void SessionWatch::End(SessionCore* core, const grpc::Status& status) { core->On
 
 // ---------------------------------------------------------------------- command stream
 
-// What the replies and the end of the command stream tell, shared by SessionCore and its
-// CommandCalls (an abandoned call may outlive the session).
-struct CommandStreamState {
-  std::mutex mu;
-  std::condition_variable cv;
-  // The current call's; the events of an earlier call (cancelled and replaced) change
-  // nothing.
-  uint64_t generation = 0;
-  // The last sequence of each batch sent and not yet answered: the worker answers every
-  // batch with exactly one reply, in order, also when an error skipped its tail.
-  std::deque<uint64_t> unanswered_batches;
-  uint64_t processed_through = 0;
-  absl::Status first_error;   // first failed command since the last sync
-  absl::Status stream_error;  // the stream ended with this
-  bool stream_ended = false;
-  bool stream_error_reported = false;  // then the next command opens a new stream
-  bool write_pending = false;          // a batch is being written
-  bool write_ok = true;                // how the last write ended
-  bool abandoned = false;              // the call was cancelled with a write stuck
-  bool closed = false;                 // the session is closed: waiters return
-  // The current call while waiters may drive it (SessionCore::WaitCommands), and whether
-  // one does.
-  std::shared_ptr<CommandCall> drivable;
-  bool driving = false;
-  // Session::SetDeviceOutputHandler's handler; null: drop the output.
-  std::shared_ptr<const std::function<void(absl::string_view)>> device_output =
-      std::make_shared<const std::function<void(absl::string_view)>>([](absl::string_view text) {
-        std::fwrite(text.data(), 1, text.size(), stdout);
-        std::fflush(stdout);
-      });
+std::shared_ptr<const std::function<void(absl::string_view)>> CommandStreamState::PrintToStdout() {
+  return std::make_shared<const std::function<void(absl::string_view)>>([](absl::string_view text) {
+    std::fwrite(text.data(), 1, text.size(), stdout);
+    std::fflush(stdout);
+  });
+}
 
-  // Gives `text` (non-empty) to the handler, outside mu.
-  void DeliverDeviceOutput(absl::string_view text) {
-    if (text.empty()) return;
-    std::shared_ptr<const std::function<void(absl::string_view)>> handler;
-    {
-      std::lock_guard<std::mutex> lock(mu);
-      handler = device_output;
-    }
-    if (handler != nullptr && *handler) (*handler)(text);
+void CommandStreamState::DeliverDeviceOutput(absl::string_view text) {
+  if (text.empty()) return;
+  std::shared_ptr<const std::function<void(absl::string_view)>> handler;
+  {
+    absl::MutexLock lock(&mu);
+    handler = device_output;
   }
-};
+  if (handler != nullptr && *handler) (*handler)(text);
+}
 
 // One ExecutionService.CommandStream call on a completion queue of its own (transport.h),
 // driven by the threads that wait for it (SessionCore::WaitCommands) and, once replaced or
@@ -260,7 +235,8 @@ class CommandCall final : public Drainable {
   CommandCall(std::shared_ptr<CommandStreamState> state, uint64_t generation)
       : state_(std::move(state)), generation_(generation) {}
 
-  void Begin(const SessionCore& core, v1::ExecutionService::Stub& stub) {
+  void Begin(const SessionCore& core, v1::ExecutionService::Stub& stub)
+      ABSL_LOCKS_EXCLUDED(ops_mu_) {
     // No deadline on the stream itself: it lives as long as the session; each write and each
     // wait for a reply has one (SessionCore::FlushLocked, WaitProcessed).
     core.AddMetadata(&context_);
@@ -268,7 +244,7 @@ class CommandCall final : public Drainable {
     // stream uses one operation set for both, and a Write before a StartCall has come back
     // would be a second operation of it in flight).
     context_.set_initial_metadata_corked(true);
-    std::lock_guard<std::mutex> lock(ops_mu_);
+    absl::MutexLock lock(&ops_mu_);
     stream_ = stub.PrepareAsyncCommandStream(&context_, &queue_);
     stream_->StartCall(kStartTag);
     stream_->Read(&reply_, kReadTag);
@@ -276,8 +252,8 @@ class CommandCall final : public Drainable {
 
   // Starts writing `batch`; one write at a time (the caller waits for write_pending to
   // clear). False when the stream has ended or the call was retired (nothing is written).
-  bool Write(std::shared_ptr<v1::CommandBatch> batch) {
-    std::lock_guard<std::mutex> lock(ops_mu_);
+  bool Write(std::shared_ptr<v1::CommandBatch> batch) ABSL_LOCKS_EXCLUDED(ops_mu_) {
+    absl::MutexLock lock(&ops_mu_);
     if (ended_ || retired_) return false;
     writing_ = std::move(batch);
     stream_->Write(*writing_, kWriteTag);
@@ -286,7 +262,7 @@ class CommandCall final : public Drainable {
 
   // Waits at most until `until` for one event of the call and handles it; false when none
   // came (or the queue is drained). The caller holds no lock of the state.
-  bool DriveOnce(absl::Time until) {
+  bool DriveOnce(absl::Time until) ABSL_LOCKS_EXCLUDED(ops_mu_, state_->mu) {
     void* tag = nullptr;
     bool ok = false;
     if (queue_.AsyncNext(&tag, &ok, QueueDeadline(until)) != grpc::CompletionQueue::GOT_EVENT) {
@@ -301,16 +277,16 @@ class CommandCall final : public Drainable {
 
   // Cancels the call for good: no operation starts on it any more, waiters stop driving it,
   // and Background drains it (`self` is this call).
-  void Retire(std::shared_ptr<CommandCall> self) {
+  void Retire(std::shared_ptr<CommandCall> self) ABSL_LOCKS_EXCLUDED(ops_mu_, state_->mu) {
     {
-      std::lock_guard<std::mutex> lock(ops_mu_);
+      absl::MutexLock lock(&ops_mu_);
       if (retired_) return;
       retired_ = true;
     }
     context_.TryCancel();
     queue_.Shutdown();
     {
-      std::lock_guard<std::mutex> lock(state_->mu);
+      absl::MutexLock lock(&state_->mu);
       if (state_->drivable.get() == this) state_->drivable.reset();
       if (state_->generation == generation_ && !state_->stream_ended) {
         // Its own end (Finish) is never asked for now: end it here, so that no wait for it
@@ -321,13 +297,15 @@ class CommandCall final : public Drainable {
             "the command stream was given up (a write made no progress within the call "
             "timeout, or the session was closed)");
       }
-      state_->cv.notify_all();
+      state_->cv.SignalAll();
     }
     Background::Get().Abandon(std::move(self));
   }
 
   grpc::CompletionQueue* drain_queue() override { return &queue_; }
-  void OnDrained(void* tag, bool ok) override { Handle(tag, ok); }
+  void OnDrained(void* tag, bool ok) override ABSL_LOCKS_EXCLUDED(ops_mu_, state_->mu) {
+    Handle(tag, ok);
+  }
 
  private:
   static inline void* const kStartTag = reinterpret_cast<void*>(1);
@@ -335,32 +313,32 @@ class CommandCall final : public Drainable {
   static inline void* const kWriteTag = reinterpret_cast<void*>(3);
   static inline void* const kFinishTag = reinterpret_cast<void*>(4);
 
-  void Handle(void* tag, bool ok) {
+  void Handle(void* tag, bool ok) ABSL_LOCKS_EXCLUDED(ops_mu_, state_->mu) {
     if (tag == kReadTag) {
       OnRead(ok);
     } else if (tag == kWriteTag) {
-      std::lock_guard<std::mutex> lock(state_->mu);
+      absl::MutexLock lock(&state_->mu);
       if (state_->generation != generation_) return;
       state_->write_pending = false;
       state_->write_ok = ok;
-      state_->cv.notify_all();
+      state_->cv.SignalAll();
     } else if (tag == kFinishTag) {
-      std::lock_guard<std::mutex> lock(state_->mu);
+      absl::MutexLock lock(&state_->mu);
       if (state_->generation != generation_) return;
       state_->stream_ended = true;
       state_->write_pending = false;
       state_->stream_error = status_.ok()
                                  ? absl::FailedPreconditionError("the command stream has ended")
                                  : FromGrpcStatus(status_);
-      state_->cv.notify_all();
+      state_->cv.SignalAll();
     }
     // kStartTag never comes (the headers are corked, see Begin).
   }
 
-  void OnRead(bool ok) {
+  void OnRead(bool ok) ABSL_LOCKS_EXCLUDED(ops_mu_, state_->mu) {
     if (!ok) {
       // The stream ended (or was cancelled): no more writes; its status follows.
-      std::lock_guard<std::mutex> lock(ops_mu_);
+      absl::MutexLock lock(&ops_mu_);
       ended_ = true;
       if (!retired_) stream_->Finish(&status_, kFinishTag);
       return;
@@ -369,7 +347,7 @@ class CommandCall final : public Drainable {
     // returns only after its handler ran.
     state_->DeliverDeviceOutput(reply_.device_output());
     {
-      std::lock_guard<std::mutex> lock(state_->mu);
+      absl::MutexLock lock(&state_->mu);
       // A replaced call reads on (it was cancelled) only until its end.
       if (state_->generation == generation_ && reply_.has_error() && state_->first_error.ok()) {
         state_->first_error =
@@ -382,9 +360,9 @@ class CommandCall final : public Drainable {
             std::max(state_->processed_through, state_->unanswered_batches.front());
         state_->unanswered_batches.pop_front();
       }
-      state_->cv.notify_all();
+      state_->cv.SignalAll();
     }
-    std::lock_guard<std::mutex> lock(ops_mu_);
+    absl::MutexLock lock(&ops_mu_);
     if (!retired_) stream_->Read(&reply_, kReadTag);
   }
 
@@ -394,11 +372,13 @@ class CommandCall final : public Drainable {
   grpc::ClientContext context_;
   v1::CommandReply reply_;
   grpc::Status status_;
-  std::mutex ops_mu_;  // orders the operations started on stream_
-  std::unique_ptr<grpc::ClientAsyncReaderWriter<v1::CommandBatch, v1::CommandReply>> stream_;
-  bool ended_ = false;    // the read failed: no more writes (ops_mu_)
-  bool retired_ = false;  // the queue is shut down: no more operations (ops_mu_)
-  std::shared_ptr<v1::CommandBatch> writing_;  // alive until the next write
+  absl::Mutex ops_mu_;  // orders the operations started on stream_
+  std::unique_ptr<grpc::ClientAsyncReaderWriter<v1::CommandBatch, v1::CommandReply>> stream_
+      ABSL_GUARDED_BY(ops_mu_);
+  bool ended_ ABSL_GUARDED_BY(ops_mu_) = false;    // the read failed: no more writes
+  bool retired_ ABSL_GUARDED_BY(ops_mu_) = false;  // the queue is shut down: no more operations
+  // Alive until the next write.
+  std::shared_ptr<v1::CommandBatch> writing_ ABSL_GUARDED_BY(ops_mu_);
 };
 
 // ---------------------------------------------------------------------- SessionCore
@@ -437,7 +417,7 @@ void SessionCore::SetDeviceOutputHandler(std::function<void(absl::string_view)> 
   auto shared =
       handler ? std::make_shared<const std::function<void(absl::string_view)>>(std::move(handler))
               : nullptr;
-  std::lock_guard<std::mutex> lock(commands_->mu);
+  absl::MutexLock lock(&commands_->mu);
   commands_->device_output = std::move(shared);
 }
 
@@ -464,19 +444,19 @@ absl::Status SessionCore::CheckUsable() const {
                         "session",
                         id_));
   }
-  std::lock_guard<std::mutex> lock(health_mu_);
+  absl::MutexLock lock(&health_mu_);
   return unusable_;
 }
 
 v1::SessionState SessionCore::state() const {
   if (closed_) return v1::SESSION_STATE_UNSPECIFIED;
-  std::lock_guard<std::mutex> lock(health_mu_);
+  absl::MutexLock lock(&health_mu_);
   return state_;
 }
 
 void SessionCore::OnWatchEvent(const v1::SessionEvent& event) {
   if (event.state() != v1::SESSION_STATE_FAULTED) return;
-  std::lock_guard<std::mutex> lock(health_mu_);
+  absl::MutexLock lock(&health_mu_);
   if (!unusable_.ok()) return;  // the first word stands
   state_ = v1::SESSION_STATE_FAULTED;
   // The daemon's own words for a call on a FAULTED session.
@@ -487,7 +467,7 @@ void SessionCore::OnWatchEvent(const v1::SessionEvent& event) {
 }
 
 void SessionCore::OnWatchEnd(const grpc::Status& status) {
-  std::lock_guard<std::mutex> lock(health_mu_);
+  absl::MutexLock lock(&health_mu_);
   if (status.error_code() == grpc::StatusCode::NOT_FOUND) {
     // Returned as is: e.g. the daemon's "... the daemon restarted ..., open a new session".
     state_ = v1::SESSION_STATE_UNSPECIFIED;
@@ -507,8 +487,8 @@ void SessionCore::OnWatchEnd(const grpc::Status& status) {
 
 absl::Status SessionCore::EnsureStreamLocked(absl::Time deadline) {
   std::shared_ptr<CommandCall> old;
-  if (call_ != nullptr) {
-    std::unique_lock<std::mutex> lock(commands_->mu);
+  if (sending_call() != nullptr) {
+    absl::MutexLock lock(&commands_->mu);
     if (!commands_->stream_error_reported) return absl::OkStatus();
     // A reported error ends the stream. Wait (at most until the deadline) for the daemon to
     // end it, so that what it says next (e.g. FAILED_PRECONDITION for a FAULTED session) is
@@ -516,16 +496,16 @@ absl::Status SessionCore::EnsureStreamLocked(absl::Time deadline) {
     // come.
     if (!commands_->abandoned) {
       Background::Busy busy;
-      WaitCommands(lock, std::min(deadline, absl::Now() + kCloseTimeout),
-                   [&] { return commands_->stream_ended || commands_->closed; });
+      WaitCommands(std::min(deadline, absl::Now() + kCloseTimeout),
+                   absl::Condition(commands_.get(), &CommandStreamState::StreamOver));
     }
-    old = call_;
+    old = sending_call();
   }
   if (absl::Status usable = CheckUsable(); !usable.ok()) return usable;
   if (old != nullptr) old->Retire(old);  // harmless when it ended; no lock held
   uint64_t generation;
   {
-    std::lock_guard<std::mutex> lock(commands_->mu);
+    absl::MutexLock lock(&commands_->mu);
     generation = ++commands_->generation;
     commands_->stream_ended = false;
     commands_->stream_error_reported = false;
@@ -539,12 +519,12 @@ absl::Status SessionCore::EnsureStreamLocked(absl::Time deadline) {
   auto call = std::make_shared<CommandCall>(commands_, generation);
   call->Begin(*this, *execution_);
   {
-    std::lock_guard<std::mutex> lock(call_mu_);
+    absl::MutexLock lock(&call_mu_);
     call_ = call;
   }
   bool closed;
   {
-    std::lock_guard<std::mutex> lock(commands_->mu);
+    absl::MutexLock lock(&commands_->mu);
     closed = commands_->closed;
     if (!closed) commands_->drivable = call;
   }
@@ -557,9 +537,9 @@ absl::Status SessionCore::EnsureStreamLocked(absl::Time deadline) {
 }
 
 absl::Status SessionCore::UseExecutionChannel(std::shared_ptr<grpc::Channel> direct) {
-  std::lock_guard<std::mutex> lock(send_mu_);
+  absl::MutexLock lock(&send_mu_);
   {
-    std::lock_guard<std::mutex> call_lock(call_mu_);
+    absl::MutexLock call_lock(&call_mu_);
     if (call_ != nullptr || next_sequence_ != 0) {
       return absl::FailedPreconditionError(
           "UseDirectChannel: the session's command stream is already open; switch first");
@@ -574,7 +554,7 @@ absl::Status SessionCore::Enqueue(v1::Command command) {
   if (absl::Status usable = CheckUsable(); !usable.ok()) return usable;
   const absl::Duration timeout = call_timeout();
   const absl::Time deadline = DeadlineAfter(timeout);
-  std::lock_guard<std::mutex> lock(send_mu_);
+  absl::MutexLock lock(&send_mu_);
   if (absl::Status status = EnsureStreamLocked(deadline); !status.ok()) return status;
   command.set_sequence(++next_sequence_);
   batch_bytes_ += command.ByteSizeLong();
@@ -585,29 +565,27 @@ absl::Status SessionCore::Enqueue(v1::Command command) {
   return absl::OkStatus();
 }
 
-template <typename Done>
-bool SessionCore::WaitCommands(std::unique_lock<std::mutex>& lock, absl::Time deadline, Done done) {
-  CommandStreamState& state = *commands_;
+bool SessionCore::WaitCommands(absl::Time deadline, const absl::Condition& done) {
   for (;;) {
-    if (done()) return true;
+    if (done.Eval()) return true;
     if (deadline != absl::InfiniteFuture() && absl::Now() >= deadline) return false;
-    std::shared_ptr<CommandCall> call = state.driving ? nullptr : state.drivable;
+    std::shared_ptr<CommandCall> call = commands_->driving ? nullptr : commands_->drivable;
     if (call == nullptr) {
       // Another thread drives the call (it reports every event), or there is none to drive.
       if (deadline == absl::InfiniteFuture()) {
-        state.cv.wait(lock);
+        commands_->cv.Wait(&commands_->mu);
       } else {
-        state.cv.wait_until(lock, absl::ToChronoTime(deadline));
+        commands_->cv.WaitWithDeadline(&commands_->mu, deadline);
       }
       continue;
     }
-    state.driving = true;
-    lock.unlock();
+    commands_->driving = true;
+    commands_->mu.Unlock();
     call->DriveOnce(deadline);
     call.reset();
-    lock.lock();
-    state.driving = false;
-    state.cv.notify_all();  // a waiter that does not drive may take over
+    commands_->mu.Lock();
+    commands_->driving = false;
+    commands_->cv.SignalAll();  // a waiter that does not drive may take over
   }
 }
 
@@ -619,7 +597,7 @@ absl::Status SessionCore::FlushLocked(absl::Time deadline, absl::Duration timeou
   batch->Swap(&batch_);
   batch_bytes_ = 0;
   {
-    std::lock_guard<std::mutex> lock(commands_->mu);
+    absl::MutexLock lock(&commands_->mu);
     if (commands_->closed) return CheckUsable();
     if (commands_->stream_ended) {
       commands_->stream_error_reported = true;
@@ -629,34 +607,32 @@ absl::Status SessionCore::FlushLocked(absl::Time deadline, absl::Duration timeou
     commands_->write_pending = true;
   }
   Background::Busy busy;
-  const bool started = call_->Write(std::move(batch));
-  std::unique_lock<std::mutex> lock(commands_->mu);
+  const std::shared_ptr<CommandCall>& stream = sending_call();
+  const bool started = stream->Write(std::move(batch));
+  absl::ReleasableMutexLock lock(&commands_->mu);
   if (!started) {
     commands_->write_pending = false;
     commands_->write_ok = false;
   }
-  auto written = [&] {
-    return !commands_->write_pending || commands_->stream_ended || commands_->closed;
-  };
-  if (!WaitCommands(lock, deadline == absl::InfiniteFuture() ? deadline : deadline + kAbandonMargin,
-                    written)) {
+  if (!WaitCommands(deadline == absl::InfiniteFuture() ? deadline : deadline + kAbandonMargin,
+                    absl::Condition(commands_.get(), &CommandStreamState::WriteDone))) {
     // The daemon takes no bytes (stopped, wedged): give the stream up.
     commands_->stream_error_reported = true;
     commands_->abandoned = true;
-    lock.unlock();
-    call_->Retire(call_);
+    lock.Release();
+    stream->Retire(stream);
     return TimeoutError(call, timeout,
                         "the daemon took no commands, so the command stream was cancelled: "
                         "commands enqueued since the last synchronising call may not have run");
   }
   if (commands_->closed) {
-    lock.unlock();
+    lock.Release();
     return CheckUsable();
   }
   if (commands_->write_pending || !commands_->write_ok) {
     // The call is over: wait for its status (it comes at once once a write failed).
-    WaitCommands(lock, std::min(deadline, absl::Now() + kCloseTimeout),
-                 [&] { return commands_->stream_ended || commands_->closed; });
+    WaitCommands(std::min(deadline, absl::Now() + kCloseTimeout),
+                 absl::Condition(commands_.get(), &CommandStreamState::StreamOver));
     commands_->stream_error_reported = true;
     if (!commands_->stream_ended) {
       return absl::UnavailableError(
@@ -670,8 +646,8 @@ absl::Status SessionCore::FlushLocked(absl::Time deadline, absl::Duration timeou
 
 absl::Status SessionCore::Flush() {
   if (absl::Status usable = CheckUsable(); !usable.ok()) return usable;
-  std::lock_guard<std::mutex> lock(send_mu_);
-  if (call_ == nullptr) return absl::OkStatus();
+  absl::MutexLock lock(&send_mu_);
+  if (sending_call() == nullptr) return absl::OkStatus();
   const absl::Duration timeout = call_timeout();
   return FlushLocked(DeadlineAfter(timeout), timeout, "Session::Flush");
 }
@@ -679,18 +655,18 @@ absl::Status SessionCore::Flush() {
 absl::Status SessionCore::WaitProcessed(uint64_t sequence, absl::Time deadline,
                                         absl::Duration timeout, absl::string_view call) {
   Background::Busy busy;
-  std::unique_lock<std::mutex> lock(commands_->mu);
-  auto done = [&] {
-    return commands_->processed_through >= sequence || commands_->stream_ended || commands_->closed;
+  absl::ReleasableMutexLock lock(&commands_->mu);
+  auto processed = [this, sequence]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(commands_->mu) {
+    return commands_->processed_through >= sequence || commands_->StreamOver();
   };
-  if (!WaitCommands(lock, deadline, done)) {
+  if (!WaitCommands(deadline, absl::Condition(&processed))) {
     return TimeoutError(call, timeout,
                         "a deadline does not cancel the GPU work: it goes on, and a later "
                         "synchronising call waits for it");
   }
   if (commands_->processed_through >= sequence) return absl::OkStatus();
   if (commands_->closed) {
-    lock.unlock();
+    lock.Release();
     return CheckUsable();
   }
   commands_->stream_error_reported = true;
@@ -701,12 +677,12 @@ absl::Status SessionCore::Barrier(absl::Duration timeout) {
   const absl::Time deadline = DeadlineAfter(timeout);
   uint64_t target;
   {
-    std::lock_guard<std::mutex> lock(send_mu_);
-    if (call_ == nullptr) return absl::OkStatus();
+    absl::MutexLock lock(&send_mu_);
+    if (sending_call() == nullptr) return absl::OkStatus();
     {
       // A stream whose end was already reported orders nothing any more; the unary call
       // that follows gets the daemon's own answer.
-      std::lock_guard<std::mutex> state_lock(commands_->mu);
+      absl::MutexLock state_lock(&commands_->mu);
       if ((commands_->stream_ended || commands_->abandoned) && commands_->stream_error_reported &&
           batch_.commands_size() == 0) {
         return absl::OkStatus();
@@ -730,7 +706,7 @@ absl::Status SessionCore::Sync(uint64_t stream_id, bool whole_session, absl::Dur
   command.mutable_sync()->set_whole_session(whole_session);
   uint64_t target;
   {
-    std::lock_guard<std::mutex> lock(send_mu_);
+    absl::MutexLock lock(&send_mu_);
     if (absl::Status status = EnsureStreamLocked(deadline); !status.ok()) return status;
     command.set_sequence(++next_sequence_);
     batch_.add_commands()->Swap(&command);
@@ -738,7 +714,7 @@ absl::Status SessionCore::Sync(uint64_t stream_id, bool whole_session, absl::Dur
     target = sent_through_;
   }
   absl::Status waited = WaitProcessed(target, deadline, timeout, call);
-  std::lock_guard<std::mutex> lock(commands_->mu);
+  absl::MutexLock lock(&commands_->mu);
   if (commands_->processed_through < target && !commands_->stream_ended) {
     // The deadline passed first (or the session closed): the sync marker is still queued,
     // and its answer (and any error before it) is for a later synchronising call.
@@ -764,13 +740,13 @@ absl::Status SessionCore::Close() {
   {
     // Wakes every caller waiting on the command stream (a write stuck behind a stopped
     // daemon included).
-    std::lock_guard<std::mutex> lock(commands_->mu);
+    absl::MutexLock lock(&commands_->mu);
     commands_->closed = true;
-    commands_->cv.notify_all();
+    commands_->cv.SignalAll();
   }
   std::shared_ptr<CommandCall> call;
   {
-    std::lock_guard<std::mutex> lock(call_mu_);
+    absl::MutexLock lock(&call_mu_);
     call = call_;
   }
   // The call ends on the background thread (at once, or once a stuck write ends); it holds

@@ -70,7 +70,7 @@ void Background::Kick() {
 }
 
 void Background::Abandon(std::shared_ptr<Drainable> call) {
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   abandoned_.push_back(std::move(call));
 }
 
@@ -85,7 +85,7 @@ void Background::RunOne(std::chrono::system_clock::time_point until) {
 void Background::DrainAbandoned() {
   std::vector<std::shared_ptr<Drainable>> calls;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    absl::MutexLock lock(&mu_);
     if (abandoned_.empty()) return;
     calls.swap(abandoned_);
   }
@@ -105,7 +105,7 @@ void Background::DrainAbandoned() {
       break;  // SHUTDOWN: drained, `call` goes
     }
   }
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   abandoned_.insert(abandoned_.end(), std::make_move_iterator(pending.begin()),
                     std::make_move_iterator(pending.end()));
 }
@@ -258,14 +258,28 @@ class ChunkPool {
     std::unique_ptr<uint8_t[]> bytes;
   };
 
-  static Block* Take(size_t size) {
+  static Block* Take(size_t size) { return Get().TakeBlock(size); }
+
+  // gRPC's destroy callback of a chunk's slice.
+  static void Give(void* user_data) { Get().GiveBlock(static_cast<Block*>(user_data)); }
+
+ private:
+  static constexpr size_t kUsualBytes = (1u << 20) + 256;
+  static constexpr size_t kKeptBlocks = 8;
+
+  // The process's one, never destroyed (gRPC may give a block back while the process exits).
+  static ChunkPool& Get() {
+    static auto* const pool = new ChunkPool();
+    return *pool;
+  }
+
+  Block* TakeBlock(size_t size) ABSL_LOCKS_EXCLUDED(mu_) {
     {
-      std::lock_guard<std::mutex> lock(mu());
-      auto& blocks = free_blocks();
-      for (size_t i = 0; i < blocks.size(); ++i) {
-        if (blocks[i]->capacity >= size) {
-          Block* block = blocks[i];
-          blocks.erase(blocks.begin() + static_cast<std::ptrdiff_t>(i));
+      absl::MutexLock lock(&mu_);
+      for (size_t i = 0; i < free_blocks_.size(); ++i) {
+        if (free_blocks_[i]->capacity >= size) {
+          Block* block = free_blocks_[i];
+          free_blocks_.erase(free_blocks_.begin() + static_cast<std::ptrdiff_t>(i));
           return block;
         }
       }
@@ -275,31 +289,19 @@ class ChunkPool {
     return new Block{capacity, std::unique_ptr<uint8_t[]>(new uint8_t[capacity])};
   }
 
-  // gRPC's destroy callback of a chunk's slice.
-  static void Give(void* user_data) {
-    auto* block = static_cast<Block*>(user_data);
+  void GiveBlock(Block* block) ABSL_LOCKS_EXCLUDED(mu_) {
     {
-      std::lock_guard<std::mutex> lock(mu());
-      auto& blocks = free_blocks();
-      if (blocks.size() < kKeptBlocks) {
-        blocks.push_back(block);
+      absl::MutexLock lock(&mu_);
+      if (free_blocks_.size() < kKeptBlocks) {
+        free_blocks_.push_back(block);
         return;
       }
     }
     delete block;
   }
 
- private:
-  static constexpr size_t kUsualBytes = (1u << 20) + 256;
-  static constexpr size_t kKeptBlocks = 8;
-  static std::mutex& mu() {
-    static auto* const m = new std::mutex();
-    return *m;
-  }
-  static std::vector<Block*>& free_blocks() {
-    static auto* const blocks = new std::vector<Block*>();
-    return *blocks;
-  }
+  absl::Mutex mu_;
+  std::vector<Block*> free_blocks_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace

@@ -29,18 +29,18 @@
 
 #include <atomic>
 #include <chrono>
-#include <condition_variable>
 #include <cstdint>
 #include <functional>
 #include <memory>
-#include <mutex>
 #include <string>
 #include <thread>
 #include <utility>
 #include <vector>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
 #include "absl/strings/string_view.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "absl/types/span.h"
 #include "grpcpp/generic/generic_stub.h"
@@ -93,23 +93,23 @@ class Background {
   };
 
   // Drains `call`'s (shut down) completion queue as its operations finish, then lets it go.
-  void Abandon(std::shared_ptr<Drainable> call);
+  void Abandon(std::shared_ptr<Drainable> call) ABSL_LOCKS_EXCLUDED(mu_);
 
  private:
   Background();
-  void Loop();
+  void Loop() ABSL_LOCKS_EXCLUDED(mu_);
   void Kick();
   // One event of queue() or nothing, waiting at most until `until`.
   void RunOne(std::chrono::system_clock::time_point until);
-  void DrainAbandoned();
+  void DrainAbandoned() ABSL_LOCKS_EXCLUDED(mu_);
 
   grpc::CompletionQueue queue_;
   std::atomic<int> busy_{0};
   std::atomic<int64_t> last_busy_ns_{0};  // steady clock
   std::atomic<bool> polling_{false};
   std::atomic<bool> kick_pending_{false};
-  std::mutex mu_;
-  std::vector<std::shared_ptr<Drainable>> abandoned_;  // guarded by mu_
+  absl::Mutex mu_;
+  std::vector<std::shared_ptr<Drainable>> abandoned_ ABSL_GUARDED_BY(mu_);
   std::thread thread_;
 };
 

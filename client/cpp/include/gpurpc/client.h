@@ -841,7 +841,9 @@ class Session {
   // waits of Download and the other synchronous calls that end in one); `handler` gets each
   // non-empty chunk, on the client's background thread or the calling thread, before that
   // call returns. Default: written to stdout and flushed. nullptr: dropped. Only this
-  // session's kernels' output ever arrives here. From any thread.
+  // session's kernels' output ever arrives here. From any thread. The handler must not call
+  // this session's methods: it may run while the call that received the output holds the
+  // session's internal locks (absl's deadlock detection would end the process).
   void SetDeviceOutputHandler(std::function<void(absl::string_view)> handler);
 
   // What the session's watch knows, without a round trip: ACTIVE, FAULTED, or UNSPECIFIED
