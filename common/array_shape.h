@@ -5,6 +5,7 @@
 #ifndef GPURPC_COMMON_ARRAY_SHAPE_H_
 #define GPURPC_COMMON_ARRAY_SHAPE_H_
 
+#include <algorithm>
 #include <cstdint>
 
 #include "absl/status/statusor.h"
@@ -19,9 +20,23 @@ inline constexpr uint64_t kMaxArrayExtent = uint64_t{1} << 20;
 inline constexpr uint32_t kArrayFlagsAllowed = 0x1 | 0x2 | 0x4 | 0x8;
 // Copy3DCommand's largest linear pitch and slice height (the driver's maximum pitch).
 inline constexpr uint64_t kMaxCopy3DPitchBytes = (uint64_t{1} << 31) - 1;
-// The charge's padding: rows to the texture pitch alignment, rows per slice to a tile.
+// The charge's padding, after the driver's tiled (block-linear) layout as measured on the
+// H200 (array_test's TheChargeCoversWhatTheDeviceUses): rows to 512 bytes; a 2D slice's
+// rows to a power of two from 32 up to 256, then to a multiple of 256 (300 rows took 512);
+// a 3D array's slices likewise, to a power of two up to 32, then a multiple of 32. Layers
+// of a layered array are slices of their own and are not padded.
 inline constexpr uint64_t kArrayRowAlignBytes = 512;
-inline constexpr uint64_t kArrayRowsPerTile = 32;
+inline constexpr uint64_t kArrayMinRows = 32;
+inline constexpr uint64_t kArrayRowBlock = 256;
+inline constexpr uint64_t kArraySliceBlock = 32;
+
+// `n` (>= 1) rounded up to a power of two while below `block`, else to a multiple of it.
+inline uint64_t PadToBlock(uint64_t n, uint64_t block) {
+  if (n >= block) return (n + block - 1) / block * block;
+  uint64_t padded = 1;
+  while (padded < n) padded <<= 1;
+  return padded;
+}
 
 // Bytes of one element of `format` (a CUarray_format value) with `channels` channels;
 // INVALID_ARGUMENT naming the bad field.
@@ -56,9 +71,9 @@ inline absl::StatusOr<uint32_t> ArrayElementBytes(int format, uint32_t channels)
 }
 
 // Checks a descriptor and returns the device memory it is charged: rows of width * element
-// bytes rounded up to kArrayRowAlignBytes, times the height rounded up to kArrayRowsPerTile
-// (1 for a 1D array), times max(depth, 1). At most 2^20 * 2^9 * 2^20 * 2^20 bytes in theory;
-// the sums below cannot overflow because each factor is bounded first.
+// bytes rounded up to kArrayRowAlignBytes, times the height padded as above (1 for a 1D
+// array), times the depth padded as above (1 for 1D and 2D). At most 2^20 * 2^9 * 2^20 * 2^20 bytes
+// in theory; the sums below cannot overflow because each factor is bounded first.
 inline absl::StatusOr<uint64_t> ArrayChargeBytes(uint64_t width, uint64_t height, uint64_t depth,
                                                  int format, uint32_t channels, uint32_t flags) {
   absl::StatusOr<uint32_t> element = ArrayElementBytes(format, channels);
@@ -102,12 +117,12 @@ inline absl::StatusOr<uint64_t> ArrayChargeBytes(uint64_t width, uint64_t height
   }
   const uint64_t row =
       (width * *element + kArrayRowAlignBytes - 1) / kArrayRowAlignBytes * kArrayRowAlignBytes;
-  // A 1D array (and each layer of a 1D layered one) is one row; 2D and 3D rows are tiled.
+  // A 1D array (and each layer of a 1D layered one) is one row; 2D and 3D slices are tiled.
   const uint64_t rows =
-      height == 0 ? 1 : (height + kArrayRowsPerTile - 1) / kArrayRowsPerTile * kArrayRowsPerTile;
-  const uint64_t slices = depth == 0 ? 1 : depth;
-  // row <= 2^20 * 16 = 2^24, rows <= 2^20 + 32: row * rows < 2^45; times slices <= 2^20 can
-  // reach 2^65, so bound it.
+      height == 0 ? 1 : std::max(kArrayMinRows, PadToBlock(height, kArrayRowBlock));
+  const uint64_t slices = depth == 0 ? 1 : (layered ? depth : PadToBlock(depth, kArraySliceBlock));
+  // row <= 2^20 * 16 = 2^24, rows <= 2^20 + 256: row * rows < 2^45; times slices (<= 2^20 +
+  // 32) can reach 2^65, so bound it.
   const uint64_t slice_bytes = row * rows;
   if (slices > (uint64_t{1} << 62) / slice_bytes) {
     return absl::InvalidArgumentError(

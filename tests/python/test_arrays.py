@@ -99,11 +99,21 @@ def filled(width: int, height: int = 0, depth: int = 0, fmt: int = F.UNSIGNED_IN
     return ary, data
 
 
-def charge(width: int, height: int, depth: int, element: int) -> int:
+def _pad(n: int, block: int) -> int:
+    if n >= block:
+        return -(-n // block) * block
+    padded = 1
+    while padded < n:
+        padded <<= 1
+    return padded
+
+
+def charge(width: int, height: int, depth: int, element: int, layered: bool = False) -> int:
     """The quota charge of memory_service.proto's ArrayDescriptor."""
     row = -(-width * element // 512) * 512
-    rows = 1 if height == 0 else -(-height // 32) * 32
-    return row * rows * max(depth, 1)
+    rows = 1 if height == 0 else max(32, _pad(height, 256))
+    slices = 1 if depth == 0 else (depth if layered else _pad(depth, 32))
+    return row * rows * slices
 
 
 def queue_raw(core: _core.SessionCore, dst: ex.Copy3DEndpoint, src: ex.Copy3DEndpoint,
@@ -271,7 +281,7 @@ def test_array_reports_its_descriptor(ctx: cuda.Context, width: int, height: int
     assert info.HasField("array") and info.device_address == 0
     assert (info.array.width, info.array.height, info.array.depth, info.array.flags) == \
         (width, height, depth, flags)
-    assert info.size_bytes == charge(width, height, depth, 4)
+    assert info.size_bytes == charge(width, height, depth, 4, layered=bool(flags & 1))
     ary.free()
 
 

@@ -255,8 +255,8 @@ class Array:
     ``handle`` is the daemon's id of the array (valid in its session only). The array is
     freed by :meth:`free`, at the end of a ``with`` block, or when garbage collected; it counts
     against the tenant's device-memory quota until then (as rows of ``width * element size``
-    rounded up to 512 bytes, times the height rounded up to 32 (1 for a 1D array), times
-    ``max(depth, 1)``). The driver's shape rules are checked by the daemon: a ``CUBEMAP`` is
+    rounded up to 512 bytes, times the height padded as the driver's tiles are (1 for 1D),
+    times the depth padded likewise; memory_service.proto has the rule). The driver's shape rules are checked by the daemon: a ``CUBEMAP`` is
     square with depth 6 (a multiple of 6 when layered), ``TEXTURE_GATHER`` is 2D only, a
     layered array has depth >= 1, and only a layered 1D array has depth without height.
 
