@@ -485,7 +485,8 @@ absl::Status SessionManager::Close(uint64_t session_id, std::shared_ptr<SessionR
     record = it->second;
     RemoveLocked(*record);
   }
-  // Before its worker ends, so that no other session keeps its exported memory mapped.
+  // Queued before its worker is ended (not awaited): other sessions' mappings of its
+  // exported memory are closed.
   CloseImports(ipc_.SessionEnded(session_id));
   if (metrics_ != nullptr) metrics_->SessionClosed(/*reclaimed=*/false);
   spdlog::info("session {} of tenant {} closed", session_id, record->tenant());
