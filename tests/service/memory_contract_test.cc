@@ -281,6 +281,51 @@ TEST_F(MemoryContractTest, UnknownHandleDoubleFreeAndOtherSessionsHandlesAreNotF
   EXPECT_EQ(RawFree(a.id(), id).error_code(), grpc::StatusCode::NOT_FOUND);  // double free
 }
 
+// The ownership rules every handle shares (internal::SessionObject in client.h), through
+// Buffer, Stream and Event: a move hands the object over, the moved-from handle frees
+// nothing, assigning over a live handle frees what it held, and a handle whose release was
+// refused still owns its object.
+TEST_F(MemoryContractTest, HandlesHandOverOnMoveAndFreeWhatTheyHeldWhenAssignedOver) {
+  Session session = Open();
+  auto first = session.Allocate(256);
+  auto second = session.Allocate(256);
+  ASSERT_THAT(first, IsOk());
+  ASSERT_THAT(second, IsOk());
+  const uint64_t first_id = first->id();
+  const uint64_t second_id = second->id();
+  {
+    Buffer taken(std::move(*first));
+    EXPECT_EQ(taken.id(), first_id);
+    EXPECT_EQ(first->id(), 0u);
+    EXPECT_THAT(first->Free(), StatusIs(absl::StatusCode::kNotFound));
+    *first = std::move(taken);  // back again; `taken` dies holding nothing
+  }
+  EXPECT_THAT(session.Download(first->at(0), 16), IsOk());  // nothing was freed
+
+  *first = std::move(*second);  // frees the first buffer, takes the second
+  EXPECT_EQ(first->id(), second_id);
+  EXPECT_EQ(second->id(), 0u);
+  EXPECT_THAT(session.Download(DeviceRef{first_id, 0, 0}, 16),
+              StatusIs(absl::StatusCode::kNotFound));
+  EXPECT_THAT(session.Download(first->at(0), 16), IsOk());
+
+  auto stream = session.CreateStream();
+  auto event = session.CreateEvent();
+  ASSERT_THAT(stream, IsOk());
+  ASSERT_THAT(event, IsOk());
+  {
+    Stream moved_stream(std::move(*stream));
+    Event moved_event(std::move(*event));
+    *stream = std::move(moved_stream);
+    *event = std::move(moved_event);
+  }
+  ASSERT_THAT(event->Record(&*stream), IsOk());
+  EXPECT_THAT(stream->Synchronize(), IsOk());
+  EXPECT_THAT(event->Synchronize(), IsOk());
+  EXPECT_THAT(first->Free(), IsOk());
+  EXPECT_THAT(first->Free(), StatusIs(absl::StatusCode::kNotFound));
+}
+
 TEST_F(MemoryContractTest, AllocationBeyondFreeMemoryIsResourceExhaustedAndHarmless) {
   Session session = Open();
   auto info = session.GetMemInfo();

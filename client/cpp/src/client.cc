@@ -11,6 +11,7 @@
 #include "absl/strings/str_join.h"
 #include "client/cpp/src/daemons.h"
 #include "client/cpp/src/session_core.h"
+#include "client/cpp/src/session_object.h"
 #include "common/array_shape.h"
 #include "common/grpc_status.h"
 #include "common/limits.h"
@@ -23,13 +24,11 @@
 namespace gpurpc {
 namespace {
 
+using internal::CleanupTimeout;
+using internal::NoSession;
+using internal::ReportCleanup;
+using internal::SessionCall;
 using internal::SessionCore;
-
-// Cleanup in destructors: never throws; says what failed when asked to.
-void ReportCleanup(const char* what, const absl::Status& status) {
-  if (status.ok() || std::getenv("GPURPC_CLIENT_DEBUG") == nullptr) return;
-  std::fprintf(stderr, "gpurpc: cleanup of %s failed: %s\n", what, status.ToString().c_str());
-}
 
 void SetPointer(const DeviceRef& ref, v1::DevicePointer* out) {
   if (ref.buffer_id != 0) {
@@ -45,36 +44,14 @@ uint64_t StreamId(const Stream* stream) { return stream == nullptr ? 0 : stream-
 constexpr char kUploadStreamMethod[] = "/gpurpc.v1.MemoryService/UploadStream";
 constexpr char kDownloadStreamMethod[] = "/gpurpc.v1.MemoryService/DownloadStream";
 
-absl::Status NoSession() { return absl::FailedPreconditionError("no session (moved from?)"); }
-
-// `stub.PrepareAsyncMethod(...)`, the start of a call for internal::RunUnary.
-#define GPURPC_RPC(stub, Method)                                                  \
-  [&rpc_stub = (stub)](grpc::ClientContext* rpc_context, const auto& rpc_request, \
-                       grpc::CompletionQueue* rpc_queue) {                        \
-    return rpc_stub.PrepareAsync##Method(rpc_context, rpc_request, rpc_queue);    \
-  }
-
-// A session-scoped unary call: the session's health first (a FAULTED or lost session answers
-// at once, without a round trip), then the call with the session metadata and a deadline
-// `timeout` from now.
-template <typename Request, typename Response, typename Start>
-absl::Status SessionCall(SessionCore& core, Start&& start, absl::string_view name, Request request,
-                         Response* response, absl::Duration timeout) {
-  if (absl::Status usable = core.CheckUsable(); !usable.ok()) return usable;
-  return internal::RunUnary(name, std::forward<Start>(start), std::move(request), response, timeout,
-                            [&core](grpc::ClientContext* context) { core.AddMetadata(context); });
-}
-
-template <typename Request, typename Response, typename Start>
-absl::Status SessionCall(SessionCore& core, Start&& start, absl::string_view name, Request request,
-                         Response* response) {
-  const absl::Duration timeout = core.call_timeout();
-  return SessionCall(core, std::forward<Start>(start), name, std::move(request), response, timeout);
-}
-
-// The bound of the cleanup calls of destructors: they must not stall the caller for long.
-absl::Duration CleanupTimeout(const SessionCore& core) {
-  return std::min(core.call_timeout(), internal::kCleanupTimeout);
+// MemoryService.Free of a buffer or an array (they share the id space), after the commands
+// queued before it, which may still use it.
+absl::Status FreeAllocation(SessionCore& core, uint64_t id, absl::Duration timeout) {
+  if (absl::Status status = core.Barrier(timeout); !status.ok()) return status;
+  v1::FreeRequest request;
+  request.set_buffer_id(id);
+  v1::FreeResponse response;
+  return SessionCall(core, GPURPC_RPC(core.memory(), Free), "Free", request, &response, timeout);
 }
 
 // A call of the Client (not session-scoped) with a deadline `timeout` from now. When the
@@ -818,47 +795,14 @@ absl::Status Session::Synchronize(absl::Duration timeout) const {
 
 // ---------------------------------------------------------------------------- Array
 
-Array::Array(Array&& other) noexcept
-    : core_(std::move(other.core_)),
-      id_(std::exchange(other.id_, 0)),
-      descriptor_(std::move(other.descriptor_)),
-      charged_bytes_(std::exchange(other.charged_bytes_, 0)),
-      row_bytes_(std::exchange(other.row_bytes_, 0)) {}
+Array::Array(Array&&) noexcept = default;
+Array& Array::operator=(Array&&) noexcept = default;
+Array::~Array() = default;
 
-Array& Array::operator=(Array&& other) noexcept {
-  if (this != &other) {
-    if (id_ != 0 && core_ != nullptr && core_->CheckUsable().ok()) {
-      ReportCleanup("array", FreeWithin(CleanupTimeout(*core_)));
-    }
-    core_ = std::move(other.core_);
-    id_ = std::exchange(other.id_, 0);
-    descriptor_ = std::move(other.descriptor_);
-    charged_bytes_ = std::exchange(other.charged_bytes_, 0);
-    row_bytes_ = std::exchange(other.row_bytes_, 0);
-  }
-  return *this;
-}
+absl::Status Array::Free() { return ReleaseNow("Free: array already freed"); }
 
-Array::~Array() {
-  if (id_ != 0 && core_ != nullptr && core_->CheckUsable().ok()) {
-    ReportCleanup("array", FreeWithin(CleanupTimeout(*core_)));
-  }
-}
-
-absl::Status Array::Free() {
-  if (core_ == nullptr || id_ == 0) return absl::NotFoundError("Free: array already freed");
-  return FreeWithin(core_->call_timeout());
-}
-
-absl::Status Array::FreeWithin(absl::Duration timeout) {
-  if (absl::Status usable = core_->CheckUsable(); !usable.ok()) return usable;
-  // Copies queued on the command stream may still use it: let them be enqueued first.
-  if (absl::Status status = core_->Barrier(timeout); !status.ok()) return status;
-  v1::FreeRequest request;
-  request.set_buffer_id(std::exchange(id_, 0));
-  v1::FreeResponse response;
-  return SessionCall(*core_, GPURPC_RPC(core_->memory(), Free), "Free", request, &response,
-                     timeout);
+absl::Status Array::Release(SessionCore& core, uint64_t id, absl::Duration timeout) {
+  return FreeAllocation(core, id, timeout);
 }
 
 absl::Status Array::Upload(absl::Span<const uint8_t> data) const {
@@ -888,45 +832,14 @@ absl::StatusOr<std::vector<uint8_t>> Array::Download() const {
 
 // ---------------------------------------------------------------------------- Buffer
 
-Buffer::Buffer(Buffer&& other) noexcept
-    : core_(std::move(other.core_)),
-      id_(std::exchange(other.id_, 0)),
-      device_address_(std::exchange(other.device_address_, 0)),
-      size_bytes_(std::exchange(other.size_bytes_, 0)) {}
+Buffer::Buffer(Buffer&&) noexcept = default;
+Buffer& Buffer::operator=(Buffer&&) noexcept = default;
+Buffer::~Buffer() = default;
 
-Buffer& Buffer::operator=(Buffer&& other) noexcept {
-  if (this != &other) {
-    if (id_ != 0 && core_ != nullptr && core_->CheckUsable().ok()) {
-      ReportCleanup("buffer", FreeWithin(CleanupTimeout(*core_)));
-    }
-    core_ = std::move(other.core_);
-    id_ = std::exchange(other.id_, 0);
-    device_address_ = std::exchange(other.device_address_, 0);
-    size_bytes_ = std::exchange(other.size_bytes_, 0);
-  }
-  return *this;
-}
+absl::Status Buffer::Free() { return ReleaseNow("Free: buffer already freed"); }
 
-Buffer::~Buffer() {
-  if (id_ != 0 && core_ != nullptr && core_->CheckUsable().ok()) {
-    ReportCleanup("buffer", FreeWithin(CleanupTimeout(*core_)));
-  }
-}
-
-absl::Status Buffer::Free() {
-  if (core_ == nullptr || id_ == 0) return absl::NotFoundError("Free: buffer already freed");
-  return FreeWithin(core_->call_timeout());
-}
-
-absl::Status Buffer::FreeWithin(absl::Duration timeout) {
-  if (absl::Status usable = core_->CheckUsable(); !usable.ok()) return usable;
-  // Work queued on the command stream may still use it: let it be enqueued first.
-  if (absl::Status status = core_->Barrier(timeout); !status.ok()) return status;
-  v1::FreeRequest request;
-  request.set_buffer_id(std::exchange(id_, 0));
-  v1::FreeResponse response;
-  return SessionCall(*core_, GPURPC_RPC(core_->memory(), Free), "Free", request, &response,
-                     timeout);
+absl::Status Buffer::Release(SessionCore& core, uint64_t id, absl::Duration timeout) {
+  return FreeAllocation(core, id, timeout);
 }
 
 absl::Status Buffer::Upload(absl::Span<const uint8_t> data, uint64_t offset_bytes) const {
@@ -945,25 +858,17 @@ absl::StatusOr<std::vector<uint8_t>> Buffer::Download(uint64_t offset_bytes,
 
 // ---------------------------------------------------------------------------- Stream, Event
 
-Stream::Stream(Stream&& other) noexcept
-    : core_(std::move(other.core_)), id_(std::exchange(other.id_, 0)) {}
-Stream& Stream::operator=(Stream&& other) noexcept {
-  if (this != &other) {
-    Stream doomed(std::move(*this));
-    core_ = std::move(other.core_);
-    id_ = std::exchange(other.id_, 0);
-  }
-  return *this;
-}
-Stream::~Stream() {
-  if (id_ == 0 || core_ == nullptr || !core_->CheckUsable().ok()) return;
-  const absl::Duration timeout = CleanupTimeout(*core_);
-  if (!core_->Barrier(timeout).ok()) return;
+Stream::Stream(Stream&&) noexcept = default;
+Stream& Stream::operator=(Stream&&) noexcept = default;
+Stream::~Stream() = default;
+
+absl::Status Stream::Release(SessionCore& core, uint64_t id, absl::Duration timeout) {
+  if (absl::Status status = core.Barrier(timeout); !status.ok()) return status;
   v1::DestroyStreamRequest request;
-  request.set_stream_id(id_);
+  request.set_stream_id(id);
   v1::DestroyStreamResponse response;
-  ReportCleanup("stream", SessionCall(*core_, GPURPC_RPC(core_->execution(), DestroyStream),
-                                      "DestroyStream", request, &response, timeout));
+  return SessionCall(core, GPURPC_RPC(core.execution(), DestroyStream), "DestroyStream", request,
+                     &response, timeout);
 }
 
 absl::Status Stream::Synchronize() const {
@@ -984,25 +889,17 @@ absl::Status Stream::WaitEvent(const Event& event) const {
   return core_->Enqueue(std::move(command));
 }
 
-Event::Event(Event&& other) noexcept
-    : core_(std::move(other.core_)), id_(std::exchange(other.id_, 0)) {}
-Event& Event::operator=(Event&& other) noexcept {
-  if (this != &other) {
-    Event doomed(std::move(*this));
-    core_ = std::move(other.core_);
-    id_ = std::exchange(other.id_, 0);
-  }
-  return *this;
-}
-Event::~Event() {
-  if (id_ == 0 || core_ == nullptr || !core_->CheckUsable().ok()) return;
-  const absl::Duration timeout = CleanupTimeout(*core_);
-  if (!core_->Barrier(timeout).ok()) return;
+Event::Event(Event&&) noexcept = default;
+Event& Event::operator=(Event&&) noexcept = default;
+Event::~Event() = default;
+
+absl::Status Event::Release(SessionCore& core, uint64_t id, absl::Duration timeout) {
+  if (absl::Status status = core.Barrier(timeout); !status.ok()) return status;
   v1::DestroyEventRequest request;
-  request.set_event_id(id_);
+  request.set_event_id(id);
   v1::DestroyEventResponse response;
-  ReportCleanup("event", SessionCall(*core_, GPURPC_RPC(core_->execution(), DestroyEvent),
-                                     "DestroyEvent", request, &response, timeout));
+  return SessionCall(core, GPURPC_RPC(core.execution(), DestroyEvent), "DestroyEvent", request,
+                     &response, timeout);
 }
 
 absl::Status Event::Record(const Stream* stream) const {

@@ -14,59 +14,30 @@
 
 #include "absl/strings/str_format.h"
 #include "client/cpp/src/session_core.h"
+#include "client/cpp/src/session_object.h"
 #include "gpurpc/client.h"
 
 namespace gpurpc {
 namespace {
 
+using internal::NoSession;
 using internal::SessionCore;
 
-absl::Status NoSession() { return absl::FailedPreconditionError("no session (moved from?)"); }
-
-void ReportCleanup(const char* what, const absl::Status& status) {
-  if (status.ok() || std::getenv("GPURPC_CLIENT_DEBUG") == nullptr) return;
-  std::fprintf(stderr, "gpurpc: cleanup of %s failed: %s\n", what, status.ToString().c_str());
-}
-
-absl::Duration CleanupTimeout(const SessionCore& core) {
-  return std::min(core.call_timeout(), internal::kCleanupTimeout);
-}
-
-// A unary ExecutionService call of the session, after the queued commands: its health first
-// (a FAULTED or lost session answers at once), its metadata, a deadline `timeout` from now.
-#define GPURPC_GRAPH_CALL(core, Method, request, response, timeout)                        \
-  [&]() -> absl::Status {                                                                  \
-    SessionCore& graph_core = (core);                                                      \
-    if (absl::Status usable = graph_core.CheckUsable(); !usable.ok()) return usable;       \
-    if (absl::Status queued = graph_core.Barrier(timeout); !queued.ok()) return queued;    \
-    return internal::RunUnary(                                                             \
-        #Method,                                                                           \
-        [&graph_core](grpc::ClientContext* context, const auto& rpc_request,               \
-                      grpc::CompletionQueue* queue) {                                      \
-          return graph_core.execution().PrepareAsync##Method(context, rpc_request, queue); \
-        },                                                                                 \
-        (request), (response), (timeout),                                                  \
-        [&graph_core](grpc::ClientContext* context) { graph_core.AddMetadata(context); }); \
+// A unary ExecutionService call of the session after the commands queued before it
+// (internal::SessionCall: its health first, its metadata, a deadline `timeout` from now).
+#define GPURPC_GRAPH_CALL(core, Method, request, response, timeout)                               \
+  [&]() -> absl::Status {                                                                         \
+    SessionCore& graph_core = (core);                                                             \
+    if (absl::Status usable = graph_core.CheckUsable(); !usable.ok()) return usable;              \
+    if (absl::Status queued = graph_core.Barrier(timeout); !queued.ok()) return queued;           \
+    return internal::SessionCall(graph_core, GPURPC_RPC(graph_core.execution(), Method), #Method, \
+                                 (request), (response), (timeout));                               \
   }()
 
 void SetDim(const Dim3& in, v1::Dim3* out) {
   out->set_x(in.x);
   out->set_y(in.y);
   out->set_z(in.z);
-}
-
-absl::Status DestroyGraphWithin(SessionCore& core, uint64_t id, absl::Duration timeout) {
-  v1::DestroyGraphRequest request;
-  request.set_graph_id(id);
-  v1::DestroyGraphResponse response;
-  return GPURPC_GRAPH_CALL(core, DestroyGraph, request, &response, timeout);
-}
-
-absl::Status DestroyGraphExecWithin(SessionCore& core, uint64_t id, absl::Duration timeout) {
-  v1::DestroyGraphExecRequest request;
-  request.set_graph_exec_id(id);
-  v1::DestroyGraphExecResponse response;
-  return GPURPC_GRAPH_CALL(core, DestroyGraphExec, request, &response, timeout);
 }
 
 }  // namespace
@@ -110,30 +81,18 @@ absl::StatusOr<bool> Stream::IsCapturing() const {
 
 // ---------------------------------------------------------------------------- Graph
 
-Graph::Graph(Graph&& other) noexcept
-    : core_(std::move(other.core_)),
-      id_(std::exchange(other.id_, 0)),
-      node_count_(std::exchange(other.node_count_, 0)) {}
+Graph::Graph(Graph&&) noexcept = default;
+Graph& Graph::operator=(Graph&&) noexcept = default;
+Graph::~Graph() = default;
 
-Graph& Graph::operator=(Graph&& other) noexcept {
-  if (this != &other) {
-    Graph doomed(std::move(*this));
-    core_ = std::move(other.core_);
-    id_ = std::exchange(other.id_, 0);
-    node_count_ = std::exchange(other.node_count_, 0);
-  }
-  return *this;
+absl::Status Graph::Release(SessionCore& core, uint64_t id, absl::Duration timeout) {
+  v1::DestroyGraphRequest request;
+  request.set_graph_id(id);
+  v1::DestroyGraphResponse response;
+  return GPURPC_GRAPH_CALL(core, DestroyGraph, request, &response, timeout);
 }
 
-Graph::~Graph() {
-  if (id_ == 0 || core_ == nullptr || !core_->CheckUsable().ok()) return;
-  ReportCleanup("graph", DestroyGraphWithin(*core_, id_, CleanupTimeout(*core_)));
-}
-
-absl::Status Graph::Destroy() {
-  if (core_ == nullptr || id_ == 0) return absl::NotFoundError("DestroyGraph: already destroyed");
-  return DestroyGraphWithin(*core_, std::exchange(id_, 0), core_->call_timeout());
-}
+absl::Status Graph::Destroy() { return ReleaseNow("DestroyGraph: already destroyed"); }
 
 absl::StatusOr<GraphExec> Graph::Instantiate() const {
   if (core_ == nullptr) return NoSession();
@@ -162,29 +121,18 @@ absl::StatusOr<std::vector<v1::GraphNode>> Graph::Nodes() const {
 
 // ---------------------------------------------------------------------------- GraphExec
 
-GraphExec::GraphExec(GraphExec&& other) noexcept
-    : core_(std::move(other.core_)), id_(std::exchange(other.id_, 0)) {}
+GraphExec::GraphExec(GraphExec&&) noexcept = default;
+GraphExec& GraphExec::operator=(GraphExec&&) noexcept = default;
+GraphExec::~GraphExec() = default;
 
-GraphExec& GraphExec::operator=(GraphExec&& other) noexcept {
-  if (this != &other) {
-    GraphExec doomed(std::move(*this));
-    core_ = std::move(other.core_);
-    id_ = std::exchange(other.id_, 0);
-  }
-  return *this;
+absl::Status GraphExec::Release(SessionCore& core, uint64_t id, absl::Duration timeout) {
+  v1::DestroyGraphExecRequest request;
+  request.set_graph_exec_id(id);
+  v1::DestroyGraphExecResponse response;
+  return GPURPC_GRAPH_CALL(core, DestroyGraphExec, request, &response, timeout);
 }
 
-GraphExec::~GraphExec() {
-  if (id_ == 0 || core_ == nullptr || !core_->CheckUsable().ok()) return;
-  ReportCleanup("graph exec", DestroyGraphExecWithin(*core_, id_, CleanupTimeout(*core_)));
-}
-
-absl::Status GraphExec::Destroy() {
-  if (core_ == nullptr || id_ == 0) {
-    return absl::NotFoundError("DestroyGraphExec: already destroyed");
-  }
-  return DestroyGraphExecWithin(*core_, std::exchange(id_, 0), core_->call_timeout());
-}
+absl::Status GraphExec::Destroy() { return ReleaseNow("DestroyGraphExec: already destroyed"); }
 
 absl::Status GraphExec::Launch(const Stream* stream) const {
   if (core_ == nullptr) return NoSession();

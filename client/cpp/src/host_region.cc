@@ -15,6 +15,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "client/cpp/src/session_core.h"
+#include "client/cpp/src/session_object.h"
 #include "common/fd_passing.h"
 #include "gpurpc/client.h"
 #include "gpurpc/v1/host_region_service.grpc.pb.h"
@@ -25,31 +26,13 @@ namespace {
 
 std::string Errno(absl::string_view what) { return absl::StrCat(what, ": ", std::strerror(errno)); }
 
-// A unary HostRegionService call of the session (its health first, its metadata, a deadline
-// `timeout` from now), as client.cc's session calls.
-#define GPURPC_REGION_CALL(core, Method, request, response, timeout)             \
-  [&]() -> absl::Status {                                                        \
-    if (absl::Status usable = (core).CheckUsable(); !usable.ok()) return usable; \
-    auto stub = v1::HostRegionService::NewStub((core).channel());                \
-    return internal::RunUnary(                                                   \
-        #Method,                                                                 \
-        [&stub](grpc::ClientContext* context, const auto& rpc_request,           \
-                grpc::CompletionQueue* queue) {                                  \
-          return stub->PrepareAsync##Method(context, rpc_request, queue);        \
-        },                                                                       \
-        (request), (response), (timeout),                                        \
-        [&](grpc::ClientContext* context) { (core).AddMetadata(context); });     \
+// A unary HostRegionService call of the session (internal::SessionCall).
+#define GPURPC_REGION_CALL(core, Method, request, response, timeout)                    \
+  [&]() -> absl::Status {                                                               \
+    auto stub = v1::HostRegionService::NewStub((core).channel());                       \
+    return internal::SessionCall((core), GPURPC_RPC(*stub, Method), #Method, (request), \
+                                 (response), (timeout));                                \
   }()
-
-absl::Status UnregisterRegion(internal::SessionCore& core, uint64_t region_id,
-                              absl::Duration timeout) {
-  // Commands queued before may still name the region: they go first.
-  if (absl::Status status = core.Barrier(timeout); !status.ok()) return status;
-  v1::UnregisterHostRegionRequest request;
-  request.set_region_id(region_id);
-  v1::UnregisterHostRegionResponse response;
-  return GPURPC_REGION_CALL(core, UnregisterHostRegion, request, &response, timeout);
-}
 
 // Sends the memfd on the region socket and returns the daemon's verdict.
 absl::Status Attach(const std::string& socket_path, const v1::AttachHostRegionRequest& request,
@@ -184,42 +167,39 @@ absl::Status Session::UseDirectChannel() const {
 bool Session::direct() const { return core_ != nullptr && core_->direct(); }
 
 HostRegion::HostRegion(HostRegion&& other) noexcept
-    : core_(std::move(other.core_)),
-      id_(std::exchange(other.id_, 0)),
+    : SessionObject(std::move(other)),
       data_(std::exchange(other.data_, nullptr)),
       size_bytes_(std::exchange(other.size_bytes_, 0)) {}
 
 HostRegion& HostRegion::operator=(HostRegion&& other) noexcept {
   if (this != &other) {
-    HostRegion doomed(std::move(*this));
-    core_ = std::move(other.core_);
-    id_ = std::exchange(other.id_, 0);
+    HostRegion doomed(std::move(*this));  // unregistered and unmapped on leaving
+    SessionObject::operator=(std::move(other));
     data_ = std::exchange(other.data_, nullptr);
     size_bytes_ = std::exchange(other.size_bytes_, 0);
   }
   return *this;
 }
 
-HostRegion::~HostRegion() {
-  if (id_ != 0 && core_ != nullptr && core_->CheckUsable().ok()) {
-    // The daemon drops it with the session anyway; a failure here leaks nothing for long.
-    UnregisterRegion(*core_, id_, std::min(core_->call_timeout(), internal::kCleanupTimeout))
-        .IgnoreError();
-  }
-  Unmap();
-}
+// The local mapping goes first; the daemon's side goes in ~SessionObject (Release): the
+// worker holds its own mapping until then, so queued copies still find their bytes.
+HostRegion::~HostRegion() { Unmap(); }
 
 void HostRegion::Unmap() {
   if (data_ != nullptr) munmap(data_, size_bytes_);
   data_ = nullptr;
 }
 
-absl::Status HostRegion::Unregister() {
-  if (core_ == nullptr || id_ == 0) return absl::NotFoundError("the region is not registered");
-  absl::Status status = UnregisterRegion(*core_, id_, core_->call_timeout());
-  if (status.ok() || absl::IsNotFound(status)) id_ = 0;
-  return status;
+absl::Status HostRegion::Release(internal::SessionCore& core, uint64_t id, absl::Duration timeout) {
+  // Commands queued before may still name the region: they go first.
+  if (absl::Status status = core.Barrier(timeout); !status.ok()) return status;
+  v1::UnregisterHostRegionRequest request;
+  request.set_region_id(id);
+  v1::UnregisterHostRegionResponse response;
+  return GPURPC_REGION_CALL(core, UnregisterHostRegion, request, &response, timeout);
 }
+
+absl::Status HostRegion::Unregister() { return ReleaseNow("the region is not registered"); }
 
 absl::Status HostRegion::CopyToDevice(const DeviceRef& dst, uint64_t region_offset_bytes,
                                       uint64_t size_bytes, const Stream* stream) const {

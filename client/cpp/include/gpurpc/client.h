@@ -309,15 +309,48 @@ struct DeviceRef {
   static DeviceRef Address(uint64_t address) { return DeviceRef{0, 0, address}; }
 };
 
+namespace internal {
+// What every handle to an object of a session (Buffer, Array, Stream, Event, HostRegion,
+// Graph, GraphExec) holds: the session and the object's id, and what follows from them,
+// written once here. Move-only: a move hands the object over and the source holds none
+// (id 0). Destruction, and assigning another handle over this one, release the object
+// remotely with Derived::Release (bounded by the session's call timeout and
+// kCleanupTimeout; a failure is written to stderr only when $GPURPC_CLIENT_DEBUG is set),
+// unless the session is closed, faulted or lost (the daemon frees a session's objects with
+// it). ReleaseNow is the explicit form (Free, Destroy, Unregister): a handle whose release
+// fails keeps its object, so a later call, or destruction, tries again. Derived declares
+// `static absl::Status Release(SessionCore&, uint64_t id, absl::Duration timeout)` and
+// `static constexpr char kKind[]` (its name in cleanup messages). Member definitions:
+// client/cpp/src/session_object.h.
+template <typename Derived>
+class SessionObject {
+ public:
+  uint64_t id() const { return id_; }
+
+ protected:
+  SessionObject() = default;
+  SessionObject(SessionObject&& other) noexcept;
+  SessionObject& operator=(SessionObject&& other) noexcept;
+  ~SessionObject();
+  // Releases now within the call timeout; NOT_FOUND `none_message` when it holds none.
+  absl::Status ReleaseNow(const char* none_message);
+
+  std::shared_ptr<SessionCore> core_;
+  uint64_t id_ = 0;
+
+ private:
+  void ReleaseQuietly();
+};
+}  // namespace internal
+
 // A device buffer. Move-only; freed remotely on destruction.
-class Buffer {
+class Buffer : public internal::SessionObject<Buffer> {
  public:
   Buffer() = default;
   Buffer(Buffer&&) noexcept;
   Buffer& operator=(Buffer&&) noexcept;
   ~Buffer();
 
-  uint64_t id() const { return id_; }
   uint64_t device_address() const { return device_address_; }
   uint64_t size_bytes() const { return size_bytes_; }
   // A reference to byte `offset_bytes` of this buffer.
@@ -336,9 +369,9 @@ class Buffer {
   friend class Session;
   friend absl::StatusOr<Buffer> internal::AllocateBuffer(
       const std::shared_ptr<internal::SessionCore>& core, uint64_t size_bytes);
-  absl::Status FreeWithin(absl::Duration timeout);
-  std::shared_ptr<internal::SessionCore> core_;
-  uint64_t id_ = 0;
+  friend class internal::SessionObject<Buffer>;
+  static constexpr char kKind[] = "buffer";
+  static absl::Status Release(internal::SessionCore& core, uint64_t id, absl::Duration timeout);
   uint64_t device_address_ = 0;
   uint64_t size_bytes_ = 0;
 };
@@ -366,14 +399,13 @@ struct Copy3DEnd {
 // A CUDA array (Session::AllocateArray): device memory in the driver's texture layout,
 // which kernels cannot address; Session::Copy3D (and Upload/Download here) move bytes in and
 // out. Move-only; freed remotely on destruction.
-class Array {
+class Array : public internal::SessionObject<Array> {
  public:
   Array() = default;
   Array(Array&&) noexcept;
   Array& operator=(Array&&) noexcept;
   ~Array();
 
-  uint64_t id() const { return id_; }
   const v1::ArrayDescriptor& descriptor() const { return descriptor_; }
   // What it is charged against the tenant's device memory (memory_service.proto).
   uint64_t charged_bytes() const { return charged_bytes_; }
@@ -399,22 +431,21 @@ class Array {
 
  private:
   friend class Session;
-  absl::Status FreeWithin(absl::Duration timeout);
-  std::shared_ptr<internal::SessionCore> core_;
-  uint64_t id_ = 0;
+  friend class internal::SessionObject<Array>;
+  static constexpr char kKind[] = "array";
+  static absl::Status Release(internal::SessionCore& core, uint64_t id, absl::Duration timeout);
   v1::ArrayDescriptor descriptor_;
   uint64_t charged_bytes_ = 0;
   uint64_t row_bytes_ = 0;
 };
 
 // A stream of the session. Move-only; destroyed remotely on destruction.
-class Stream {
+class Stream : public internal::SessionObject<Stream> {
  public:
   Stream() = default;
   Stream(Stream&&) noexcept;
   Stream& operator=(Stream&&) noexcept;
   ~Stream();
-  uint64_t id() const { return id_; }
   // Waits for the stream's work (flushing queued commands first), at most the call timeout
   // or `timeout`; a deadline that passes returns DEADLINE_EXCEEDED and does not cancel the
   // work (see "Deadlines").
@@ -442,18 +473,18 @@ class Stream {
 
  private:
   friend class Session;
-  std::shared_ptr<internal::SessionCore> core_;
-  uint64_t id_ = 0;
+  friend class internal::SessionObject<Stream>;
+  static constexpr char kKind[] = "stream";
+  static absl::Status Release(internal::SessionCore& core, uint64_t id, absl::Duration timeout);
 };
 
 // An event of the session. Move-only.
-class Event {
+class Event : public internal::SessionObject<Event> {
  public:
   Event() = default;
   Event(Event&&) noexcept;
   Event& operator=(Event&&) noexcept;
   ~Event();
-  uint64_t id() const { return id_; }
   // Records on a stream (nullptr = default), through the command stream.
   absl::Status Record(const Stream* stream = nullptr) const;
   // Waits for the event, at most the call timeout or `timeout` (as Stream::Synchronize).
@@ -465,8 +496,9 @@ class Event {
 
  private:
   friend class Session;
-  std::shared_ptr<internal::SessionCore> core_;
-  uint64_t id_ = 0;
+  friend class internal::SessionObject<Event>;
+  static constexpr char kKind[] = "event";
+  static absl::Status Release(internal::SessionCore& core, uint64_t id, absl::Duration timeout);
 };
 
 // A same-host region (proto/gpurpc/v1/host_region_service.proto): memory this process
@@ -480,14 +512,13 @@ class Event {
 // copied to the device are read when the stream reaches the copy (do not change them
 // before a synchronising call), bytes copied from the device are in data() after one
 // (Stream/Session/Event::Synchronize). Each copy is one command of the command stream.
-class HostRegion {
+class HostRegion : public internal::SessionObject<HostRegion> {
  public:
   HostRegion() = default;
   HostRegion(HostRegion&&) noexcept;
   HostRegion& operator=(HostRegion&&) noexcept;
   ~HostRegion();
 
-  uint64_t id() const { return id_; }
   uint8_t* data() const { return data_; }
   uint64_t size_bytes() const { return size_bytes_; }
   // Bytes [offset_bytes, offset_bytes + size_bytes) of the region, clamped to it.
@@ -509,21 +540,21 @@ class HostRegion {
  private:
   friend class Session;
   void Unmap();
-  std::shared_ptr<internal::SessionCore> core_;
-  uint64_t id_ = 0;
+  friend class internal::SessionObject<HostRegion>;
+  static constexpr char kKind[] = "host region";
+  static absl::Status Release(internal::SessionCore& core, uint64_t id, absl::Duration timeout);
   uint8_t* data_ = nullptr;
   uint64_t size_bytes_ = 0;
 };
 
 // A captured graph (Stream::EndCapture). Move-only; destroyed remotely on destruction
 // (graph execs made from it stay usable).
-class Graph {
+class Graph : public internal::SessionObject<Graph> {
  public:
   Graph() = default;
   Graph(Graph&&) noexcept;
   Graph& operator=(Graph&&) noexcept;
   ~Graph();
-  uint64_t id() const { return id_; }
   uint32_t node_count() const { return node_count_; }
   // An executable graph of it; RESOURCE_EXHAUSTED past the session's bound of graph execs.
   absl::StatusOr<GraphExec> Instantiate() const;
@@ -535,20 +566,20 @@ class Graph {
 
  private:
   friend class Stream;
-  std::shared_ptr<internal::SessionCore> core_;
-  uint64_t id_ = 0;
+  friend class internal::SessionObject<Graph>;
+  static constexpr char kKind[] = "graph";
+  static absl::Status Release(internal::SessionCore& core, uint64_t id, absl::Duration timeout);
   uint32_t node_count_ = 0;
 };
 
 // An executable graph (Graph::Instantiate). Move-only; destroyed remotely on destruction
 // (launches already enqueued still run).
-class GraphExec {
+class GraphExec : public internal::SessionObject<GraphExec> {
  public:
   GraphExec() = default;
   GraphExec(GraphExec&&) noexcept;
   GraphExec& operator=(GraphExec&&) noexcept;
   ~GraphExec();
-  uint64_t id() const { return id_; }
   // Runs the graph's nodes in order on `stream` (nullptr = the default stream), through the
   // command stream like Function::LaunchAsync: one command for the whole graph; errors
   // surface at the next synchronising call.
@@ -570,8 +601,9 @@ class GraphExec {
 
  private:
   friend class Graph;
-  std::shared_ptr<internal::SessionCore> core_;
-  uint64_t id_ = 0;
+  friend class internal::SessionObject<GraphExec>;
+  static constexpr char kKind[] = "graph exec";
+  static absl::Status Release(internal::SessionCore& core, uint64_t id, absl::Duration timeout);
 };
 
 // One kernel argument, packed by value.
