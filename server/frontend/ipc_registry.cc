@@ -18,9 +18,27 @@ absl::Status NotOpenable() {
 
 }  // namespace
 
-std::string IpcRegistry::Add(Export entry) {
+void IpcRegistry::BeginExport(uint64_t session_id, uint64_t buffer_id) {
   absl::MutexLock lock(&mu_);
-  const std::pair<uint64_t, uint64_t> key{entry.session_id, entry.buffer_id};
+  ++exporting_[{session_id, buffer_id}];
+}
+
+void IpcRegistry::CancelExport(uint64_t session_id, uint64_t buffer_id) {
+  absl::MutexLock lock(&mu_);
+  auto it = exporting_.find({session_id, buffer_id});
+  if (it != exporting_.end() && --it->second == 0) exporting_.erase(it);
+}
+
+absl::StatusOr<std::string> IpcRegistry::Add(Export entry) {
+  absl::MutexLock lock(&mu_);
+  const BufferKey key{entry.session_id, entry.buffer_id};
+  auto under_way = exporting_.find(key);
+  if (under_way == exporting_.end()) {
+    return absl::NotFoundError(absl::StrFormat(
+        "ExportMemory: buffer %d was freed, or its session ended, while it was exported",
+        entry.buffer_id));
+  }
+  if (--under_way->second == 0) exporting_.erase(under_way);
   if (auto it = by_buffer_.find(key); it != by_buffer_.end()) return it->second;
   std::string token(kTokenBytes, '\0');
   do {
@@ -70,17 +88,20 @@ absl::StatusOr<IpcRegistry::Export> IpcRegistry::BeginOpen(const std::string& to
                               import.buffer_id));
   }
   entry.imports.push_back(Import{session_id, 0});
+  opening_.insert({session_id, token});
   return entry.exported;
 }
 
 absl::Status IpcRegistry::CommitOpen(const std::string& token, uint64_t session_id,
                                      uint64_t buffer_id) {
   absl::MutexLock lock(&mu_);
+  if (opening_.erase({session_id, token}) == 0) return NotOpenable();
   auto it = by_token_.find(token);
   if (it != by_token_.end()) {
     for (Import& import : it->second.imports) {
       if (import.session_id == session_id && import.buffer_id == 0) {
         import.buffer_id = buffer_id;
+        by_import_[{session_id, buffer_id}] = token;
         return absl::OkStatus();
       }
     }
@@ -90,6 +111,7 @@ absl::Status IpcRegistry::CommitOpen(const std::string& token, uint64_t session_
 
 void IpcRegistry::CancelOpen(const std::string& token, uint64_t session_id) {
   absl::MutexLock lock(&mu_);
+  opening_.erase({session_id, token});
   auto it = by_token_.find(token);
   if (it == by_token_.end()) return;
   auto& imports = it->second.imports;
@@ -126,51 +148,83 @@ void IpcRegistry::CancelFree(uint64_t session_id, uint64_t buffer_id) {
 void IpcRegistry::EraseLocked(const std::string& token) {
   auto it = by_token_.find(token);
   if (it == by_token_.end()) return;
+  for (const Import& import : it->second.imports) {
+    if (import.buffer_id != 0) by_import_.erase({import.session_id, import.buffer_id});
+  }
   by_buffer_.erase({it->second.exported.session_id, it->second.exported.buffer_id});
   by_token_.erase(it);
 }
 
+void IpcRegistry::EraseImportLocked(const std::string& token, BufferKey key) {
+  by_import_.erase(key);
+  auto it = by_token_.find(token);
+  if (it == by_token_.end()) return;
+  auto& imports = it->second.imports;
+  imports.erase(std::remove_if(imports.begin(), imports.end(),
+                               [&](const Import& import) {
+                                 return import.session_id == key.first &&
+                                        (key.second == 0 || import.buffer_id == key.second);
+                               }),
+                imports.end());
+}
+
 void IpcRegistry::Freed(uint64_t session_id, uint64_t buffer_id) {
   absl::MutexLock lock(&mu_);
-  if (auto it = by_buffer_.find({session_id, buffer_id}); it != by_buffer_.end()) {
+  const BufferKey key{session_id, buffer_id};
+  exporting_.erase(key);
+  if (auto it = by_buffer_.find(key); it != by_buffer_.end()) {
     EraseLocked(std::string(it->second));
   }
-  for (auto& [token, entry] : by_token_) {
-    auto& imports = entry.imports;
-    imports.erase(std::remove_if(imports.begin(), imports.end(),
-                                 [&](const Import& import) {
-                                   return import.session_id == session_id &&
-                                          import.buffer_id == buffer_id;
-                                 }),
-                  imports.end());
+  if (auto it = by_import_.find(key); it != by_import_.end()) {
+    EraseImportLocked(std::string(it->second), key);
   }
 }
 
 std::vector<IpcRegistry::Import> IpcRegistry::SessionEnded(uint64_t session_id) {
   absl::MutexLock lock(&mu_);
+  const BufferKey first{session_id, 0};
+  const BufferKey last{session_id, UINT64_MAX};
+  exporting_.erase(exporting_.lower_bound(first), exporting_.upper_bound(last));
+  // Its exports: the imports other sessions opened come back to be closed; pending opens
+  // fail at CommitOpen.
   std::vector<Import> orphans;
   std::vector<std::string> ended;
-  for (auto& [token, entry] : by_token_) {
-    if (entry.exported.session_id == session_id) {
-      for (const Import& import : entry.imports) {
-        if (import.buffer_id != 0) orphans.push_back(import);
-      }
-      ended.push_back(token);
-      continue;
+  for (auto it = by_buffer_.lower_bound(first); it != by_buffer_.upper_bound(last); ++it) {
+    for (const Import& import : by_token_.at(it->second).imports) {
+      if (import.buffer_id != 0) orphans.push_back(import);
     }
-    auto& imports = entry.imports;
-    imports.erase(
-        std::remove_if(imports.begin(), imports.end(),
-                       [&](const Import& import) { return import.session_id == session_id; }),
-        imports.end());
+    ended.push_back(it->second);
   }
   for (const std::string& token : ended) EraseLocked(token);
+  // Its imports, opened or pending: forgotten (its worker's mappings end with it).
+  std::vector<std::pair<std::string, BufferKey>> imported;
+  for (auto it = by_import_.lower_bound(first); it != by_import_.upper_bound(last); ++it) {
+    imported.emplace_back(it->second, it->first);
+  }
+  for (auto it = opening_.lower_bound({session_id, std::string()});
+       it != opening_.end() && it->first == session_id;) {
+    imported.emplace_back(it->second, BufferKey{session_id, 0});
+    it = opening_.erase(it);
+  }
+  // A pending open of this session then fails at CommitOpen (its mapping ends with its
+  // worker).
+  for (const auto& [token, key] : imported) EraseImportLocked(token, key);
   return orphans;
 }
 
 size_t IpcRegistry::exports() const {
   absl::MutexLock lock(&mu_);
   return by_token_.size();
+}
+
+size_t IpcRegistry::imports() const {
+  absl::MutexLock lock(&mu_);
+  return by_import_.size();
+}
+
+size_t IpcRegistry::exports_under_way() const {
+  absl::MutexLock lock(&mu_);
+  return exporting_.size();
 }
 
 }  // namespace gpurpc::frontend

@@ -9,6 +9,9 @@
 //
 // Lifetime rules (CUDA leaves freeing exported memory that another process has open
 // undefined, so gpurpc never lets it happen through its API):
+// - An export is begun (BeginExport) before the exporter's worker makes the driver's handle;
+//   a Free of the buffer or the end of its session meanwhile cancels it, and Add then fails,
+//   so no token ever names freed memory.
 // - An open is begun (BeginOpen) before the importer's worker maps the memory and counts as
 //   an import from then on, so a Free of the exported buffer racing the open is refused.
 // - Free of an exported buffer with imports is FAILED_PRECONDITION (BeginFree); while a
@@ -26,6 +29,8 @@
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
+#include "absl/container/btree_map.h"
+#include "absl/container/btree_set.h"
 #include "absl/container/flat_hash_map.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -51,9 +56,15 @@ class IpcRegistry {
     uint64_t buffer_id = 0;  // 0 while the open is pending
   };
 
-  // The token of `entry`'s (session, buffer): the existing one when it was exported
-  // before, else a new one.
-  std::string Add(Export entry) ABSL_LOCKS_EXCLUDED(mu_);
+  // Before asking the worker to export `buffer_id` of `session_id`: marks the export as
+  // under way (several may be).
+  void BeginExport(uint64_t session_id, uint64_t buffer_id) ABSL_LOCKS_EXCLUDED(mu_);
+  // The worker could not export it.
+  void CancelExport(uint64_t session_id, uint64_t buffer_id) ABSL_LOCKS_EXCLUDED(mu_);
+  // Ends an export begun with BeginExport: the token of `entry`'s (session, buffer), the
+  // existing one when it was exported before, else a new one. NOT_FOUND when the buffer was
+  // freed, or its session ended, since BeginExport (or BeginExport was not called).
+  absl::StatusOr<std::string> Add(Export entry) ABSL_LOCKS_EXCLUDED(mu_);
 
   // Begins opening `token` in session `session_id` of `tenant` on `device`: the export, now
   // counted as open there (pending). NOT_FOUND for a token this tenant cannot open;
@@ -74,13 +85,17 @@ class IpcRegistry {
   absl::Status BeginFree(uint64_t session_id, uint64_t buffer_id) ABSL_LOCKS_EXCLUDED(mu_);
   // The Free failed: the export stands again.
   void CancelFree(uint64_t session_id, uint64_t buffer_id) ABSL_LOCKS_EXCLUDED(mu_);
-  // After a Free: the buffer's export ends, and so does the import it was.
+  // After a Free: the buffer's export ends, and so do the import it was and any export of
+  // it under way.
   void Freed(uint64_t session_id, uint64_t buffer_id) ABSL_LOCKS_EXCLUDED(mu_);
-  // A session ended: its exports and imports are forgotten. Returns the imports of its
-  // exports that other sessions still hold, for the caller to close there.
+  // A session ended: its exports, exports under way and imports are forgotten. Returns the
+  // imports of its exports that other sessions still hold, for the caller to close there.
   std::vector<Import> SessionEnded(uint64_t session_id) ABSL_LOCKS_EXCLUDED(mu_);
 
   size_t exports() const ABSL_LOCKS_EXCLUDED(mu_);
+  // Opened imports and exports under way, for tests.
+  size_t imports() const ABSL_LOCKS_EXCLUDED(mu_);
+  size_t exports_under_way() const ABSL_LOCKS_EXCLUDED(mu_);
 
  private:
   struct Entry {
@@ -88,13 +103,26 @@ class IpcRegistry {
     std::vector<Import> imports;
     bool freeing = false;
   };
-  // Drops the export named by `token` and its (session, buffer) entry.
+  using BufferKey = std::pair<uint64_t, uint64_t>;  // (session, buffer)
+  // Drops the export named by `token`, its (session, buffer) entry and its imports' entries.
   void EraseLocked(const std::string& token) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Drops the import `key` of the export named by `token`; buffer 0: every import of the
+  // session there, opened or pending.
+  void EraseImportLocked(const std::string& token, BufferKey key)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   mutable absl::Mutex mu_;
   absl::flat_hash_map<std::string, Entry> by_token_ ABSL_GUARDED_BY(mu_);
-  // (session, buffer) -> token, for exports.
-  absl::flat_hash_map<std::pair<uint64_t, uint64_t>, std::string> by_buffer_ ABSL_GUARDED_BY(mu_);
+  // Ordered by session, so that a session's entries are one range (SessionEnded does not
+  // walk other sessions' exports, nor a Free other buffers').
+  // Exports: (session, buffer) -> token.
+  absl::btree_map<BufferKey, std::string> by_buffer_ ABSL_GUARDED_BY(mu_);
+  // Opened imports: (importing session, its buffer) -> the export's token.
+  absl::btree_map<BufferKey, std::string> by_import_ ABSL_GUARDED_BY(mu_);
+  // Opens under way: (opening session, the export's token).
+  absl::btree_set<std::pair<uint64_t, std::string>> opening_ ABSL_GUARDED_BY(mu_);
+  // Exports under way: (session, buffer) -> how many.
+  absl::btree_map<BufferKey, int> exporting_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace gpurpc::frontend

@@ -153,6 +153,9 @@ grpc::ServerUnaryReactor* SessionServiceImpl::ExportMemory(grpc::CallbackServerC
   if (!identity.ok()) return Fail(reactor, identity.status());
   auto session = sessions_->FindFromMetadata(context->client_metadata(), identity->tenant);
   if (!session.ok()) return Fail(reactor, session.status());
+  const uint64_t session_id = (*session)->id();
+  // From here a Free of the buffer, or the session's end, cancels the export (Add fails).
+  sessions_->ipc().BeginExport(session_id, request->buffer_id());
   absl::Status queued =
       sessions_->RunBlocking([this, reactor, request, response, session = *std::move(session)] {
         internal::v1::ExportMemoryRequest ask;
@@ -164,6 +167,7 @@ grpc::ServerUnaryReactor* SessionServiceImpl::ExportMemory(grpc::CallbackServerC
             internal::v1::WorkerControl::NewStub(session->worker().channel())
                 ->ExportMemory(&call, ask, &answer);
         if (!status.ok()) {
+          sessions_->ipc().CancelExport(session->id(), request->buffer_id());
           reactor->Finish(status);
           return;
         }
@@ -174,11 +178,19 @@ grpc::ServerUnaryReactor* SessionServiceImpl::ExportMemory(grpc::CallbackServerC
         entry.buffer_id = request->buffer_id();
         entry.ipc_handle = answer.ipc_handle();
         entry.size_bytes = answer.size_bytes();
-        response->set_handle(sessions_->ipc().Add(std::move(entry)));
+        absl::StatusOr<std::string> token = sessions_->ipc().Add(std::move(entry));
+        if (!token.ok()) {
+          reactor->Finish(ToGrpcStatus(token.status()));
+          return;
+        }
+        response->set_handle(*std::move(token));
         response->set_size_bytes(answer.size_bytes());
         reactor->Finish(grpc::Status::OK);
       });
-  if (!queued.ok()) return Fail(reactor, queued);
+  if (!queued.ok()) {
+    sessions_->ipc().CancelExport(session_id, request->buffer_id());
+    return Fail(reactor, queued);
+  }
   return reactor;
 }
 

@@ -167,6 +167,8 @@ TEST_F(CudaIpcTest, TheExporterCannotFreeMemoryAnotherSessionHasOpen) {
   auto third = again.OpenMemoryHandle(*handle);
   ASSERT_THAT(third, IsOk());
   ASSERT_THAT(third->Free(), IsOk());
+  // The handle whose Free was refused still owns the buffer: now nobody has it open.
+  EXPECT_THAT(original->Free(), IsOk());
 }
 
 TEST_F(CudaIpcTest, AFreedExportCannotBeOpened) {

@@ -30,15 +30,24 @@ IpcRegistry::Export Exported(const std::string& tenant, uint64_t session, uint64
   return entry;
 }
 
+// An export as the front end makes one: begun, then added once the worker answered.
+std::string Export(IpcRegistry& registry, const std::string& tenant, uint64_t session,
+                   uint64_t buffer, int device = 0) {
+  registry.BeginExport(session, buffer);
+  absl::StatusOr<std::string> token = registry.Add(Exported(tenant, session, buffer, device));
+  EXPECT_THAT(token, IsOk());
+  return token.value_or("");
+}
+
 TEST(IpcRegistryTest, TokensAreRandomAndOnePerBuffer) {
   IpcRegistry registry;
-  const std::string token = registry.Add(Exported("alice", 1, 10));
+  const std::string token = Export(registry, "alice", 1, 10);
   EXPECT_EQ(token.size(), IpcRegistry::kTokenBytes);
   // The same buffer again: the same token; another buffer: another.
-  EXPECT_EQ(registry.Add(Exported("alice", 1, 10)), token);
+  EXPECT_EQ(Export(registry, "alice", 1, 10), token);
   std::set<std::string> tokens = {token};
   for (uint64_t buffer = 11; buffer < 111; ++buffer) {
-    tokens.insert(registry.Add(Exported("alice", 1, buffer)));
+    tokens.insert(Export(registry, "alice", 1, buffer));
   }
   EXPECT_EQ(tokens.size(), 101u);
   EXPECT_EQ(registry.exports(), 101u);
@@ -48,7 +57,7 @@ TEST(IpcRegistryTest, TokensAreRandomAndOnePerBuffer) {
 
 TEST(IpcRegistryTest, OnlyTheSameTenantOnTheSameDeviceInAnotherSessionOpens) {
   IpcRegistry registry;
-  const std::string token = registry.Add(Exported("alice", 1, 10));
+  const std::string token = Export(registry, "alice", 1, 10);
   // Another tenant, an unknown token and a wrong-sized one learn nothing.
   const auto not_found = StatusIs(absl::StatusCode::kNotFound, HasSubstr("no export"));
   EXPECT_THAT(registry.BeginOpen(token, "bob", 2, 0).status(), not_found);
@@ -79,7 +88,7 @@ TEST(IpcRegistryTest, OnlyTheSameTenantOnTheSameDeviceInAnotherSessionOpens) {
 
 TEST(IpcRegistryTest, AnExportedBufferCannotBeFreedWhileOpenOrBeingOpened) {
   IpcRegistry registry;
-  const std::string token = registry.Add(Exported("alice", 1, 10));
+  const std::string token = Export(registry, "alice", 1, 10);
   ASSERT_THAT(registry.BeginOpen(token, "alice", 2, 0), IsOk());
   // Pending counts: a free racing the open is refused.
   EXPECT_THAT(registry.BeginFree(1, 10),
@@ -104,14 +113,14 @@ TEST(IpcRegistryTest, AnExportedBufferCannotBeFreedWhileOpenOrBeingOpened) {
   EXPECT_THAT(registry.BeginOpen(token, "alice", 3, 0).status(),
               StatusIs(absl::StatusCode::kNotFound));
   // A new export of a buffer with the same id is a new token.
-  EXPECT_NE(registry.Add(Exported("alice", 1, 10)), token);
+  EXPECT_NE(Export(registry, "alice", 1, 10), token);
 }
 
 TEST(IpcRegistryTest, TheExportersEndClosesItsImportsAndFailsPendingOpens) {
   IpcRegistry registry;
-  const std::string a = registry.Add(Exported("alice", 1, 10));
-  const std::string b = registry.Add(Exported("alice", 1, 11));
-  const std::string other = registry.Add(Exported("alice", 5, 50));
+  const std::string a = Export(registry, "alice", 1, 10);
+  const std::string b = Export(registry, "alice", 1, 11);
+  const std::string other = Export(registry, "alice", 5, 50);
   ASSERT_THAT(registry.BeginOpen(a, "alice", 2, 0), IsOk());
   ASSERT_THAT(registry.CommitOpen(a, 2, 77), IsOk());
   ASSERT_THAT(registry.BeginOpen(b, "alice", 3, 0), IsOk());  // pending
@@ -129,6 +138,72 @@ TEST(IpcRegistryTest, TheExportersEndClosesItsImportsAndFailsPendingOpens) {
   ASSERT_THAT(registry.CommitOpen(other, 4, 66), IsOk());
   EXPECT_TRUE(registry.SessionEnded(4).empty());
   EXPECT_THAT(registry.BeginFree(5, 50), IsOk());
+}
+
+TEST(IpcRegistryTest, AFreeOrTheSessionsEndDuringAnExportCancelsIt) {
+  IpcRegistry registry;
+  const auto cancelled = StatusIs(absl::StatusCode::kNotFound, HasSubstr("while it was exported"));
+  // Never begun, or cancelled: nothing to add.
+  EXPECT_THAT(registry.Add(Exported("alice", 1, 10)).status(), cancelled);
+  registry.BeginExport(1, 10);
+  registry.CancelExport(1, 10);
+  EXPECT_THAT(registry.Add(Exported("alice", 1, 10)).status(), cancelled);
+  // The buffer freed while its worker made the handle: the handle names freed memory.
+  registry.BeginExport(1, 10);
+  ASSERT_THAT(registry.BeginFree(1, 10), IsOk());  // no export yet: nothing stops the Free
+  registry.Freed(1, 10);
+  EXPECT_THAT(registry.Add(Exported("alice", 1, 10)).status(), cancelled);
+  // The session ended meanwhile, with two exports under way and one of another buffer.
+  registry.BeginExport(1, 11);
+  registry.BeginExport(1, 11);
+  registry.BeginExport(1, 12);
+  registry.BeginExport(2, 11);
+  EXPECT_TRUE(registry.SessionEnded(1).empty());
+  EXPECT_THAT(registry.Add(Exported("alice", 1, 11)).status(), cancelled);
+  EXPECT_THAT(registry.Add(Exported("alice", 1, 12)).status(), cancelled);
+  EXPECT_EQ(registry.exports(), 0u);
+  // Another session's export was not touched.
+  EXPECT_THAT(registry.Add(Exported("alice", 2, 11)), IsOk());
+  EXPECT_EQ(registry.exports(), 1u);
+  EXPECT_EQ(registry.exports_under_way(), 0u);
+  // Two exports of one buffer under way at once both succeed, with one token.
+  registry.BeginExport(3, 30);
+  registry.BeginExport(3, 30);
+  auto first = registry.Add(Exported("alice", 3, 30));
+  auto second = registry.Add(Exported("alice", 3, 30));
+  ASSERT_THAT(first, IsOk());
+  ASSERT_THAT(second, IsOk());
+  EXPECT_EQ(*first, *second);
+  EXPECT_EQ(registry.exports_under_way(), 0u);
+}
+
+TEST(IpcRegistryTest, AnImportersEndOrFreeLeavesNothingBehind) {
+  IpcRegistry registry;
+  const std::string token = Export(registry, "alice", 1, 10);
+  // Session 2 opens it; session 3 is still opening it when it ends.
+  ASSERT_THAT(registry.BeginOpen(token, "alice", 2, 0), IsOk());
+  ASSERT_THAT(registry.CommitOpen(token, 2, 20), IsOk());
+  ASSERT_THAT(registry.BeginOpen(token, "alice", 3, 0), IsOk());
+  EXPECT_EQ(registry.imports(), 1u);
+  EXPECT_TRUE(registry.SessionEnded(3).empty());
+  EXPECT_THAT(registry.CommitOpen(token, 3, 30), StatusIs(absl::StatusCode::kNotFound));
+  EXPECT_THAT(registry.BeginFree(1, 10),
+              StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("session(s) 2")));
+  // Session 2 frees another buffer of its own: its import stays; then the imported one.
+  registry.Freed(2, 21);
+  EXPECT_EQ(registry.imports(), 1u);
+  registry.Freed(2, 20);
+  EXPECT_EQ(registry.imports(), 0u);
+  EXPECT_THAT(registry.BeginFree(1, 10), IsOk());
+  registry.CancelFree(1, 10);
+  // Opened again and the importer ends: the exporter can free.
+  ASSERT_THAT(registry.BeginOpen(token, "alice", 4, 0), IsOk());
+  ASSERT_THAT(registry.CommitOpen(token, 4, 40), IsOk());
+  EXPECT_TRUE(registry.SessionEnded(4).empty());
+  EXPECT_EQ(registry.imports(), 0u);
+  EXPECT_THAT(registry.BeginFree(1, 10), IsOk());
+  registry.Freed(1, 10);
+  EXPECT_EQ(registry.exports(), 0u);
 }
 
 }  // namespace
