@@ -34,6 +34,30 @@ std::string Errno(absl::string_view what) { return absl::StrCat(what, ": ", std:
                                  (response), (timeout));                                \
   }()
 
+// One RegionCopyCommand on the command stream: region bytes [region_offset_bytes,
+// + size_bytes) to `device`, or back.
+absl::Status QueueRegionCopy(internal::SessionCore* core, uint64_t region_id,
+                             const DeviceRef& device, uint64_t region_offset_bytes,
+                             uint64_t size_bytes, bool to_device, const Stream* stream) {
+  if (core == nullptr || region_id == 0) {
+    return absl::FailedPreconditionError("the region is not registered");
+  }
+  v1::Command command;
+  v1::RegionCopyCommand* copy = command.mutable_region_copy();
+  copy->set_region_id(region_id);
+  copy->set_region_offset_bytes(region_offset_bytes);
+  if (device.buffer_id != 0) {
+    copy->mutable_device()->mutable_buffer()->set_buffer_id(device.buffer_id);
+    copy->mutable_device()->mutable_buffer()->set_offset_bytes(device.offset_bytes);
+  } else {
+    copy->mutable_device()->set_device_address(device.device_address);
+  }
+  copy->set_size_bytes(size_bytes);
+  copy->set_to_device(to_device);
+  copy->set_stream_id(stream == nullptr ? 0 : stream->id());
+  return core->Enqueue(std::move(command));
+}
+
 // Sends the memfd on the region socket and returns the daemon's verdict.
 absl::Status Attach(const std::string& socket_path, const v1::AttachHostRegionRequest& request,
                     int memfd, absl::Duration timeout) {
@@ -203,42 +227,14 @@ absl::Status HostRegion::Unregister() { return ReleaseNow("the region is not reg
 
 absl::Status HostRegion::CopyToDevice(const DeviceRef& dst, uint64_t region_offset_bytes,
                                       uint64_t size_bytes, const Stream* stream) const {
-  if (core_ == nullptr || id_ == 0)
-    return absl::FailedPreconditionError("the region is not registered");
-  v1::Command command;
-  v1::RegionCopyCommand* copy = command.mutable_region_copy();
-  copy->set_region_id(id_);
-  copy->set_region_offset_bytes(region_offset_bytes);
-  if (dst.buffer_id != 0) {
-    copy->mutable_device()->mutable_buffer()->set_buffer_id(dst.buffer_id);
-    copy->mutable_device()->mutable_buffer()->set_offset_bytes(dst.offset_bytes);
-  } else {
-    copy->mutable_device()->set_device_address(dst.device_address);
-  }
-  copy->set_size_bytes(size_bytes);
-  copy->set_to_device(true);
-  copy->set_stream_id(stream == nullptr ? 0 : stream->id());
-  return core_->Enqueue(std::move(command));
+  return QueueRegionCopy(core_.get(), id_, dst, region_offset_bytes, size_bytes,
+                         /*to_device=*/true, stream);
 }
 
 absl::Status HostRegion::CopyFromDevice(const DeviceRef& src, uint64_t region_offset_bytes,
                                         uint64_t size_bytes, const Stream* stream) const {
-  if (core_ == nullptr || id_ == 0)
-    return absl::FailedPreconditionError("the region is not registered");
-  v1::Command command;
-  v1::RegionCopyCommand* copy = command.mutable_region_copy();
-  copy->set_region_id(id_);
-  copy->set_region_offset_bytes(region_offset_bytes);
-  if (src.buffer_id != 0) {
-    copy->mutable_device()->mutable_buffer()->set_buffer_id(src.buffer_id);
-    copy->mutable_device()->mutable_buffer()->set_offset_bytes(src.offset_bytes);
-  } else {
-    copy->mutable_device()->set_device_address(src.device_address);
-  }
-  copy->set_size_bytes(size_bytes);
-  copy->set_to_device(false);
-  copy->set_stream_id(stream == nullptr ? 0 : stream->id());
-  return core_->Enqueue(std::move(command));
+  return QueueRegionCopy(core_.get(), id_, src, region_offset_bytes, size_bytes,
+                         /*to_device=*/false, stream);
 }
 
 }  // namespace gpurpc
