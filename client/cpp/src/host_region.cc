@@ -190,17 +190,18 @@ absl::Status Session::UseDirectChannel() const {
 
 bool Session::direct() const { return core_ != nullptr && core_->direct(); }
 
+// The base takes `other`'s session and id last: only its own part of `other` is moved.
 HostRegion::HostRegion(HostRegion&& other) noexcept
-    : SessionObject(std::move(other)),
-      data_(std::exchange(other.data_, nullptr)),
-      size_bytes_(std::exchange(other.size_bytes_, 0)) {}
+    : data_(std::exchange(other.data_, nullptr)), size_bytes_(std::exchange(other.size_bytes_, 0)) {
+  SessionObject::operator=(std::move(other));
+}
 
 HostRegion& HostRegion::operator=(HostRegion&& other) noexcept {
   if (this != &other) {
     HostRegion doomed(std::move(*this));  // unregistered and unmapped on leaving
-    SessionObject::operator=(std::move(other));
     data_ = std::exchange(other.data_, nullptr);
     size_bytes_ = std::exchange(other.size_bytes_, 0);
+    SessionObject::operator=(std::move(other));
   }
   return *this;
 }
