@@ -13,6 +13,7 @@
 #include "common/byte_count.h"
 #include "common/limits.h"
 #include "common/status_macros.h"
+#include "common/worker_exit.h"
 #include "gpurpc/internal/v1/worker_control.grpc.pb.h"
 #include "gpurpc/v1/memory_service.grpc.pb.h"
 #include "grpcpp/grpcpp.h"
@@ -24,11 +25,6 @@ namespace {
 constexpr absl::Duration kWorkerStartTimeout = absl::Seconds(60);
 constexpr absl::Duration kMaintainInterval = absl::Milliseconds(200);
 constexpr absl::Duration kBindTimeout = absl::Seconds(10);
-// server/worker/worker_main.h kExitKernelTimeout: the watchdog ended the worker, after
-// writing why to its status pipe.
-constexpr int kWorkerExitKernelTimeout = 7;
-// kExitSessionFaulted: the worker saw a sticky fault (on a direct channel, say) and ended.
-constexpr int kWorkerExitSessionFaulted = 9;
 
 std::string NewInstanceId() {
   HandleIdGenerator ids;
@@ -272,10 +268,11 @@ absl::Status SessionManager::Start() {
     std::string why = inventory.ok() ? "the driver reports no CUDA device"
                                      : std::string(inventory.status().message());
     if (!inventory.ok() && (*inventory_worker)->WaitExited(absl::Seconds(2))) {
-      // Exit code 3 is the worker's "backend unavailable" (worker_main.h); any other code
-      // is a refusal of its own (an unsafe cache folder, ...), which its log line explains.
+      // kWorkerExitBackendUnavailable: no driver; any other code is a refusal of its own
+      // (an unsafe cache folder, ...), which its log line explains.
       const std::string exit = (*inventory_worker)->exit_description();
-      if (options_.backend == "fake" || exit != "exited with code 3") {
+      if (options_.backend == "fake" ||
+          (*inventory_worker)->exit_code() != kWorkerExitBackendUnavailable) {
         return absl::UnavailableError(absl::StrCat(
             "the worker that lists the devices ", exit,
             "; its log above says why, and the daemon cannot start until that is fixed"));

@@ -14,7 +14,7 @@
 // (watchdog.h) that every successful launch, unary or in a command batch, reports to (a
 // graph launch as one kernel named "graph exec <id>"; a launch that a capture records, never);
 // a kernel that runs past the timeout calls `on_kernel_timeout` (in the worker: write the
-// reason to the front end's status pipe and _exit(kExitKernelTimeout)).
+// reason to the front end's status pipe and _exit(kWorkerExitKernelTimeout)).
 //
 // Names (kernels, globals) are C strings to the driver: a name with a NUL byte, an empty
 // name or one over kMaxNameBytes is INVALID_ARGUMENT naming the field.

@@ -256,7 +256,7 @@ Watchdog::FireFn ExitOnKernelTimeout(int status_fd) {
   return [status_fd](const std::string& message) {
     spdlog::error("{}; ending the worker", message);
     WriteStatusLine(status_fd, message);
-    _exit(kExitKernelTimeout);
+    _exit(kWorkerExitKernelTimeout);
   };
 }
 

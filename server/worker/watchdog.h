@@ -176,7 +176,7 @@ class Watchdog {
 
 // The worker's fire action: logs `message`, writes it as one line to `status_fd` (the
 // front end's status pipe; skipped when < 0) and ends the process with
-// kExitKernelTimeout (worker_main.h) at once, without running destructors: the hung
+// kWorkerExitKernelTimeout (common/worker_exit.h) at once, without running destructors: the hung
 // kernel makes an orderly context teardown block forever.
 Watchdog::FireFn ExitOnKernelTimeout(int status_fd);
 

@@ -47,7 +47,7 @@ constexpr size_t kWorkerMemoryBytes = 1ull << 30;
 // of compile helpers (at most kMaxConcurrentCompiles at once) need far fewer.
 constexpr rlim_t kWorkerMaxOpenFiles = 4096;
 // How long a worker whose session faulted goes on after answering the observing call
-// (kExitSessionFaulted, worker_main.h).
+// (kWorkerExitSessionFaulted, common/worker_exit.h).
 constexpr std::chrono::milliseconds kFaultExitDelay{300};
 
 // Limits of this process, set before any tenant input. Soft and hard alike, so that nothing
@@ -143,10 +143,10 @@ int WorkerMain(const DaemonOptions& options) {
   // PR_SET_PDEATHSIG would fire when the front-end *thread* that spawned us ends, so watch
   // the parent process instead.
   const pid_t parent = getppid();
-  if (parent == 1) return kExitBadUsage;
+  if (parent == 1) return kWorkerExitBadUsage;
   std::thread([parent] {
     while (getppid() == parent) std::this_thread::sleep_for(std::chrono::milliseconds(200));
-    _exit(kExitBadUsage);
+    _exit(kWorkerExitBadUsage);
   }).detach();
 
   ProcessLogOptions log;
@@ -161,7 +161,7 @@ int WorkerMain(const DaemonOptions& options) {
   InstallProcessLogger(log);
   if (!limits.ok()) {
     spdlog::error("cannot limit the worker's resources: {}", limits.ToString());
-    return kExitLimitsFailed;
+    return kWorkerExitLimitsFailed;
   }
 
   // A session's worker captures its stdout before CUDA starts: that is where the driver
@@ -184,7 +184,7 @@ int WorkerMain(const DaemonOptions& options) {
     auto cuda = backend::MakeCudaBackend();
     if (!cuda.ok()) {
       spdlog::error("cuda backend unavailable: {}", cuda.status().ToString());
-      return kExitBackendUnavailable;
+      return kWorkerExitBackendUnavailable;
     }
     backend = std::move(*cuda);
   }
@@ -199,7 +199,7 @@ int WorkerMain(const DaemonOptions& options) {
   absl::StatusOr<std::string> mac_key = PrepareCompileCache(options);
   if (!mac_key.ok()) {
     spdlog::error("refusing to start: {}", mac_key.status().ToString());
-    return kExitCacheRefused;
+    return kWorkerExitCacheRefused;
   }
   compiler_options.mac_key = *std::move(mac_key);
   auto compiler = compiler::Compiler::Create(compiler_options);
@@ -222,7 +222,7 @@ int WorkerMain(const DaemonOptions& options) {
     if (!context.ok()) {
       spdlog::error("cannot open a context on device {}: {}", options.device,
                     context.status().ToString());
-      return kExitContextFailed;
+      return kWorkerExitContextFailed;
     }
     session = std::make_unique<Session>(std::move(*context), compiler_ptr, compiler_status,
                                         ExitOnKernelTimeout(options.worker_status_fd));
@@ -230,12 +230,12 @@ int WorkerMain(const DaemonOptions& options) {
     session->set_device_output(device_output.get());
     session->set_on_fault([status_fd = options.worker_status_fd](const absl::Status& fault) {
       // The reply to the observing call goes out first; then the worker ends (see
-      // kExitSessionFaulted). Destructors are not run: the context is lost anyway.
+      // kWorkerExitSessionFaulted). Destructors are not run: the context is lost anyway.
       std::thread([status_fd, message = std::string(fault.message())] {
         std::this_thread::sleep_for(kFaultExitDelay);
         spdlog::error("sticky fault ({}); ending the worker", message);
         WriteStatusLine(status_fd, message);
-        _exit(kExitSessionFaulted);
+        _exit(kWorkerExitSessionFaulted);
       }).detach();
     });
   }
@@ -258,7 +258,7 @@ int WorkerMain(const DaemonOptions& options) {
   std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
   if (server == nullptr) {
     spdlog::error("cannot start the worker's gRPC server");
-    return kExitServerFailed;
+    return kWorkerExitServerFailed;
   }
   // Direct channels of same-host clients (HostRegionService.OpenDirectChannel): a second
   // server with ExecutionService only, bounded like the first.
@@ -282,7 +282,7 @@ int WorkerMain(const DaemonOptions& options) {
     direct_server = direct_builder.BuildAndStart();
     if (direct_server == nullptr) {
       spdlog::error("cannot start the worker's direct gRPC server");
-      return kExitServerFailed;
+      return kWorkerExitServerFailed;
     }
     direct_channels = std::make_unique<DirectChannels>(direct_server.get());
     // Regions' memfds and direct channels' sockets arrive from the front end on their own
