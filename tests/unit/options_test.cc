@@ -197,10 +197,18 @@ TEST(OptionsTest, EveryConfigFieldIsAFlag) {
   }
 }
 
+// deploy/config/gpurpcd.conf, which the build copies to `data` beside this test.
+std::string ShippedConfigPath() {
+  char exe[4096];
+  const ssize_t len = readlink("/proc/self/exe", exe, sizeof(exe) - 1);
+  if (len <= 0) return "(cannot read /proc/self/exe)";
+  std::string path(exe, static_cast<size_t>(len));
+  return absl::StrCat(path.substr(0, path.rfind('/')), "/data/gpurpcd.conf");
+}
+
 // The shipped example configuration parses, with the meaning its comments claim.
 TEST(OptionsTest, ShippedExampleConfigParses) {
-  auto options =
-      Parse({absl::StrCat("--config=", GPURPC_SOURCE_DIR, "/deploy/config/gpurpcd.conf")});
+  auto options = Parse({absl::StrCat("--config=", ShippedConfigPath())});
   ASSERT_THAT(options.status(), IsOk());
   EXPECT_EQ(options->listen, "0.0.0.0:50051");
   EXPECT_FALSE(options->tls_client_ca.empty());
