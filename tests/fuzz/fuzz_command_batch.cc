@@ -49,7 +49,7 @@
 namespace gpurpc::fuzz {
 namespace {
 
-// The fake backend's second line of defence (fake_backend.cc): seeing it means the session
+// The fake backend's second line of defence (fake_device.cc): seeing it means the session
 // let an out-of-bounds access through to the backend.
 constexpr absl::string_view kBackendBoundsError = "do not lie within one live fake allocation";
 

@@ -44,10 +44,11 @@ using ::testing::HasSubstr;
 constexpr uint64_t kKiB = 1024;
 constexpr uint64_t kMiB = 1024 * kKiB;
 constexpr uint64_t kGiB = 1024 * kMiB;
-// The fake device: 4 multiprocessors x 2048 resident threads (fake_backend.cc).
+// The fake device: 4 multiprocessors (fake_device.h) x 2048 resident threads
+// (fake_backend.cc's kResidentThreads).
 constexpr uint64_t kFakeResidentThreads = 4 * 2048;
 // The fake's CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES until raised, and its opt-in
-// maximum (fake_backend.cc).
+// maximum (fake_device.h).
 constexpr uint32_t kDefaultDynamicShared = 48 * 1024;
 constexpr int kOptinShared = 232448;
 

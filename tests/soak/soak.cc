@@ -79,7 +79,7 @@ constexpr uint64_t kMiB = 1024 * kKiB;
 constexpr uint64_t kGiB = 1024 * kMiB;
 
 // The kernel every client runs: real CUDA for a GPU, and on the fake backend the name and
-// signature of its built-in host kernel (server/worker/backend/fake/fake_backend.cc).
+// signature of its built-in host kernel (server/worker/backend/fake/fake_kernels.h).
 constexpr char kKernelSource[] = R"cuda(
 extern "C" __global__ void add_one_f32(float* data, unsigned long long n) {
   const unsigned long long i = (unsigned long long)blockIdx.x * blockDim.x + threadIdx.x;

@@ -1,4 +1,4 @@
-// The fake backend's built-in host kernels (server/worker/backend/fake/fake_backend.cc) as
+// The fake backend's built-in host kernels (server/worker/backend/fake/fake_kernels.h) as
 // real CUDA with the same names and C signatures, and the PTX that NVRTC emits for them.
 //
 // The fake runs a built-in kernel only for a module that defines it with the built-in's

@@ -1,5 +1,6 @@
-// CUDA graphs of the fake backend (server/worker/backend/fake/fake_backend.cc): what a
-// capture recorded, and executable graphs that replay it.
+// CUDA graphs of the fake backend, captured and replayed by its simulated device
+// (server/worker/backend/fake/fake_device.h): what a capture recorded, and executable graphs
+// that replay it.
 //
 // A capturing fake stream does not run the kernels, memsets and device-to-device copies
 // enqueued on it: it appends one GraphOp per operation (checked like the operation itself,
@@ -41,7 +42,7 @@ struct GraphOp {
   uint32_t element_size_bytes = 0;
   // A memset's elements; a kernel's threads.
   uint64_t count = 0;
-  // A kernel: the fake's built-in (static; fake_backend.cc knows its type) and its packed
+  // A kernel: the fake's built-in (static; fake_device.cc knows its type) and its packed
   // arguments.
   const void* kernel = nullptr;
   std::vector<uint8_t> args;
@@ -75,7 +76,7 @@ class FakeGraphExec final : public GraphExec {
 
   // Where its latest launch was enqueued (queue, position; 0 = never launched): the next
   // launch, on any stream, runs after it, as launches of one CUDA graph exec do. Read and
-  // written only under the owning fake context's lock (fake_backend.cc).
+  // written only under the owning fake context's lock (DeviceState, fake_device.h).
   uint64_t last_launch_queue = 0;
   uint64_t last_launch_seq = 0;
 

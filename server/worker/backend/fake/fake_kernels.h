@@ -1,7 +1,7 @@
 // The fake backend's built-in kernels: the few kernels it can run, implemented on the host and
 // picked by name when a module defines them (fake_backend.cc), each with the parameter layout
-// the CUDA compiler gives its C signature. The fake's memory model stays in fake_backend.cc:
-// a kernel reaches device memory only through the `access` it is given.
+// the CUDA compiler gives its C signature. The fake's memory model stays in fake_device.h
+// (DeviceState): a kernel reaches device memory only through the `access` it is given.
 #ifndef GPURPC_SERVER_WORKER_BACKEND_FAKE_FAKE_KERNELS_H_
 #define GPURPC_SERVER_WORKER_BACKEND_FAKE_FAKE_KERNELS_H_
 
