@@ -67,6 +67,8 @@ grpc::Status Answer(absl::StatusOr<T> result, Fill fill) {
   return grpc::Status::OK;
 }
 
+// Only ListDevices: the front end asks the inventory worker once and answers every client's
+// DeviceService call from that inventory; no client call reaches a worker's DeviceService.
 class DeviceServiceImpl final : public v1::DeviceService::Service {
  public:
   DeviceServiceImpl(backend::Backend* backend, int nvrtc_version,
@@ -85,21 +87,6 @@ class DeviceServiceImpl final : public v1::DeviceService::Service {
     response->set_nvrtc_version(nvrtc_version_);
     if (compile_sandbox_) response->set_compile_sandbox(compile_sandbox_());
     return grpc::Status::OK;
-  }
-
-  grpc::Status GetDevice(grpc::ServerContext* context, const v1::GetDeviceRequest* request,
-                         v1::GetDeviceResponse* response) override {
-    v1::ListDevicesResponse all;
-    grpc::Status status = ListDevices(context, nullptr, &all);
-    if (!status.ok()) return status;
-    for (const v1::DeviceInfo& device : all.devices()) {
-      if (device.ordinal() == request->ordinal()) {
-        *response->mutable_device() = device;
-        return grpc::Status::OK;
-      }
-    }
-    return grpc::Status(grpc::StatusCode::NOT_FOUND,
-                        absl::StrFormat("no device with ordinal %d", request->ordinal()));
   }
 
  private:
