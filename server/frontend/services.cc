@@ -183,6 +183,11 @@ grpc::ServerUnaryReactor* SessionServiceImpl::ExportMemory(grpc::CallbackServerC
           reactor->Finish(ToGrpcStatus(token.status()));
           return;
         }
+        if (sessions_->EndIpcOfClosedSession(session->id())) {
+          reactor->Finish(ToGrpcStatus(absl::NotFoundError(
+              "ExportMemory: the session was closed while its buffer was exported")));
+          return;
+        }
         response->set_handle(*std::move(token));
         response->set_size_bytes(answer.size_bytes());
         reactor->Finish(grpc::Status::OK);
@@ -229,6 +234,13 @@ grpc::ServerUnaryReactor* SessionServiceImpl::OpenMemoryHandle(
       // The exporter ended while this session mapped its memory: close the mapping again.
       sessions_->CloseImports({IpcRegistry::Import{session->id(), buffer_id}});
       reactor->Finish(ToGrpcStatus(committed));
+      return;
+    }
+    if (sessions_->EndIpcOfClosedSession(session->id())) {
+      // This session was closed while it opened the handle: its mapping went with its
+      // worker, and the export must not count it as open.
+      reactor->Finish(ToGrpcStatus(absl::NotFoundError(
+          "OpenMemoryHandle: the session was closed while it opened the handle")));
       return;
     }
     *response->mutable_buffer() = answer.buffer();

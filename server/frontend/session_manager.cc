@@ -467,6 +467,15 @@ void SessionManager::CloseImports(std::vector<IpcRegistry::Import> imports) {
   }
 }
 
+bool SessionManager::EndIpcOfClosedSession(uint64_t session_id) {
+  {
+    absl::MutexLock lock(&mu_);
+    if (sessions_.count(session_id) != 0) return false;
+  }
+  CloseImports(ipc_.SessionEnded(session_id));
+  return true;
+}
+
 void SessionManager::EndWorker(SessionRecord& session) {
   session.MarkClosing();
   session.worker().Kill();

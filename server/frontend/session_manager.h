@@ -232,6 +232,12 @@ class SessionManager {
   // Closes buffers that sessions opened from an export that has ended (their worker's
   // MemoryService.Free, in the background): the sessions' ids for them answer NOT_FOUND.
   void CloseImports(std::vector<IpcRegistry::Import> imports);
+  // After an export or an open that the registry recorded for `session_id` outside this
+  // manager's lock: when the session was closed meanwhile, its last IpcRegistry::SessionEnded
+  // may have run before that record, so this ends its entries again (closing what other
+  // sessions opened of them) and returns true. Close removes a session before it calls
+  // SessionEnded, so one of the two always sees the record.
+  bool EndIpcOfClosedSession(uint64_t session_id) ABSL_LOCKS_EXCLUDED(mu_);
 
   // Opens a session for `tenant`. RESOURCE_EXHAUSTED naming the limit when the daemon's
   // --max-sessions or the tenant's max_sessions is reached (checked and reserved before a
