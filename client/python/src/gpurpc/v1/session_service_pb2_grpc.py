@@ -148,8 +148,9 @@ class SessionServiceServicer(object):
         export ends when the buffer is freed or its session ends. While another session has it
         open, Free of the buffer is FAILED_PRECONDITION; when the exporting session ends, the
         buffers opened from it are closed in their sessions (their ids then answer NOT_FOUND).
-        Codes: OK; NOT_FOUND for an unknown buffer; UNIMPLEMENTED on a backend that cannot share
-        memory between processes (the fake backend).
+        Codes: OK; NOT_FOUND for an unknown buffer, or one freed (or whose session ended) while
+        it was being exported; UNIMPLEMENTED on a backend that cannot share memory between
+        processes (the fake backend).
         Retry: safe.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
