@@ -297,6 +297,10 @@ TEST_F(MemoryContractTest, HandlesHandOverOnMoveAndFreeWhatTheyHeldWhenAssignedO
     Buffer taken(std::move(*first));
     EXPECT_EQ(taken.id(), first_id);
     EXPECT_EQ(first->id(), 0u);
+    // The moved-from handle keeps no address into the buffer it gave away.
+    EXPECT_EQ(first->device_address(), 0u);
+    EXPECT_EQ(first->at(16).device_address, 0u);
+    EXPECT_THAT(session.Download(first->at(0), 16), StatusIs(absl::StatusCode::kNotFound));
     EXPECT_THAT(first->Free(), StatusIs(absl::StatusCode::kNotFound));
     *first = std::move(taken);  // back again; `taken` dies holding nothing
   }

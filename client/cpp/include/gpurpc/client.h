@@ -351,10 +351,13 @@ class Buffer : public internal::SessionObject<Buffer> {
   Buffer& operator=(Buffer&&) noexcept;
   ~Buffer();
 
-  uint64_t device_address() const { return device_address_; }
-  uint64_t size_bytes() const { return size_bytes_; }
-  // A reference to byte `offset_bytes` of this buffer.
+  // 0 once the handle holds no buffer (freed or moved from), so that no copy of its old
+  // address reaches memory that another handle now owns.
+  uint64_t device_address() const { return id_ == 0 ? 0 : device_address_; }
+  uint64_t size_bytes() const { return id_ == 0 ? 0 : size_bytes_; }
+  // A reference to byte `offset_bytes` of this buffer (an empty one once it holds none).
   DeviceRef at(uint64_t offset_bytes = 0) const {
+    if (id_ == 0) return DeviceRef{};
     return DeviceRef{id_, offset_bytes, device_address_ + offset_bytes};
   }
 
