@@ -69,6 +69,7 @@ const absl::flat_hash_map<std::string, MethodShape>& SessionMethods() {
 constexpr char kCommandStreamMethod[] = "/gpurpc.v1.ExecutionService/CommandStream";
 constexpr char kAllocateMethod[] = "/gpurpc.v1.MemoryService/Allocate";
 constexpr char kFreeMethod[] = "/gpurpc.v1.MemoryService/Free";
+constexpr char kDestroyEventMethod[] = "/gpurpc.v1.ExecutionService/DestroyEvent";
 constexpr char kCompileMethod[] = "/gpurpc.v1.ModuleService/Compile";
 constexpr char kLoadModuleMethod[] = "/gpurpc.v1.ModuleService/LoadModule";
 constexpr char kLinkModuleMethod[] = "/gpurpc.v1.ModuleService/LinkModule";
@@ -83,6 +84,7 @@ enum class Ledger {
   kNone,
   kAllocate,
   kFree,
+  kDestroyEvent,
   kCompile,
   kLoadModule,
   kLinkModule,
@@ -96,6 +98,7 @@ enum class Ledger {
 Ledger LedgerFor(const std::string& method) {
   if (method == kAllocateMethod) return Ledger::kAllocate;
   if (method == kFreeMethod) return Ledger::kFree;
+  if (method == kDestroyEventMethod) return Ledger::kDestroyEvent;
   if (method == kCompileMethod) return Ledger::kCompile;
   if (method == kLoadModuleMethod) return Ledger::kLoadModule;
   if (method == kLinkModuleMethod) return Ledger::kLinkModule;
@@ -551,6 +554,10 @@ class RelayReactor final : public grpc::ServerGenericBidiReactor {
         }
         reserved_bytes_ = request.size_bytes();
       }
+    } else if (ledger_ == Ledger::kDestroyEvent && !request_seen_) {
+      request_seen_ = true;
+      v1::DestroyEventRequest request;
+      if (ParseRelayed(from_client_, &request)) released_id_ = request.event_id();
     } else if (ledger_ == Ledger::kUnregisterRegion && !request_seen_) {
       request_seen_ = true;
       v1::UnregisterHostRegionRequest request;
@@ -640,6 +647,7 @@ class RelayReactor final : public grpc::ServerGenericBidiReactor {
         return true;
       }
       case Ledger::kFree:
+      case Ledger::kDestroyEvent:
       case Ledger::kUnloadModule:
       case Ledger::kUnregisterRegion:
       case Ledger::kSetContextLimit:
@@ -676,6 +684,12 @@ class RelayReactor final : public grpc::ServerGenericBidiReactor {
           sessions_->ipc().Freed(session_->id(), released_id_);
         } else if (released_id_ != 0) {
           sessions_->ipc().CancelFree(session_->id(), released_id_);
+        }
+        break;
+      case Ledger::kDestroyEvent:
+        // An exported event opens no more; an opened one is no longer open here.
+        if (status.ok() && released_id_ != 0) {
+          sessions_->ipc().EventDestroyed(session_->id(), released_id_);
         }
         break;
       case Ledger::kRegisterRegion:
@@ -758,7 +772,8 @@ class RelayReactor final : public grpc::ServerGenericBidiReactor {
   // SetContextLimit of a device-memory limit: its ledger slot (-1: none) and value.
   int limit_slot_ ABSL_GUARDED_BY(mu_) = -1;
   uint64_t limit_value_ ABSL_GUARDED_BY(mu_) = 0;
-  uint64_t released_id_ ABSL_GUARDED_BY(mu_) = 0;  // Free's buffer, UnregisterHostRegion's region
+  // Free's buffer, DestroyEvent's event, UnregisterHostRegion's region.
+  uint64_t released_id_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t unloaded_module_ ABSL_GUARDED_BY(mu_) = 0;
   grpc::Status refusal_ ABSL_GUARDED_BY(mu_);
   // Not guarded: gRPC's ClientContext is thread-safe for TryCancel (OnCancel) and is read

@@ -2,6 +2,9 @@
 
 #include <algorithm>
 #include <chrono>
+#include <functional>
+#include <memory>
+#include <string>
 
 #include "absl/strings/str_format.h"
 #include "common/grpc_status.h"
@@ -145,6 +148,117 @@ grpc::ServerUnaryReactor* SessionServiceImpl::KeepAlive(grpc::CallbackServerCont
   return reactor;
 }
 
+namespace {
+
+// The front end's half of ExportMemory and ExportEvent: marks the export as under way,
+// asks the session's worker off the gRPC threads (`ask`), records what it answered
+// (`describe` fills the entry's driver handle and size) and answers the token (`reply`).
+template <typename Answer>
+grpc::ServerUnaryReactor* Export(
+    SessionManager* sessions, grpc::ServerUnaryReactor* reactor,
+    std::shared_ptr<SessionRecord> session, IpcRegistry::Kind kind, uint64_t object_id,
+    std::function<grpc::Status(internal::v1::WorkerControl::Stub&, grpc::ClientContext*, Answer*)>
+        ask,
+    std::function<void(Answer&, IpcRegistry::Export&)> describe,
+    std::function<void(std::string token, const Answer&)> reply) {
+  const uint64_t session_id = session->id();
+  // From here a Free (DestroyEvent) of the object, or the session's end, cancels the export
+  // (Add fails).
+  sessions->ipc().BeginExport(session_id, object_id);
+  absl::Status queued = sessions->RunBlocking([=, session = std::move(session)] {
+    Answer answer;
+    grpc::ClientContext call;
+    call.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(30));
+    auto stub = internal::v1::WorkerControl::NewStub(session->worker().channel());
+    if (const grpc::Status status = ask(*stub, &call, &answer); !status.ok()) {
+      sessions->ipc().CancelExport(session_id, object_id);
+      reactor->Finish(status);
+      return;
+    }
+    IpcRegistry::Export entry;
+    entry.kind = kind;
+    entry.tenant = session->tenant();
+    entry.session_id = session_id;
+    entry.device = session->device();
+    entry.object_id = object_id;
+    describe(answer, entry);
+    absl::StatusOr<std::string> token = sessions->ipc().Add(std::move(entry));
+    if (!token.ok()) {
+      reactor->Finish(ToGrpcStatus(token.status()));
+      return;
+    }
+    if (sessions->EndIpcOfClosedSession(session_id)) {
+      reactor->Finish(ToGrpcStatus(absl::NotFoundError(
+          absl::StrFormat("%s: the session was closed while it exported",
+                          kind == IpcRegistry::Kind::kEvent ? "ExportEvent" : "ExportMemory"))));
+      return;
+    }
+    reply(*std::move(token), answer);
+    reactor->Finish(grpc::Status::OK);
+  });
+  if (!queued.ok()) {
+    sessions->ipc().CancelExport(session_id, object_id);
+    return Fail(reactor, queued);
+  }
+  return reactor;
+}
+
+// The front end's half of OpenMemoryHandle and OpenEventHandle: begins the open in the
+// registry, asks the session's worker off the gRPC threads (`ask`, which answers the new
+// object's id) and commits it; `reply` fills the response.
+template <typename Answer>
+grpc::ServerUnaryReactor* Open(
+    SessionManager* sessions, grpc::ServerUnaryReactor* reactor,
+    std::shared_ptr<SessionRecord> session, const std::string& tenant, IpcRegistry::Kind kind,
+    const std::string& token,
+    std::function<grpc::Status(internal::v1::WorkerControl::Stub&, grpc::ClientContext*,
+                               const IpcRegistry::Export&, Answer*, uint64_t*)>
+        ask,
+    std::function<void(Answer&)> reply) {
+  const uint64_t session_id = session->id();
+  absl::StatusOr<IpcRegistry::Export> exported =
+      sessions->ipc().BeginOpen(kind, token, tenant, session_id, session->device());
+  if (!exported.ok()) return Fail(reactor, exported.status());
+  absl::Status queued =
+      sessions->RunBlocking([=, session = std::move(session), exported = *std::move(exported)] {
+        Answer answer;
+        uint64_t object_id = 0;
+        grpc::ClientContext call;
+        call.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(30));
+        auto stub = internal::v1::WorkerControl::NewStub(session->worker().channel());
+        if (const grpc::Status status = ask(*stub, &call, exported, &answer, &object_id);
+            !status.ok()) {
+          sessions->ipc().CancelOpen(token, session_id);
+          reactor->Finish(status);
+          return;
+        }
+        if (absl::Status committed = sessions->ipc().CommitOpen(token, session_id, object_id);
+            !committed.ok()) {
+          // The exporter ended while this session opened it: close it again.
+          sessions->CloseImports({IpcRegistry::Import{session_id, object_id, kind}});
+          reactor->Finish(ToGrpcStatus(committed));
+          return;
+        }
+        if (sessions->EndIpcOfClosedSession(session_id)) {
+          // This session was closed while it opened the handle: what it opened went with its
+          // worker, and the export must not count it as open.
+          reactor->Finish(ToGrpcStatus(absl::NotFoundError(absl::StrFormat(
+              "%s: the session was closed while it opened the handle",
+              kind == IpcRegistry::Kind::kEvent ? "OpenEventHandle" : "OpenMemoryHandle"))));
+          return;
+        }
+        reply(answer);
+        reactor->Finish(grpc::Status::OK);
+      });
+  if (!queued.ok()) {
+    sessions->ipc().CancelOpen(token, session_id);
+    return Fail(reactor, queued);
+  }
+  return reactor;
+}
+
+}  // namespace
+
 grpc::ServerUnaryReactor* SessionServiceImpl::ExportMemory(grpc::CallbackServerContext* context,
                                                            const v1::ExportMemoryRequest* request,
                                                            v1::ExportMemoryResponse* response) {
@@ -153,50 +267,24 @@ grpc::ServerUnaryReactor* SessionServiceImpl::ExportMemory(grpc::CallbackServerC
   if (!identity.ok()) return Fail(reactor, identity.status());
   auto session = sessions_->FindFromMetadata(context->client_metadata(), identity->tenant);
   if (!session.ok()) return Fail(reactor, session.status());
-  const uint64_t session_id = (*session)->id();
-  // From here a Free of the buffer, or the session's end, cancels the export (Add fails).
-  sessions_->ipc().BeginExport(session_id, request->buffer_id());
-  absl::Status queued =
-      sessions_->RunBlocking([this, reactor, request, response, session = *std::move(session)] {
+  const uint64_t buffer_id = request->buffer_id();
+  using Answer = internal::v1::ExportMemoryResponse;
+  return Export<Answer>(
+      sessions_, reactor, *std::move(session), IpcRegistry::Kind::kMemory, buffer_id,
+      [buffer_id](internal::v1::WorkerControl::Stub& stub, grpc::ClientContext* call,
+                  Answer* answer) {
         internal::v1::ExportMemoryRequest ask;
-        ask.set_buffer_id(request->buffer_id());
-        internal::v1::ExportMemoryResponse answer;
-        grpc::ClientContext call;
-        call.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(30));
-        const grpc::Status status =
-            internal::v1::WorkerControl::NewStub(session->worker().channel())
-                ->ExportMemory(&call, ask, &answer);
-        if (!status.ok()) {
-          sessions_->ipc().CancelExport(session->id(), request->buffer_id());
-          reactor->Finish(status);
-          return;
-        }
-        IpcRegistry::Export entry;
-        entry.tenant = session->tenant();
-        entry.session_id = session->id();
-        entry.device = session->device();
-        entry.buffer_id = request->buffer_id();
-        entry.ipc_handle = answer.ipc_handle();
+        ask.set_buffer_id(buffer_id);
+        return stub.ExportMemory(call, ask, answer);
+      },
+      [](Answer& answer, IpcRegistry::Export& entry) {
+        entry.ipc_handle = std::move(*answer.mutable_ipc_handle());
         entry.size_bytes = answer.size_bytes();
-        absl::StatusOr<std::string> token = sessions_->ipc().Add(std::move(entry));
-        if (!token.ok()) {
-          reactor->Finish(ToGrpcStatus(token.status()));
-          return;
-        }
-        if (sessions_->EndIpcOfClosedSession(session->id())) {
-          reactor->Finish(ToGrpcStatus(absl::NotFoundError(
-              "ExportMemory: the session was closed while its buffer was exported")));
-          return;
-        }
-        response->set_handle(*std::move(token));
+      },
+      [response](std::string token, const Answer& answer) {
+        response->set_handle(std::move(token));
         response->set_size_bytes(answer.size_bytes());
-        reactor->Finish(grpc::Status::OK);
       });
-  if (!queued.ok()) {
-    sessions_->ipc().CancelExport(session_id, request->buffer_id());
-    return Fail(reactor, queued);
-  }
-  return reactor;
 }
 
 grpc::ServerUnaryReactor* SessionServiceImpl::OpenMemoryHandle(
@@ -207,50 +295,69 @@ grpc::ServerUnaryReactor* SessionServiceImpl::OpenMemoryHandle(
   if (!identity.ok()) return Fail(reactor, identity.status());
   auto session = sessions_->FindFromMetadata(context->client_metadata(), identity->tenant);
   if (!session.ok()) return Fail(reactor, session.status());
-  const uint64_t session_id = (*session)->id();
-  absl::StatusOr<IpcRegistry::Export> exported = sessions_->ipc().BeginOpen(
-      request->handle(), identity->tenant, session_id, (*session)->device());
-  if (!exported.ok()) return Fail(reactor, exported.status());
-  absl::Status queued = sessions_->RunBlocking([this, reactor, request, response,
-                                                session = *std::move(session),
-                                                exported = *std::move(exported)] {
-    internal::v1::OpenMemoryHandleRequest ask;
-    ask.set_ipc_handle(exported.ipc_handle);
-    ask.set_size_bytes(exported.size_bytes);
-    internal::v1::OpenMemoryHandleResponse answer;
-    grpc::ClientContext call;
-    call.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(30));
-    const grpc::Status status = internal::v1::WorkerControl::NewStub(session->worker().channel())
-                                    ->OpenMemoryHandle(&call, ask, &answer);
-    if (!status.ok()) {
-      sessions_->ipc().CancelOpen(request->handle(), session->id());
-      reactor->Finish(status);
-      return;
-    }
-    const uint64_t buffer_id = answer.buffer().buffer_id();
-    if (absl::Status committed =
-            sessions_->ipc().CommitOpen(request->handle(), session->id(), buffer_id);
-        !committed.ok()) {
-      // The exporter ended while this session mapped its memory: close the mapping again.
-      sessions_->CloseImports({IpcRegistry::Import{session->id(), buffer_id}});
-      reactor->Finish(ToGrpcStatus(committed));
-      return;
-    }
-    if (sessions_->EndIpcOfClosedSession(session->id())) {
-      // This session was closed while it opened the handle: its mapping went with its
-      // worker, and the export must not count it as open.
-      reactor->Finish(ToGrpcStatus(absl::NotFoundError(
-          "OpenMemoryHandle: the session was closed while it opened the handle")));
-      return;
-    }
-    *response->mutable_buffer() = answer.buffer();
-    reactor->Finish(grpc::Status::OK);
-  });
-  if (!queued.ok()) {
-    sessions_->ipc().CancelOpen(request->handle(), session_id);
-    return Fail(reactor, queued);
-  }
-  return reactor;
+  using Answer = internal::v1::OpenMemoryHandleResponse;
+  return Open<Answer>(
+      sessions_, reactor, *std::move(session), identity->tenant, IpcRegistry::Kind::kMemory,
+      request->handle(),
+      [](internal::v1::WorkerControl::Stub& stub, grpc::ClientContext* call,
+         const IpcRegistry::Export& exported, Answer* answer, uint64_t* buffer_id) {
+        internal::v1::OpenMemoryHandleRequest ask;
+        ask.set_ipc_handle(exported.ipc_handle);
+        ask.set_size_bytes(exported.size_bytes);
+        const grpc::Status status = stub.OpenMemoryHandle(call, ask, answer);
+        *buffer_id = answer->buffer().buffer_id();
+        return status;
+      },
+      [response](Answer& answer) {
+        *response->mutable_buffer() = std::move(*answer.mutable_buffer());
+      });
+}
+
+grpc::ServerUnaryReactor* SessionServiceImpl::ExportEvent(grpc::CallbackServerContext* context,
+                                                          const v1::ExportEventRequest* request,
+                                                          v1::ExportEventResponse* response) {
+  auto* reactor = context->DefaultReactor();
+  auto identity = auth_->Authenticate(*context);
+  if (!identity.ok()) return Fail(reactor, identity.status());
+  auto session = sessions_->FindFromMetadata(context->client_metadata(), identity->tenant);
+  if (!session.ok()) return Fail(reactor, session.status());
+  const uint64_t event_id = request->event_id();
+  using Answer = internal::v1::ExportEventResponse;
+  return Export<Answer>(
+      sessions_, reactor, *std::move(session), IpcRegistry::Kind::kEvent, event_id,
+      [event_id](internal::v1::WorkerControl::Stub& stub, grpc::ClientContext* call,
+                 Answer* answer) {
+        internal::v1::ExportEventRequest ask;
+        ask.set_event_id(event_id);
+        return stub.ExportEvent(call, ask, answer);
+      },
+      [](Answer& answer, IpcRegistry::Export& entry) {
+        entry.ipc_handle = std::move(*answer.mutable_ipc_handle());
+      },
+      [response](std::string token, const Answer&) { response->set_handle(std::move(token)); });
+}
+
+grpc::ServerUnaryReactor* SessionServiceImpl::OpenEventHandle(
+    grpc::CallbackServerContext* context, const v1::OpenEventHandleRequest* request,
+    v1::OpenEventHandleResponse* response) {
+  auto* reactor = context->DefaultReactor();
+  auto identity = auth_->Authenticate(*context);
+  if (!identity.ok()) return Fail(reactor, identity.status());
+  auto session = sessions_->FindFromMetadata(context->client_metadata(), identity->tenant);
+  if (!session.ok()) return Fail(reactor, session.status());
+  using Answer = internal::v1::OpenEventHandleResponse;
+  return Open<Answer>(
+      sessions_, reactor, *std::move(session), identity->tenant, IpcRegistry::Kind::kEvent,
+      request->handle(),
+      [](internal::v1::WorkerControl::Stub& stub, grpc::ClientContext* call,
+         const IpcRegistry::Export& exported, Answer* answer, uint64_t* event_id) {
+        internal::v1::OpenEventHandleRequest ask;
+        ask.set_ipc_handle(exported.ipc_handle);
+        const grpc::Status status = stub.OpenEventHandle(call, ask, answer);
+        *event_id = answer->event_id();
+        return status;
+      },
+      [response](Answer& answer) { response->set_event_id(answer.event_id()); });
 }
 
 namespace {

@@ -56,6 +56,12 @@ class SessionServiceImpl final : public v1::SessionService::CallbackService {
   grpc::ServerUnaryReactor* OpenMemoryHandle(grpc::CallbackServerContext* context,
                                              const v1::OpenMemoryHandleRequest* request,
                                              v1::OpenMemoryHandleResponse* response) override;
+  grpc::ServerUnaryReactor* ExportEvent(grpc::CallbackServerContext* context,
+                                        const v1::ExportEventRequest* request,
+                                        v1::ExportEventResponse* response) override;
+  grpc::ServerUnaryReactor* OpenEventHandle(grpc::CallbackServerContext* context,
+                                            const v1::OpenEventHandleRequest* request,
+                                            v1::OpenEventHandleResponse* response) override;
 
  private:
   SessionManager* sessions_;

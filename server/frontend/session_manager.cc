@@ -15,6 +15,7 @@
 #include "common/status_macros.h"
 #include "common/worker_exit.h"
 #include "gpurpc/internal/v1/worker_control.grpc.pb.h"
+#include "gpurpc/v1/execution_service.grpc.pb.h"
 #include "gpurpc/v1/memory_service.grpc.pb.h"
 #include "grpcpp/grpcpp.h"
 #include "spdlog/spdlog.h"
@@ -449,17 +450,28 @@ void SessionManager::CloseImports(std::vector<IpcRegistry::Import> imports) {
       if (it == sessions_.end()) continue;  // ended too: its mapping went with its worker
       holder = it->second;
     }
-    auto close = [holder, buffer_id = import.buffer_id] {
-      v1::FreeRequest request;
-      request.set_buffer_id(buffer_id);
-      v1::FreeResponse response;
+    auto close = [holder, import] {
       grpc::ClientContext context;
       context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(30));
-      const grpc::Status status = v1::MemoryService::NewStub(holder->worker().channel())
-                                      ->Free(&context, request, &response);
+      grpc::Status status;
+      if (import.kind == IpcRegistry::Kind::kEvent) {
+        v1::DestroyEventRequest request;
+        request.set_event_id(import.object_id);
+        v1::DestroyEventResponse response;
+        status = v1::ExecutionService::NewStub(holder->worker().channel())
+                     ->DestroyEvent(&context, request, &response);
+      } else {
+        v1::FreeRequest request;
+        request.set_buffer_id(import.object_id);
+        v1::FreeResponse response;
+        status = v1::MemoryService::NewStub(holder->worker().channel())
+                     ->Free(&context, request, &response);
+      }
+      // NOT_FOUND: the session closed it already.
       if (!status.ok() && status.error_code() != grpc::StatusCode::NOT_FOUND) {
-        spdlog::warn("session {}: cannot close buffer {} opened from an ended export: {}",
-                     holder->id(), buffer_id, status.error_message());
+        spdlog::warn("session {}: cannot close {} {} opened from an ended export: {}", holder->id(),
+                     import.kind == IpcRegistry::Kind::kEvent ? "event" : "buffer",
+                     import.object_id, status.error_message());
       }
     };
     // The pool is full only under a flood: then close it here, on this (non-gRPC) thread.

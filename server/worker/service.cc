@@ -448,7 +448,8 @@ class ExecutionServiceImpl final : public v1::ExecutionService::Service {
   }
   grpc::Status CreateEvent(grpc::ServerContext*, const v1::CreateEventRequest* request,
                            v1::CreateEventResponse* response) override {
-    return Answer(session_->CreateEvent(request->disable_timing(), request->blocking_sync()),
+    return Answer(session_->CreateEvent(request->disable_timing(), request->blocking_sync(),
+                                        request->interprocess()),
                   [&](uint64_t id) { response->set_event_id(id); });
   }
   grpc::Status DestroyEvent(grpc::ServerContext*, const v1::DestroyEventRequest* request,
@@ -635,6 +636,19 @@ class WorkerControlImpl final : public internal::v1::WorkerControl::Service {
                                 internal::v1::OpenMemoryHandleResponse* response) override {
     return Answer(session_->OpenExportedMemory(request->ipc_handle(), request->size_bytes()),
                   [&](v1::BufferInfo& info) { *response->mutable_buffer() = std::move(info); });
+  }
+
+  grpc::Status ExportEvent(grpc::ServerContext*, const internal::v1::ExportEventRequest* request,
+                           internal::v1::ExportEventResponse* response) override {
+    return Answer(session_->ExportEvent(request->event_id()),
+                  [&](std::string& handle) { response->set_ipc_handle(std::move(handle)); });
+  }
+
+  grpc::Status OpenEventHandle(grpc::ServerContext*,
+                               const internal::v1::OpenEventHandleRequest* request,
+                               internal::v1::OpenEventHandleResponse* response) override {
+    return Answer(session_->OpenExportedEvent(request->ipc_handle()),
+                  [&](uint64_t id) { response->set_event_id(id); });
   }
 
  private:

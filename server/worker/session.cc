@@ -126,6 +126,7 @@ Session::~Session() {
   decltype(functions_)::Map functions;
   decltype(modules_)::Map modules;
   decltype(events_)::Map events;
+  decltype(retained_events_) retained_events;
   decltype(streams_)::Map streams;
   decltype(arrays_)::Map arrays;
   decltype(buffers_)::Map buffers;
@@ -138,6 +139,9 @@ Session::~Session() {
     functions = functions_.TakeAll();
     modules = modules_.TakeAll();
     events = events_.TakeAll();
+    retained_events = std::move(retained_events_);
+    retained_events_.clear();
+    event_ipc_.clear();
     streams = streams_.TakeAll();
     arrays = arrays_.TakeAll();
     buffers = buffers_.TakeAll();
@@ -150,6 +154,7 @@ Session::~Session() {
   functions.clear();
   modules.clear();
   events.clear();
+  retained_events.clear();
   streams.clear();
   // Each waits for the context's queued work, then unpins and unmaps.
   regions.clear();
@@ -195,7 +200,7 @@ Session::TableSizes Session::table_sizes() const {
   sizes.modules = modules_.size();
   sizes.functions = functions_.size();
   sizes.streams = streams_.size();
-  sizes.events = events_.size();
+  sizes.events = events_.size() + retained_events_.size();
   sizes.regions = regions_.size();
   sizes.graphs = graphs_.size();
   sizes.graph_execs = graph_execs_.size();
@@ -206,8 +211,8 @@ uint64_t Session::NewIdLocked() {
   for (;;) {
     const uint64_t id = ids_.Next();
     if (!buffers_.contains(id) && !modules_.contains(id) && !functions_.contains(id) &&
-        !streams_.contains(id) && !events_.contains(id) && !regions_.contains(id) &&
-        !graphs_.contains(id) && !graph_execs_.contains(id)) {
+        !streams_.contains(id) && !events_.contains(id) && !retained_events_.contains(id) &&
+        !regions_.contains(id) && !graphs_.contains(id) && !graph_execs_.contains(id)) {
       return id;
     }
   }
@@ -698,21 +703,33 @@ absl::Status Session::Synchronize() {
   return RecordFault(context_->Synchronize());
 }
 
-absl::StatusOr<uint64_t> Session::CreateEvent(bool disable_timing, bool blocking_sync) {
+absl::StatusOr<uint64_t> Session::CreateEvent(bool disable_timing, bool blocking_sync,
+                                              bool interprocess) {
   GPURPC_RETURN_IF_ERROR(fault());
+  if (interprocess && !disable_timing) {
+    return absl::InvalidArgumentError(
+        "CreateEvent: an interprocess event needs disable_timing (CUDA times no event it "
+        "shares between processes)");
+  }
   {
     absl::MutexLock lock(&mu_);
-    GPURPC_RETURN_IF_ERROR(
-        CheckCountLocked("events", events_.size(), limits_.max_events, "max_events_per_session"));
+    GPURPC_RETURN_IF_ERROR(CheckEventCountLocked());
   }
-  GPURPC_ASSIGN_OR_RETURN(std::unique_ptr<backend::Event> event,
-                          RecordFault(context_->CreateEvent(disable_timing, blocking_sync)));
+  GPURPC_ASSIGN_OR_RETURN(
+      std::unique_ptr<backend::Event> event,
+      RecordFault(interprocess ? context_->CreateInterprocessEvent(blocking_sync)
+                               : context_->CreateEvent(disable_timing, blocking_sync)));
   absl::MutexLock lock(&mu_);
-  GPURPC_RETURN_IF_ERROR(
-      CheckCountLocked("events", events_.size(), limits_.max_events, "max_events_per_session"));
+  GPURPC_RETURN_IF_ERROR(CheckEventCountLocked());
   const uint64_t id = NewIdLocked();
   events_.Insert(id, std::move(event));
+  if (interprocess) event_ipc_[id] = EventIpc::kInterprocess;
   return id;
+}
+
+absl::Status Session::CheckEventCountLocked() const {
+  return CheckCountLocked("events", events_.size() + retained_events_.size(), limits_.max_events,
+                          "max_events_per_session");
 }
 
 absl::Status Session::DestroyEvent(uint64_t event_id) {
@@ -721,9 +738,63 @@ absl::Status Session::DestroyEvent(uint64_t event_id) {
   {
     absl::MutexLock lock(&mu_);
     GPURPC_ASSIGN_OR_RETURN(event, events_.Take(event_id, "DestroyEvent"));
+    if (auto it = event_ipc_.find(event_id); it != event_ipc_.end()) {
+      // Sessions that opened an exported event may wait on it until this session ends, and
+      // CUDA leaves using it after cuEventDestroy undefined: the driver's event stays.
+      if (it->second == EventIpc::kExported) retained_events_[event_id] = std::move(event);
+      event_ipc_.erase(it);
+    }
   }
   // Destroyed here, outside mu_ (a backend call), unless a call in flight still uses it.
   return absl::OkStatus();
+}
+
+absl::StatusOr<std::string> Session::ExportEvent(uint64_t event_id) {
+  GPURPC_RETURN_IF_ERROR(fault());
+  std::shared_ptr<backend::Event> event;
+  {
+    absl::MutexLock lock(&mu_);
+    GPURPC_ASSIGN_OR_RETURN(event, events_.Find(event_id, "ExportEvent"));
+    auto it = event_ipc_.find(event_id);
+    if (it == event_ipc_.end()) {
+      return absl::InvalidArgumentError(absl::StrFormat(
+          "ExportEvent: event %d was not created interprocess (CreateEvent with interprocess "
+          "and disable_timing)",
+          event_id));
+    }
+    if (it->second == EventIpc::kOpened) {
+      return absl::InvalidArgumentError(absl::StrFormat(
+          "ExportEvent: event %d was opened from another session's export; export the "
+          "original there",
+          event_id));
+    }
+  }
+  GPURPC_ASSIGN_OR_RETURN(std::string handle, RecordFault(context_->ExportEvent(event.get())));
+  absl::MutexLock lock(&mu_);
+  // Unless it was destroyed meanwhile (the front end then hands out a token that opens an
+  // event this session no longer has: `event` is kept below until the session ends).
+  if (auto it = event_ipc_.find(event_id); it != event_ipc_.end()) {
+    it->second = EventIpc::kExported;
+  } else {
+    retained_events_[event_id] = std::move(event);
+  }
+  return handle;
+}
+
+absl::StatusOr<uint64_t> Session::OpenExportedEvent(const std::string& ipc_handle) {
+  GPURPC_RETURN_IF_ERROR(fault());
+  {
+    absl::MutexLock lock(&mu_);
+    GPURPC_RETURN_IF_ERROR(CheckEventCountLocked());
+  }
+  GPURPC_ASSIGN_OR_RETURN(std::unique_ptr<backend::Event> event,
+                          RecordFault(context_->OpenExportedEvent(ipc_handle)));
+  absl::MutexLock lock(&mu_);
+  GPURPC_RETURN_IF_ERROR(CheckEventCountLocked());
+  const uint64_t id = NewIdLocked();
+  events_.Insert(id, std::move(event));
+  event_ipc_[id] = EventIpc::kOpened;
+  return id;
 }
 
 absl::Status Session::RecordEvent(uint64_t event_id, uint64_t stream_id) {

@@ -40,6 +40,7 @@
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
+#include "absl/container/flat_hash_map.h"
 #include "absl/container/flat_hash_set.h"
 #include "absl/functional/function_ref.h"
 #include "absl/status/status.h"
@@ -243,8 +244,20 @@ class Session {
   absl::Status SynchronizeStream(uint64_t stream_id);
   absl::StatusOr<bool> QueryStream(uint64_t stream_id);
   absl::Status Synchronize();
-  absl::StatusOr<uint64_t> CreateEvent(bool disable_timing, bool blocking_sync);
+  // An interprocess event (shareable through ExportEvent) needs disable_timing:
+  // INVALID_ARGUMENT otherwise.
+  absl::StatusOr<uint64_t> CreateEvent(bool disable_timing, bool blocking_sync,
+                                       bool interprocess = false);
+  // Destroying an exported event drops its id, but the backend event is kept until the
+  // session ends (other sessions may have opened it); it counts against max_events until
+  // then. Destroying an opened one closes it.
   absl::Status DestroyEvent(uint64_t event_id);
+  // CUDA IPC of events' worker half (worker_control.proto): the driver's handle of an
+  // interprocess event (NOT_FOUND for an unknown event; INVALID_ARGUMENT for one not created
+  // interprocess, or opened from an export), and a handle opened as a new event.
+  absl::StatusOr<std::string> ExportEvent(uint64_t event_id) ABSL_LOCKS_EXCLUDED(mu_);
+  absl::StatusOr<uint64_t> OpenExportedEvent(const std::string& ipc_handle)
+      ABSL_LOCKS_EXCLUDED(mu_);
   absl::Status RecordEvent(uint64_t event_id, uint64_t stream_id);
   absl::StatusOr<bool> QueryEvent(uint64_t event_id);
   absl::Status SynchronizeEvent(uint64_t event_id);
@@ -471,6 +484,8 @@ class Session {
       ABSL_LOCKS_EXCLUDED(mu_);
   absl::Status CheckCountLocked(const char* what, size_t count, uint32_t limit,
                                 const char* quota_name) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // CheckCountLocked for one more event (retained exported events count).
+  absl::Status CheckEventCountLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Compile's slot: RESOURCE_EXHAUSTED when the session's compiles at once are at their
   // bound; EndCompile gives the slot back.
   absl::Status BeginCompile() ABSL_LOCKS_EXCLUDED(mu_);
@@ -501,6 +516,14 @@ class Session {
   HandleTable<std::shared_ptr<FunctionEntry>> functions_ ABSL_GUARDED_BY(mu_){"function"};
   HandleTable<std::shared_ptr<backend::Stream>> streams_ ABSL_GUARDED_BY(mu_){"stream"};
   HandleTable<std::shared_ptr<backend::Event>> events_ ABSL_GUARDED_BY(mu_){"event"};
+  // The events of events_ that take part in CUDA IPC, and exported events destroyed by the
+  // client, kept until the session ends (DestroyEvent).
+  enum class EventIpc { kInterprocess, kExported, kOpened };
+  absl::flat_hash_map<uint64_t, EventIpc> event_ipc_ ABSL_GUARDED_BY(mu_);
+  // By the id they had, which no new handle gets (the front end's record of the export
+  // stays keyed by it).
+  absl::flat_hash_map<uint64_t, std::shared_ptr<backend::Event>> retained_events_
+      ABSL_GUARDED_BY(mu_);
   HandleTable<std::shared_ptr<RegionEntry>> regions_ ABSL_GUARDED_BY(mu_){"region"};
   uint64_t region_bytes_ ABSL_GUARDED_BY(mu_) = 0;  // summed over regions_
   // Direct-channel tickets issued and not yet claimed (session_regions.cc).

@@ -1,10 +1,11 @@
-// CUDA IPC between sessions of one tenant (SessionService.ExportMemory / OpenMemoryHandle)
-// through the C++ client against a real gpurpcd with real worker processes. Compiled twice:
-// label `service` with the fake backend, whose memory cannot leave its worker process (it
-// answers UNIMPLEMENTED, and the handle checks that need no export run there), and label
-// `gpu` with the CUDA backend (GPURPC_TEST_BACKEND), where two worker processes really share
-// memory through cuIpcOpenMemHandle; it skips without a driver. Tenants: the test's own user
-// over the Unix socket, and "mallory" with a bearer token over loopback TCP.
+// CUDA IPC between sessions of one tenant (SessionService.ExportMemory / OpenMemoryHandle and
+// ExportEvent / OpenEventHandle) through the C++ client against a real gpurpcd with real
+// worker processes. Compiled twice: label `service` with the fake backend, whose memory and
+// events cannot leave its worker process (it answers UNIMPLEMENTED, and the handle checks
+// that need no export run there), and label `gpu` with the CUDA backend
+// (GPURPC_TEST_BACKEND), where two worker processes really share memory and events through
+// cuIpcOpenMemHandle and cuIpcOpenEventHandle; it skips without a driver. Tenants: the test's own
+// user over the Unix socket, and "mallory" with a bearer token over loopback TCP.
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -21,6 +22,7 @@
 #include "gtest/gtest.h"
 #include "tests/testing/daemon.h"
 #include "tests/testing/eventually.h"
+#include "tests/testing/fake_kernels_module.h"
 #include "tests/testing/status_matchers.h"
 
 namespace gpurpc {
@@ -89,6 +91,34 @@ TEST_F(IpcTest, HandlesThatNameNoExportAreRefused) {
   EXPECT_THAT(session.ExportMemory(none).status(), StatusIs(absl::StatusCode::kNotFound));
   // The session is unharmed.
   EXPECT_THAT(session.Allocate(64).status(), IsOk());
+}
+
+TEST_F(IpcTest, EventHandlesThatNameNoExportAreRefused) {
+  Session session = Open();
+  EXPECT_THAT(session.OpenEventHandle(std::string(32, '\x01')).status(),
+              StatusIs(absl::StatusCode::kNotFound, HasSubstr("no export")));
+  EXPECT_THAT(session.OpenEventHandle("short").status(),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("32 bytes")));
+  Event none;
+  EXPECT_THAT(session.ExportEvent(none).status(), StatusIs(absl::StatusCode::kNotFound));
+  // An event made without the interprocess flag is not exported (on every backend).
+  auto plain = session.CreateEvent(/*disable_timing=*/true);
+  ASSERT_THAT(plain, IsOk());
+  EXPECT_THAT(session.ExportEvent(*plain).status(),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("not created interprocess")));
+  EXPECT_THAT(plain->Synchronize(), IsOk());
+}
+
+TEST_F(IpcTest, TheFakeBackendSaysItCannotShareEvents) {
+  if (IsCuda()) GTEST_SKIP() << "the CUDA backend shares events: the other tests cover it";
+  Session session = Open();
+  EXPECT_THAT(session.CreateInterprocessEvent().status(),
+              StatusIs(absl::StatusCode::kUnimplemented, HasSubstr("CUDA IPC")));
+  // The refusal took no event slot and hurt nothing.
+  auto event = session.CreateEvent();
+  ASSERT_THAT(event, IsOk());
+  EXPECT_THAT(event->Record(), IsOk());
+  EXPECT_THAT(event->Synchronize(), IsOk());
 }
 
 TEST_F(IpcTest, TheFakeBackendSaysItCannotShareMemory) {
@@ -223,6 +253,156 @@ TEST_F(CudaIpcTest, WhenTheExporterEndsItsImportsAreClosed) {
   // And the handle is gone.
   Session late = Open();
   EXPECT_THAT(late.OpenMemoryHandle(*handle).status(), StatusIs(absl::StatusCode::kNotFound));
+}
+
+// `grid` blocks of `block` threads along x, on `stream`.
+LaunchConfig Linear(uint32_t grid, uint32_t block, const Stream* stream) {
+  LaunchConfig config;
+  config.grid.x = grid;
+  config.block.x = block;
+  config.stream = stream;
+  return config;
+}
+
+TEST_F(CudaIpcTest, AnotherSessionsStreamWaitsForTheExportersEvent) {
+  constexpr uint32_t kWords = 256;
+  Session exporter = Open();
+  Session importer = Open();
+  auto theirs = testing::CompileFakeKernels(exporter);
+  auto ours = testing::CompileFakeKernels(importer);
+  ASSERT_THAT(theirs, IsOk());
+  ASSERT_THAT(ours, IsOk());
+  auto spin = theirs->GetFunction("spin_us");
+  auto fill = theirs->GetFunction("fill_u32");
+  auto copy = ours->GetFunction("copy_bytes");
+  ASSERT_THAT(spin, IsOk());
+  ASSERT_THAT(fill, IsOk());
+  ASSERT_THAT(copy, IsOk());
+  auto shared = exporter.Allocate(kWords * 4);
+  ASSERT_THAT(shared, IsOk());
+  ASSERT_THAT(exporter.Memset(shared->at(), 0, 1, kWords * 4), IsOk());
+  ASSERT_THAT(exporter.Synchronize(), IsOk());
+  auto memory = exporter.ExportMemory(*shared);
+  auto done = exporter.CreateInterprocessEvent();
+  ASSERT_THAT(memory, IsOk());
+  ASSERT_THAT(done, IsOk());
+  auto handle = exporter.ExportEvent(*done);
+  ASSERT_THAT(handle, IsOk());
+  EXPECT_EQ(handle->size(), 32u);
+  EXPECT_THAT(exporter.ExportEvent(*done), IsOkAndHolds(*handle));  // same handle again
+  EXPECT_NE(*handle, *memory);
+  auto opened_memory = importer.OpenMemoryHandle(*memory);
+  auto opened = importer.OpenEventHandle(*handle);
+  ASSERT_THAT(opened_memory, IsOk());
+  ASSERT_THAT(opened, IsOk());
+
+  // The exporter's stream: a long spin, then the words are filled, then the event.
+  auto stream = exporter.CreateStream();
+  ASSERT_THAT(stream, IsOk());
+  ASSERT_THAT(spin->LaunchAsync(Linear(1, 1, &*stream), uint64_t{500'000}), IsOk());
+  ASSERT_THAT(fill->LaunchAsync(Linear(1, kWords, &*stream), *shared, 0xC0FFEEu, uint64_t{kWords}),
+              IsOk());
+  ASSERT_THAT(done->Record(&*stream), IsOk());
+  // Query waits for the queued commands: the record has reached the driver, and the spin
+  // still runs.
+  EXPECT_THAT(done->Query(), IsOkAndHolds(false));
+
+  // The importer's stream waits on the opened event, then copies the shared words out.
+  auto copied = importer.Allocate(kWords * 4);
+  auto waiting = importer.CreateStream();
+  ASSERT_THAT(copied, IsOk());
+  ASSERT_THAT(waiting, IsOk());
+  ASSERT_THAT(waiting->WaitEvent(*opened), IsOk());
+  ASSERT_THAT(copy->LaunchAsync(Linear(4, kWords, &*waiting), *copied, *opened_memory,
+                                uint64_t{kWords * 4}),
+              IsOk());
+  ASSERT_THAT(waiting->Synchronize(), IsOk());
+  auto words = copied->Download();
+  ASSERT_THAT(words, IsOk());
+  std::vector<uint8_t> expected;
+  for (uint32_t i = 0; i < kWords; ++i) {
+    for (int b = 0; b < 4; ++b) expected.push_back(static_cast<uint8_t>(0xC0FFEEu >> (8 * b)));
+  }
+  EXPECT_EQ(*words, expected) << "the copy ran before the exporter's fill";
+  EXPECT_THAT(opened->Query(), IsOkAndHolds(true));
+  EXPECT_THAT(opened->Synchronize(), IsOk());
+  // Interprocess events have no timing, opened ones neither.
+  auto start = importer.CreateEvent();
+  ASSERT_THAT(start, IsOk());
+  ASSERT_THAT(start->Record(&*waiting), IsOk());
+  ASSERT_THAT(opened->Record(&*waiting), IsOk());
+  ASSERT_THAT(waiting->Synchronize(), IsOk());
+  EXPECT_THAT(start->ElapsedSince(*start), IsOk());
+  EXPECT_THAT(opened->ElapsedSince(*start).status(),
+              StatusIs(absl::StatusCode::kFailedPrecondition));
+
+  // Once per session; not in the exporting session; an opened event is not exported again;
+  // handles of one kind do not open as the other.
+  EXPECT_THAT(importer.OpenEventHandle(*handle).status(),
+              StatusIs(absl::StatusCode::kAlreadyExists, HasSubstr("already")));
+  EXPECT_THAT(exporter.OpenEventHandle(*handle).status(),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("own event")));
+  EXPECT_THAT(importer.ExportEvent(*opened).status(),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("export the original")));
+  Session third = Open();
+  EXPECT_THAT(third.OpenEventHandle(*memory).status(), StatusIs(absl::StatusCode::kNotFound));
+  EXPECT_THAT(third.OpenMemoryHandle(*handle).status(), StatusIs(absl::StatusCode::kNotFound));
+  // Closing it (assigning over the handle destroys the event) lets the session open it again.
+  *opened = Event();
+  auto again = importer.OpenEventHandle(*handle);
+  ASSERT_THAT(again, IsOk());
+  EXPECT_THAT(again->Synchronize(), IsOk());
+}
+
+TEST_F(CudaIpcTest, TheExportersEventOutlivesItsDestroyUntilItsSessionEnds) {
+  Session exporter = Open();
+  Session importer = Open();
+  auto event = exporter.CreateInterprocessEvent();
+  ASSERT_THAT(event, IsOk());
+  auto handle = exporter.ExportEvent(*event);
+  ASSERT_THAT(handle, IsOk());
+  auto opened = importer.OpenEventHandle(*handle);
+  ASSERT_THAT(opened, IsOk());
+  *event = Event();  // destroys it
+  // No new opens...
+  Session late = Open();
+  EXPECT_THAT(late.OpenEventHandle(*handle).status(),
+              StatusIs(absl::StatusCode::kNotFound, HasSubstr("no export")));
+  // ...but the opened one still works on both ends of its use.
+  auto stream = importer.CreateStream();
+  ASSERT_THAT(stream, IsOk());
+  EXPECT_THAT(opened->Record(&*stream), IsOk());
+  EXPECT_THAT(stream->WaitEvent(*opened), IsOk());
+  EXPECT_THAT(stream->Synchronize(), IsOk());
+  EXPECT_THAT(opened->Synchronize(), IsOk());
+  // When the exporter ends, the opened event is closed for the importer: its id answers
+  // NOT_FOUND, and the session goes on.
+  ASSERT_THAT(exporter.Close(), IsOk());
+  EXPECT_TRUE(testing::Eventually(
+      [&] { return opened->Query().status().code() == absl::StatusCode::kNotFound; },
+      absl::Seconds(30)));
+  EXPECT_THAT(importer.Synchronize(), IsOk());
+  EXPECT_THAT(importer.CreateEvent().status(), IsOk());
+}
+
+TEST_F(CudaIpcTest, AnotherTenantCannotOpenAnEventHandle) {
+  Session exporter = Open();
+  auto event = exporter.CreateInterprocessEvent();
+  ASSERT_THAT(event, IsOk());
+  auto handle = exporter.ExportEvent(*event);
+  ASSERT_THAT(handle, IsOk());
+  ConnectOptions options;
+  options.address = daemon_->tcp_address();
+  options.token = mallory_token_;
+  options.use_environment = false;
+  auto mallory = Client::Connect(options);
+  ASSERT_THAT(mallory, IsOk());
+  auto theirs = mallory->OpenSession(0, "mallory");
+  ASSERT_THAT(theirs, IsOk());
+  EXPECT_THAT(theirs->OpenEventHandle(*handle).status(),
+              StatusIs(absl::StatusCode::kNotFound, HasSubstr("no export")));
+  Session importer = Open();
+  EXPECT_THAT(importer.OpenEventHandle(*handle).status(), IsOk());
 }
 
 }  // namespace

@@ -18,13 +18,17 @@ using ::testing::ElementsAre;
 using ::testing::FieldsAre;
 using ::testing::HasSubstr;
 
+constexpr IpcRegistry::Kind kMemory = IpcRegistry::Kind::kMemory;
+constexpr IpcRegistry::Kind kEvent = IpcRegistry::Kind::kEvent;
+
 IpcRegistry::Export Exported(const std::string& tenant, uint64_t session, uint64_t buffer,
-                             int device = 0) {
+                             int device = 0, IpcRegistry::Kind kind = kMemory) {
   IpcRegistry::Export entry;
+  entry.kind = kind;
   entry.tenant = tenant;
   entry.session_id = session;
   entry.device = device;
-  entry.buffer_id = buffer;
+  entry.object_id = buffer;
   entry.ipc_handle = std::string(64, 'h');
   entry.size_bytes = 4096;
   return entry;
@@ -32,9 +36,9 @@ IpcRegistry::Export Exported(const std::string& tenant, uint64_t session, uint64
 
 // An export as the front end makes one: begun, then added once the worker answered.
 std::string Export(IpcRegistry& registry, const std::string& tenant, uint64_t session,
-                   uint64_t buffer, int device = 0) {
+                   uint64_t buffer, int device = 0, IpcRegistry::Kind kind = kMemory) {
   registry.BeginExport(session, buffer);
-  absl::StatusOr<std::string> token = registry.Add(Exported(tenant, session, buffer, device));
+  absl::StatusOr<std::string> token = registry.Add(Exported(tenant, session, buffer, device, kind));
   EXPECT_THAT(token, IsOk());
   return token.value_or("");
 }
@@ -60,36 +64,36 @@ TEST(IpcRegistryTest, OnlyTheSameTenantOnTheSameDeviceInAnotherSessionOpens) {
   const std::string token = Export(registry, "alice", 1, 10);
   // Another tenant, an unknown token and a wrong-sized one learn nothing.
   const auto not_found = StatusIs(absl::StatusCode::kNotFound, HasSubstr("no export"));
-  EXPECT_THAT(registry.BeginOpen(token, "bob", 2, 0).status(), not_found);
+  EXPECT_THAT(registry.BeginOpen(kMemory, token, "bob", 2, 0).status(), not_found);
   std::string guess = token;
   guess[0] ^= 1;
-  EXPECT_THAT(registry.BeginOpen(guess, "alice", 2, 0).status(), not_found);
-  EXPECT_THAT(registry.BeginOpen("short", "alice", 2, 0).status(),
+  EXPECT_THAT(registry.BeginOpen(kMemory, guess, "alice", 2, 0).status(), not_found);
+  EXPECT_THAT(registry.BeginOpen(kMemory, "short", "alice", 2, 0).status(),
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("32 bytes")));
-  EXPECT_THAT(registry.BeginOpen(token, "alice", 1, 0).status(),
+  EXPECT_THAT(registry.BeginOpen(kMemory, token, "alice", 1, 0).status(),
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("own buffer 10")));
-  EXPECT_THAT(registry.BeginOpen(token, "alice", 2, 1).status(),
+  EXPECT_THAT(registry.BeginOpen(kMemory, token, "alice", 2, 1).status(),
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("device 0")));
-  auto opened = registry.BeginOpen(token, "alice", 2, 0);
+  auto opened = registry.BeginOpen(kMemory, token, "alice", 2, 0);
   ASSERT_THAT(opened, IsOk());
-  EXPECT_EQ(opened->buffer_id, 10u);
+  EXPECT_EQ(opened->object_id, 10u);
   EXPECT_EQ(opened->ipc_handle, std::string(64, 'h'));
   // Once per session, pending or open.
-  EXPECT_THAT(registry.BeginOpen(token, "alice", 2, 0).status(),
+  EXPECT_THAT(registry.BeginOpen(kMemory, token, "alice", 2, 0).status(),
               StatusIs(absl::StatusCode::kAlreadyExists, HasSubstr("opening")));
   ASSERT_THAT(registry.CommitOpen(token, 2, 77), IsOk());
-  EXPECT_THAT(registry.BeginOpen(token, "alice", 2, 0).status(),
+  EXPECT_THAT(registry.BeginOpen(kMemory, token, "alice", 2, 0).status(),
               StatusIs(absl::StatusCode::kAlreadyExists, HasSubstr("buffer 77")));
   // A third session may open it too.
-  EXPECT_THAT(registry.BeginOpen(token, "alice", 3, 0), IsOk());
+  EXPECT_THAT(registry.BeginOpen(kMemory, token, "alice", 3, 0), IsOk());
   registry.CancelOpen(token, 3);
-  EXPECT_THAT(registry.BeginOpen(token, "alice", 3, 0), IsOk());
+  EXPECT_THAT(registry.BeginOpen(kMemory, token, "alice", 3, 0), IsOk());
 }
 
 TEST(IpcRegistryTest, AnExportedBufferCannotBeFreedWhileOpenOrBeingOpened) {
   IpcRegistry registry;
   const std::string token = Export(registry, "alice", 1, 10);
-  ASSERT_THAT(registry.BeginOpen(token, "alice", 2, 0), IsOk());
+  ASSERT_THAT(registry.BeginOpen(kMemory, token, "alice", 2, 0), IsOk());
   // Pending counts: a free racing the open is refused.
   EXPECT_THAT(registry.BeginFree(1, 10),
               StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("session(s) 2")));
@@ -100,17 +104,17 @@ TEST(IpcRegistryTest, AnExportedBufferCannotBeFreedWhileOpenOrBeingOpened) {
   // The importer closes: now the exporter may free, and while it does nobody may open.
   registry.Freed(2, 77);
   ASSERT_THAT(registry.BeginFree(1, 10), IsOk());
-  EXPECT_THAT(registry.BeginOpen(token, "alice", 3, 0).status(),
+  EXPECT_THAT(registry.BeginOpen(kMemory, token, "alice", 3, 0).status(),
               StatusIs(absl::StatusCode::kNotFound));
   // A free that failed leaves the export standing.
   registry.CancelFree(1, 10);
-  EXPECT_THAT(registry.BeginOpen(token, "alice", 3, 0), IsOk());
+  EXPECT_THAT(registry.BeginOpen(kMemory, token, "alice", 3, 0), IsOk());
   registry.CancelOpen(token, 3);
   // A free that succeeded ends it.
   ASSERT_THAT(registry.BeginFree(1, 10), IsOk());
   registry.Freed(1, 10);
   EXPECT_EQ(registry.exports(), 0u);
-  EXPECT_THAT(registry.BeginOpen(token, "alice", 3, 0).status(),
+  EXPECT_THAT(registry.BeginOpen(kMemory, token, "alice", 3, 0).status(),
               StatusIs(absl::StatusCode::kNotFound));
   // A new export of a buffer with the same id is a new token.
   EXPECT_NE(Export(registry, "alice", 1, 10), token);
@@ -121,20 +125,20 @@ TEST(IpcRegistryTest, TheExportersEndClosesItsImportsAndFailsPendingOpens) {
   const std::string a = Export(registry, "alice", 1, 10);
   const std::string b = Export(registry, "alice", 1, 11);
   const std::string other = Export(registry, "alice", 5, 50);
-  ASSERT_THAT(registry.BeginOpen(a, "alice", 2, 0), IsOk());
+  ASSERT_THAT(registry.BeginOpen(kMemory, a, "alice", 2, 0), IsOk());
   ASSERT_THAT(registry.CommitOpen(a, 2, 77), IsOk());
-  ASSERT_THAT(registry.BeginOpen(b, "alice", 3, 0), IsOk());  // pending
-  ASSERT_THAT(registry.BeginOpen(other, "alice", 1, 0), IsOk());
+  ASSERT_THAT(registry.BeginOpen(kMemory, b, "alice", 3, 0), IsOk());  // pending
+  ASSERT_THAT(registry.BeginOpen(kMemory, other, "alice", 1, 0), IsOk());
   ASSERT_THAT(registry.CommitOpen(other, 1, 99), IsOk());
   // Session 1 ends: the open import of its export comes back to be closed; the pending one
   // fails when it commits; session 1's own import of session 5's export is forgotten.
-  EXPECT_THAT(registry.SessionEnded(1), ElementsAre(FieldsAre(2u, 77u)));
+  EXPECT_THAT(registry.SessionEnded(1), ElementsAre(FieldsAre(2u, 77u, kMemory)));
   EXPECT_THAT(registry.CommitOpen(b, 3, 88), StatusIs(absl::StatusCode::kNotFound));
   EXPECT_EQ(registry.exports(), 1u);
   EXPECT_THAT(registry.BeginFree(5, 50), IsOk());
   // An importer's end forgets its imports only.
   registry.CancelFree(5, 50);
-  ASSERT_THAT(registry.BeginOpen(other, "alice", 4, 0), IsOk());
+  ASSERT_THAT(registry.BeginOpen(kMemory, other, "alice", 4, 0), IsOk());
   ASSERT_THAT(registry.CommitOpen(other, 4, 66), IsOk());
   EXPECT_TRUE(registry.SessionEnded(4).empty());
   EXPECT_THAT(registry.BeginFree(5, 50), IsOk());
@@ -181,9 +185,9 @@ TEST(IpcRegistryTest, AnImportersEndOrFreeLeavesNothingBehind) {
   IpcRegistry registry;
   const std::string token = Export(registry, "alice", 1, 10);
   // Session 2 opens it; session 3 is still opening it when it ends.
-  ASSERT_THAT(registry.BeginOpen(token, "alice", 2, 0), IsOk());
+  ASSERT_THAT(registry.BeginOpen(kMemory, token, "alice", 2, 0), IsOk());
   ASSERT_THAT(registry.CommitOpen(token, 2, 20), IsOk());
-  ASSERT_THAT(registry.BeginOpen(token, "alice", 3, 0), IsOk());
+  ASSERT_THAT(registry.BeginOpen(kMemory, token, "alice", 3, 0), IsOk());
   EXPECT_EQ(registry.imports(), 1u);
   EXPECT_TRUE(registry.SessionEnded(3).empty());
   EXPECT_THAT(registry.CommitOpen(token, 3, 30), StatusIs(absl::StatusCode::kNotFound));
@@ -197,13 +201,68 @@ TEST(IpcRegistryTest, AnImportersEndOrFreeLeavesNothingBehind) {
   EXPECT_THAT(registry.BeginFree(1, 10), IsOk());
   registry.CancelFree(1, 10);
   // Opened again and the importer ends: the exporter can free.
-  ASSERT_THAT(registry.BeginOpen(token, "alice", 4, 0), IsOk());
+  ASSERT_THAT(registry.BeginOpen(kMemory, token, "alice", 4, 0), IsOk());
   ASSERT_THAT(registry.CommitOpen(token, 4, 40), IsOk());
   EXPECT_TRUE(registry.SessionEnded(4).empty());
   EXPECT_EQ(registry.imports(), 0u);
   EXPECT_THAT(registry.BeginFree(1, 10), IsOk());
   registry.Freed(1, 10);
   EXPECT_EQ(registry.exports(), 0u);
+}
+
+TEST(IpcRegistryTest, ATokenOpensOnlyAsItsOwnKind) {
+  IpcRegistry registry;
+  const std::string memory = Export(registry, "alice", 1, 10);
+  const std::string event = Export(registry, "alice", 1, 11, 0, kEvent);
+  EXPECT_THAT(registry.BeginOpen(kEvent, memory, "alice", 2, 0).status(),
+              StatusIs(absl::StatusCode::kNotFound, HasSubstr("OpenEventHandle")));
+  EXPECT_THAT(registry.BeginOpen(kMemory, event, "alice", 2, 0).status(),
+              StatusIs(absl::StatusCode::kNotFound, HasSubstr("OpenMemoryHandle")));
+  // The wrong kind's refusal is the unknown token's, word for word.
+  EXPECT_EQ(registry.BeginOpen(kEvent, memory, "alice", 2, 0).status(),
+            registry.BeginOpen(kEvent, std::string(32, 'x'), "alice", 2, 0).status());
+  EXPECT_THAT(registry.BeginOpen(kEvent, event, "bob", 2, 0).status(),
+              StatusIs(absl::StatusCode::kNotFound));
+  EXPECT_THAT(registry.BeginOpen(kEvent, event, "alice", 1, 0).status(),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("own event 11")));
+  ASSERT_THAT(registry.BeginOpen(kEvent, event, "alice", 2, 0), IsOk());
+  ASSERT_THAT(registry.CommitOpen(event, 2, 20), IsOk());
+  EXPECT_THAT(registry.BeginOpen(kEvent, event, "alice", 2, 0).status(),
+              StatusIs(absl::StatusCode::kAlreadyExists, HasSubstr("as event 20")));
+  // A Free naming the event's id is the worker's to refuse: the registry neither blocks it
+  // nor, when it is "cancelled", lets a destroyed event's export open again.
+  EXPECT_THAT(registry.BeginFree(1, 11), IsOk());
+  registry.EventDestroyed(1, 11);
+  registry.CancelFree(1, 11);
+  EXPECT_THAT(registry.BeginOpen(kEvent, event, "alice", 3, 0).status(),
+              StatusIs(absl::StatusCode::kNotFound, HasSubstr("event was destroyed")));
+}
+
+TEST(IpcRegistryTest, ADestroyedEventOpensNoMoreButItsImportsAreClosedAtTheExportersEnd) {
+  IpcRegistry registry;
+  const std::string event = Export(registry, "alice", 1, 11, 0, kEvent);
+  ASSERT_THAT(registry.BeginOpen(kEvent, event, "alice", 2, 0), IsOk());
+  ASSERT_THAT(registry.CommitOpen(event, 2, 20), IsOk());
+  ASSERT_THAT(registry.BeginOpen(kEvent, event, "alice", 3, 0), IsOk());
+  ASSERT_THAT(registry.CommitOpen(event, 3, 30), IsOk());
+  // Session 3 closes its event: it may open the handle again while it is exported.
+  registry.EventDestroyed(3, 30);
+  EXPECT_EQ(registry.imports(), 1u);
+  ASSERT_THAT(registry.BeginOpen(kEvent, event, "alice", 3, 0), IsOk());
+  ASSERT_THAT(registry.CommitOpen(event, 3, 31), IsOk());
+  // The exporter destroys it: no new opens, and an export under way of it ends too.
+  registry.BeginExport(1, 11);
+  registry.EventDestroyed(1, 11);
+  EXPECT_THAT(registry.Add(Exported("alice", 1, 11, 0, kEvent)).status(),
+              StatusIs(absl::StatusCode::kNotFound, HasSubstr("event 11 was destroyed")));
+  EXPECT_THAT(registry.BeginOpen(kEvent, event, "alice", 4, 0).status(),
+              StatusIs(absl::StatusCode::kNotFound));
+  EXPECT_EQ(registry.exports(), 1u);
+  // Its session ends: the events opened from it come back to be closed, as events.
+  EXPECT_THAT(registry.SessionEnded(1),
+              ElementsAre(FieldsAre(2u, 20u, kEvent), FieldsAre(3u, 31u, kEvent)));
+  EXPECT_EQ(registry.exports(), 0u);
+  EXPECT_EQ(registry.imports(), 0u);
 }
 
 }  // namespace

@@ -764,13 +764,59 @@ absl::StatusOr<Stream> Session::CreateStream(bool non_blocking) const {
   return stream;
 }
 
-absl::StatusOr<Event> Session::CreateEvent(bool disable_timing) const {
-  if (core_ == nullptr) return NoSession();
+namespace {
+
+absl::StatusOr<uint64_t> NewEvent(SessionCore& core, bool disable_timing, bool interprocess) {
   v1::CreateEventRequest request;
   request.set_disable_timing(disable_timing);
+  request.set_interprocess(interprocess);
   v1::CreateEventResponse response;
-  absl::Status status = SessionCall(*core_, GPURPC_RPC(core_->execution(), CreateEvent),
-                                    "CreateEvent", request, &response);
+  absl::Status status = SessionCall(core, GPURPC_RPC(core.execution(), CreateEvent), "CreateEvent",
+                                    request, &response);
+  if (!status.ok()) return status;
+  return response.event_id();
+}
+
+}  // namespace
+
+absl::StatusOr<Event> Session::CreateEvent(bool disable_timing) const {
+  if (core_ == nullptr) return NoSession();
+  absl::StatusOr<uint64_t> id = NewEvent(*core_, disable_timing, /*interprocess=*/false);
+  if (!id.ok()) return id.status();
+  Event event;
+  event.core_ = core_;
+  event.id_ = *id;
+  return event;
+}
+
+absl::StatusOr<Event> Session::CreateInterprocessEvent() const {
+  if (core_ == nullptr) return NoSession();
+  absl::StatusOr<uint64_t> id = NewEvent(*core_, /*disable_timing=*/true, /*interprocess=*/true);
+  if (!id.ok()) return id.status();
+  Event event;
+  event.core_ = core_;
+  event.id_ = *id;
+  return event;
+}
+
+absl::StatusOr<std::string> Session::ExportEvent(const Event& event) const {
+  if (core_ == nullptr) return NoSession();
+  v1::ExportEventRequest request;
+  request.set_event_id(event.id());
+  v1::ExportEventResponse response;
+  absl::Status status = SessionCall(*core_, GPURPC_RPC(core_->sessions(), ExportEvent),
+                                    "ExportEvent", request, &response);
+  if (!status.ok()) return status;
+  return std::move(*response.mutable_handle());
+}
+
+absl::StatusOr<Event> Session::OpenEventHandle(const std::string& handle) const {
+  if (core_ == nullptr) return NoSession();
+  v1::OpenEventHandleRequest request;
+  request.set_handle(handle);
+  v1::OpenEventHandleResponse response;
+  absl::Status status = SessionCall(*core_, GPURPC_RPC(core_->sessions(), OpenEventHandle),
+                                    "OpenEventHandle", request, &response);
   if (!status.ok()) return status;
   Event event;
   event.core_ = core_;
@@ -898,8 +944,10 @@ absl::Status Event::Release(SessionCore& core, uint64_t id, absl::Duration timeo
   v1::DestroyEventRequest request;
   request.set_event_id(id);
   v1::DestroyEventResponse response;
-  return SessionCall(core, GPURPC_RPC(core.execution(), DestroyEvent), "DestroyEvent", request,
-                     &response, timeout);
+  // Through the front end, which keeps the record of exported and opened events
+  // (execution_service.proto); the barrier above ordered it after the queued commands.
+  return SessionCall(core, GPURPC_RPC(core.relay_execution(), DestroyEvent), "DestroyEvent",
+                     request, &response, timeout);
 }
 
 absl::Status Event::Record(const Stream* stream) const {

@@ -394,6 +394,7 @@ SessionCore::SessionCore(std::shared_ptr<grpc::Channel> channel,
       memory_(v1::MemoryService::NewStub(channel_)),
       modules_(v1::ModuleService::NewStub(channel_)),
       execution_(v1::ExecutionService::NewStub(channel_)),
+      relay_execution_(v1::ExecutionService::NewStub(channel_)),
       commands_(std::make_shared<CommandStreamState>()) {
   set_call_timeout(call_timeout);
   // Re-open a broken watch well within the daemon's grace, so that a short network drop

@@ -152,6 +152,9 @@ class SessionCore {
   v1::MemoryService::Stub& memory() { return *memory_; }
   v1::ModuleService::Stub& modules() { return *modules_; }
   v1::ExecutionService::Stub& execution() { return *execution_; }
+  // ExecutionService through the front end also when a direct channel is in use: for the
+  // calls whose record the front end keeps (DestroyEvent of an IPC event).
+  v1::ExecutionService::Stub& relay_execution() { return *relay_execution_; }
   v1::SessionService::Stub& sessions() { return *sessions_; }
   const std::shared_ptr<grpc::Channel>& channel() const { return channel_; }
   // Sends ExecutionService calls (the command stream included) on `direct` from now on
@@ -221,6 +224,7 @@ class SessionCore {
   std::unique_ptr<v1::MemoryService::Stub> memory_;
   std::unique_ptr<v1::ModuleService::Stub> modules_;
   std::unique_ptr<v1::ExecutionService::Stub> execution_;
+  const std::unique_ptr<v1::ExecutionService::Stub> relay_execution_;
   std::shared_ptr<grpc::Channel> direct_channel_;  // set by UseExecutionChannel
   std::atomic<bool> closed_{false};
   // Nanoseconds; INT64_MAX = no deadline.

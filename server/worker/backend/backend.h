@@ -299,6 +299,17 @@ class Context {
   virtual absl::StatusOr<std::string> ExportMemory(DevicePtr ptr);
   virtual absl::StatusOr<DevicePtr> OpenExportedMemory(const std::string& handle);
   virtual absl::Status CloseExportedMemory(DevicePtr ptr);
+  // Events shared the same way. CreateInterprocessEvent: an event that can be exported
+  // (CU_EVENT_INTERPROCESS | CU_EVENT_DISABLE_TIMING, so ElapsedTime refuses it). ExportEvent:
+  // the driver's handle of such an event (cuIpcGetEventHandle, 64 bytes); the caller keeps the
+  // event alive for as long as another process may use it. OpenExportedEvent: an event of
+  // this context over another process's (cuIpcOpenEventHandle), which RecordEvent,
+  // StreamWaitEvent, QueryEvent and SynchronizeEvent take like any event; destroying it
+  // closes it. INVALID_ARGUMENT for a handle the driver refuses. The defaults (and the fake)
+  // answer UNIMPLEMENTED.
+  virtual absl::StatusOr<std::unique_ptr<Event>> CreateInterprocessEvent(bool blocking_sync);
+  virtual absl::StatusOr<std::string> ExportEvent(Event* event);
+  virtual absl::StatusOr<std::unique_ptr<Event>> OpenExportedEvent(const std::string& handle);
 
   // Same-host regions. RegisterHostMemory pins [host, host + size_bytes) (size_bytes > 0)
   // for DMA; INVALID_ARGUMENT when the range overlaps memory already registered,
@@ -458,6 +469,19 @@ inline absl::StatusOr<DevicePtr> Context::OpenExportedMemory(const std::string&)
 }
 inline absl::Status Context::CloseExportedMemory(DevicePtr) {
   return absl::UnimplementedError("this backend maps no other session's device memory");
+}
+inline absl::StatusOr<std::unique_ptr<Event>> Context::CreateInterprocessEvent(bool) {
+  return absl::UnimplementedError(
+      "this backend cannot make interprocess events (CUDA IPC needs the CUDA backend)");
+}
+inline absl::StatusOr<std::string> Context::ExportEvent(Event*) {
+  return absl::UnimplementedError(
+      "this backend cannot share events with another session's process (CUDA IPC needs the "
+      "CUDA backend)");
+}
+inline absl::StatusOr<std::unique_ptr<Event>> Context::OpenExportedEvent(const std::string&) {
+  return absl::UnimplementedError(
+      "this backend cannot open another session's event (CUDA IPC needs the CUDA backend)");
 }
 inline absl::Status Context::SetProfiling(bool) {
   return absl::UnimplementedError("this backend has no profiler control");

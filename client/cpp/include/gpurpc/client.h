@@ -840,6 +840,17 @@ class Session {
   // Streams and events.
   absl::StatusOr<Stream> CreateStream(bool non_blocking = false) const;
   absl::StatusOr<Event> CreateEvent(bool disable_timing = false) const;
+  // CUDA IPC of events between sessions of one tenant on one device (SessionService.
+  // ExportEvent and OpenEventHandle): CreateInterprocessEvent makes an event that can be
+  // exported (it has no timing); ExportEvent answers an opaque 32-byte handle for it, which
+  // another session opens as an Event of its own. Its streams may then wait on work this
+  // session records, or the other way round. Destroying the opened Event closes it. The
+  // exporter may destroy its event at any time: the daemon keeps the driver's event until
+  // the exporting session ends (no new opens after the destroy), and then closes the events
+  // opened from it. UNIMPLEMENTED on the fake backend.
+  absl::StatusOr<Event> CreateInterprocessEvent() const;
+  absl::StatusOr<std::string> ExportEvent(const Event& event) const;
+  absl::StatusOr<Event> OpenEventHandle(const std::string& handle) const;
 
   // Sends queued commands without waiting.
   absl::Status Flush() const;

@@ -1,5 +1,6 @@
 """CUDA IPC between sessions of one tenant, and profiler control (``pycuda.driver``'s
-``mem_get_ipc_handle``, ``IPCMemoryHandle``, ``start_profiler``/``stop_profiler``).
+``mem_get_ipc_handle``, ``IPCMemoryHandle``, ``start_profiler``/``stop_profiler``; IPC event
+handles are ``Event.ipc_handle``/``Event.from_ipc_handle``, in ``gpurpc._streams``).
 
 ``gpurpc.driver`` re-exports these; use them from there.
 
@@ -13,6 +14,18 @@ context. The exporter cannot free the memory while another session has it open
 (:class:`LaunchError` naming those sessions); when the exporting session ends, the memory
 opened from it is closed in the other sessions. The fake backend cannot share memory between
 processes and raises :class:`Error` (UNIMPLEMENTED) on export.
+
+Events are shared the same way (``SessionService.ExportEvent``/``OpenEventHandle``):
+``Event(event_flags.INTERPROCESS | event_flags.DISABLE_TIMING)`` makes a shareable event
+(INTERPROCESS needs DISABLE_TIMING, as in CUDA: :class:`LogicError` otherwise),
+``Event.ipc_handle()`` answers its 32-byte handle (the same one each time), and
+``Event.from_ipc_handle(handle)`` opens it in the current context as an :class:`Event` that
+its streams record, wait on (``Stream.wait_for_event``: one context's stream waits for
+another's work), query and synchronize; it has no timing. The same handle rules apply (same
+tenant, same device, not the exporter's own context, open once per context). Destroying the
+exported event (garbage collection) stops new opens, but the event lives on for the contexts
+that opened it until the exporting context ends; then it is closed in those contexts too.
+The fake backend cannot make interprocess events: :class:`Error` (UNIMPLEMENTED).
 
 Profiling. :func:`start_profiler`/:func:`stop_profiler` are ``cuProfilerStart``/``Stop`` in the
 session's worker: the range that a profiler the daemon's operator attached records (for

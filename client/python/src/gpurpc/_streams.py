@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import time
 import weakref
-from typing import TYPE_CHECKING, Any, Optional
+from typing import TYPE_CHECKING, Any, Optional, Union
 
 import grpc
 import numpy as np
@@ -123,18 +123,75 @@ class Stream:
 
 
 class Event:
-    """An event (``pycuda.driver.Event``); times are measured by the server's GPU."""
+    """An event (``pycuda.driver.Event``); times are measured by the server's GPU.
+
+    ``Event(event_flags.INTERPROCESS | event_flags.DISABLE_TIMING)`` can be shared with the
+    tenant's other contexts: :meth:`ipc_handle` exports it, :meth:`from_ipc_handle` opens it
+    there (see ``gpurpc._ipc``). INTERPROCESS without DISABLE_TIMING is a
+    :class:`LogicError`, as in CUDA.
+    """
 
     def __init__(self, flags: int = 0, *, _core: Optional[SessionCore] = None) -> None:
         core = _core or _current_core("Event")
         flags = int(flags)
         reply = core.call("ExecutionService.CreateEvent", _ex.CreateEventRequest(
             disable_timing=bool(flags & event_flags.DISABLE_TIMING),
-            blocking_sync=bool(flags & event_flags.BLOCKING_SYNC)), op="Event")
+            blocking_sync=bool(flags & event_flags.BLOCKING_SYNC),
+            interprocess=bool(flags & event_flags.INTERPROCESS)), op="Event")
+        self._register(core, reply.event_id)
+
+    def _register(self, core: SessionCore, event_id: int) -> None:
+        """Makes this object event ``event_id`` of ``core``, destroyed (deferred) when it is
+        garbage collected."""
         self._core = core
-        self.handle: int = reply.event_id
+        self.handle: int = event_id
         finalizer = weakref.finalize(self, core.defer_release, "event", self.handle)
         finalizer.atexit = False
+
+    def ipc_handle(self) -> bytes:
+        """An IPC handle for this event (``cuIpcGetEventHandle``): 32 opaque bytes that another
+        context of this tenant on the same device opens with :meth:`from_ipc_handle`. The same
+        event always gives the same handle. Destroying this event (garbage collection) stops
+        new opens; contexts that opened it keep using it until this context ends.
+
+        :raises LogicError: the event was not created with ``event_flags.INTERPROCESS |
+            event_flags.DISABLE_TIMING``, or was itself opened from a handle.
+        :raises Error: the backend cannot share events (the fake: UNIMPLEMENTED).
+        """
+        core = self._core
+        with core.lock:
+            core.check_open("Event.ipc_handle")
+            core.drain()
+            reply = core.call("SessionService.ExportEvent",
+                              _sess.ExportEventRequest(event_id=self.handle),
+                              op="Event.ipc_handle")
+        return bytes(reply.handle)
+
+    @staticmethod
+    def from_ipc_handle(handle: Union[bytes, bytearray, memoryview]) -> "Event":
+        """Opens in the current context an event that another context of this tenant exported
+        with :meth:`ipc_handle` (``cuIpcOpenEventHandle``). The result is an :class:`Event` of
+        this context: record it, wait on it (:meth:`Stream.wait_for_event`), query and
+        synchronize it; it has no timing (:meth:`time_since` raises :class:`LogicError`).
+        Garbage collection closes it. When the exporting context ends it is closed here too
+        (using it then raises :class:`LogicError`).
+
+        :raises TypeError: ``handle`` is not bytes-like.
+        :raises LogicError: a handle this tenant cannot open (unknown, another tenant's, a
+            memory handle, or its event was destroyed or its context ended), a handle of this
+            context's own event, of another device, or one this context has open already.
+        :raises MemoryError: the context has as many events as its tenant's quota allows.
+        """
+        if not isinstance(handle, (bytes, bytearray, memoryview)):
+            raise TypeError("Event.from_ipc_handle: the handle is the bytes Event.ipc_handle "
+                            f"returned, not {type(handle).__name__}")
+        core = _current_core("Event.from_ipc_handle")
+        reply = core.call("SessionService.OpenEventHandle",
+                          _sess.OpenEventHandleRequest(handle=bytes(handle)),
+                          op="Event.from_ipc_handle")
+        event = Event.__new__(Event)
+        event._register(core, reply.event_id)
+        return event
 
     def record(self, stream: Optional[Stream] = None) -> "Event":
         """Records the event on ``stream`` (default stream if None); returns self."""

@@ -71,14 +71,16 @@ What differs from PyCUDA, and why:
 * :class:`Linker` gathers its inputs here and links them on the daemon in one
   ``ModuleService.LinkModule`` call (the driver's ``cuLink*`` there) when ``link_module`` is
   called; link errors surface then.
-* IPC between contexts of one tenant (``mem_get_ipc_handle``, ``IPCMemoryHandle``): each
-  context is a session, a process on the daemon, so this is CUDA IPC there; the handle is an
-  opaque token only the same tenant's sessions on the same device can open (see
-  ``gpurpc._ipc``). ``start_profiler``/``stop_profiler`` mark the range a profiler attached
-  to the daemon records.
+* IPC between contexts of one tenant (``mem_get_ipc_handle``, ``IPCMemoryHandle``;
+  ``Event.ipc_handle``, ``Event.from_ipc_handle`` for events made with
+  ``event_flags.INTERPROCESS | event_flags.DISABLE_TIMING``): each context is a session, a
+  process on the daemon, so this is CUDA IPC there; the handle is an opaque token only the
+  same tenant's sessions on the same device can open (see ``gpurpc._ipc``).
+  ``start_profiler``/``stop_profiler`` mark the range a profiler attached to the daemon
+  records.
 * Not available: texture/surface references (so arrays cannot be bound to textures here),
-  mipmapped arrays, managed and mapped memory, IPC event handles, peer copies,
-  ``register_host_memory``, ``initialize_profiler``. Asking for one raises :class:`AttributeError` saying why (so
+  mipmapped arrays, managed and mapped memory, peer copies, ``register_host_memory``,
+  ``initialize_profiler``. Asking for one raises :class:`AttributeError` saying why (so
   ``hasattr`` checks keep working).
 """
 from __future__ import annotations
@@ -255,8 +257,8 @@ _NOT_AVAILABLE = {
          "mem_alloc_managed"],
         "managed memory would have to be shared between the daemon's GPU and this process's "
         "host memory, which are on different machines (or processes)"),
-    "IPCEventHandle": "IPC event handles are not served by gpurpcd yet (IPC memory handles "
-                      "are: mem_get_ipc_handle, IPCMemoryHandle)",
+    "IPCEventHandle": "there is no such class, in PyCUDA either: an event's IPC handle is "
+                      "Event.ipc_handle(), opened with Event.from_ipc_handle(handle)",
     "initialize_profiler": "cuProfilerInitialize was removed in CUDA 12; start_profiler and "
                            "stop_profiler mark the range a profiler attached to the daemon "
                            "records",

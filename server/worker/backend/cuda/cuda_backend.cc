@@ -411,6 +411,43 @@ class CudaContext final : public Context {
     return absl::OkStatus();
   }
 
+  absl::StatusOr<std::unique_ptr<Event>> CreateInterprocessEvent(bool blocking_sync) override {
+    GPURPC_RETURN_IF_ERROR(core_->MakeCurrent());
+    unsigned int flags = CU_EVENT_INTERPROCESS | CU_EVENT_DISABLE_TIMING;
+    if (blocking_sync) flags |= CU_EVENT_BLOCKING_SYNC;
+    CUevent event = nullptr;
+    GPURPC_RETURN_IF_ERROR(core_->Check(api_.cuEventCreate(&event, flags), "cuEventCreate"));
+    return std::unique_ptr<Event>(
+        std::make_unique<CudaEvent>(core_, event, /*timing_enabled=*/false));
+  }
+
+  absl::StatusOr<std::string> ExportEvent(Event* event) override {
+    if (event == nullptr) return absl::InvalidArgumentError("ExportEvent: no event");
+    GPURPC_RETURN_IF_ERROR(core_->MakeCurrent());
+    CUipcEventHandle handle{};
+    const CUresult result =
+        api_.cuIpcGetEventHandle(&handle, static_cast<CudaEvent*>(event)->handle());
+    if (result != CUDA_SUCCESS) return core_->Error(result, "cuIpcGetEventHandle");
+    return std::string(handle.reserved, sizeof(handle.reserved));
+  }
+
+  absl::StatusOr<std::unique_ptr<Event>> OpenExportedEvent(const std::string& bytes) override {
+    CUipcEventHandle handle{};
+    if (bytes.size() != sizeof(handle.reserved)) {
+      return absl::InvalidArgumentError(absl::StrCat("cuIpcOpenEventHandle: a handle is ",
+                                                     sizeof(handle.reserved), " bytes, got ",
+                                                     bytes.size()));
+    }
+    GPURPC_RETURN_IF_ERROR(core_->MakeCurrent());
+    std::memcpy(handle.reserved, bytes.data(), sizeof(handle.reserved));
+    CUevent event = nullptr;
+    const CUresult result = api_.cuIpcOpenEventHandle(&event, handle);
+    if (result != CUDA_SUCCESS) return core_->Error(result, "cuIpcOpenEventHandle");
+    // Destroying it closes it (cuEventDestroy, as the driver documents).
+    return std::unique_ptr<Event>(
+        std::make_unique<CudaEvent>(core_, event, /*timing_enabled=*/false));
+  }
+
   absl::Status SetProfiling(bool enabled) override {
     GPURPC_RETURN_IF_ERROR(core_->MakeCurrent());
     return enabled ? core_->Check(api_.cuProfilerStart(), "cuProfilerStart")

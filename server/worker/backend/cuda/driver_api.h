@@ -71,6 +71,8 @@ inline constexpr int kCudaApiVersion = 13000;
   X(cuIpcGetMemHandle, 4010)             \
   X(cuIpcOpenMemHandle, 11000)           \
   X(cuIpcCloseMemHandle, 4010)           \
+  X(cuIpcGetEventHandle, 4010)           \
+  X(cuIpcOpenEventHandle, 4010)          \
   X(cuProfilerStart, 4000)               \
   X(cuProfilerStop, 4000)                \
   X(cuModuleLoadDataEx, 2010)            \

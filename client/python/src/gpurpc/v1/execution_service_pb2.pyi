@@ -94,12 +94,14 @@ class SynchronizeSessionResponse(_message.Message):
     def __init__(self, device_output: _Optional[bytes] = ...) -> None: ...
 
 class CreateEventRequest(_message.Message):
-    __slots__ = ("disable_timing", "blocking_sync")
+    __slots__ = ("disable_timing", "blocking_sync", "interprocess")
     DISABLE_TIMING_FIELD_NUMBER: _ClassVar[int]
     BLOCKING_SYNC_FIELD_NUMBER: _ClassVar[int]
+    INTERPROCESS_FIELD_NUMBER: _ClassVar[int]
     disable_timing: bool
     blocking_sync: bool
-    def __init__(self, disable_timing: bool = ..., blocking_sync: bool = ...) -> None: ...
+    interprocess: bool
+    def __init__(self, disable_timing: bool = ..., blocking_sync: bool = ..., interprocess: bool = ...) -> None: ...
 
 class CreateEventResponse(_message.Message):
     __slots__ = ("event_id",)

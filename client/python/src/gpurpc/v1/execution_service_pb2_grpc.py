@@ -219,7 +219,8 @@ class ExecutionServiceServicer(object):
 
     def CreateEvent(self, request, context):
         """Creates an event.
-        Codes: OK; RESOURCE_EXHAUSTED.
+        Codes: OK; RESOURCE_EXHAUSTED; INVALID_ARGUMENT for an interprocess event with timing;
+        UNIMPLEMENTED for an interprocess event on a backend without CUDA IPC (the fake).
         Retry: not idempotent.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
@@ -227,7 +228,13 @@ class ExecutionServiceServicer(object):
         raise NotImplementedError('Method not implemented!')
 
     def DestroyEvent(self, request, context):
-        """Destroys an event.
+        """Destroys an event. An event opened from another session's export
+        (SessionService.OpenEventHandle) is closed; an exported one stops being openable, but
+        the driver's event lives on until its session ends (sessions that opened it may still
+        wait on it) and counts against max_events_per_session until then. Send DestroyEvent of
+        an exported or opened event through the daemon's front end, not a direct channel: only
+        the front end keeps the export's record (a session that closed an opened event on a
+        direct channel cannot open the handle again).
         Codes: OK; NOT_FOUND.
         Retry: safe; a retry after success answers NOT_FOUND.
         """

@@ -16,39 +16,47 @@ from gpurpc.v1 import device_service_pb2 as gpurpc_dot_v1_dot_device__service__p
 from gpurpc.v1 import memory_service_pb2 as gpurpc_dot_v1_dot_memory__service__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1fgpurpc/v1/session_service.proto\x12\tgpurpc.v1\x1a\x1egpurpc/v1/device_service.proto\x1a\x1egpurpc/v1/memory_service.proto\"(\n\x13\x45xportMemoryRequest\x12\x11\n\tbuffer_id\x18\x01 \x01(\x04\":\n\x14\x45xportMemoryResponse\x12\x0e\n\x06handle\x18\x01 \x01(\x0c\x12\x12\n\nsize_bytes\x18\x02 \x01(\x04\")\n\x17OpenMemoryHandleRequest\x12\x0e\n\x06handle\x18\x01 \x01(\x0c\"A\n\x18OpenMemoryHandleResponse\x12%\n\x06\x62uffer\x18\x01 \x01(\x0b\x32\x15.gpurpc.v1.BufferInfo\"B\n\x12OpenSessionRequest\x12\x16\n\x0e\x64\x65vice_ordinal\x18\x01 \x01(\x05\x12\x14\n\x0c\x63lient_label\x18\x02 \x01(\t\"\x94\x01\n\x13OpenSessionResponse\x12\x12\n\nsession_id\x18\x01 \x01(\x04\x12%\n\x06\x64\x65vice\x18\x02 \x01(\x0b\x32\x15.gpurpc.v1.DeviceInfo\x12\x17\n\x0fidle_timeout_ms\x18\x03 \x01(\x04\x12\x10\n\x08grace_ms\x18\x04 \x01(\x04\x12\x17\n\x0f\x64\x61\x65mon_instance\x18\x05 \x01(\t\"\x15\n\x13\x43loseSessionRequest\"\x16\n\x14\x43loseSessionResponse\"\x12\n\x10KeepAliveRequest\"d\n\x11KeepAliveResponse\x12&\n\x05state\x18\x01 \x01(\x0e\x32\x17.gpurpc.v1.SessionState\x12\x13\n\x0b\x66\x61ult_cause\x18\x02 \x01(\t\x12\x12\n\nfault_code\x18\x03 \x01(\x05\"\x15\n\x13WatchSessionRequest\"_\n\x0cSessionEvent\x12&\n\x05state\x18\x01 \x01(\x0e\x32\x17.gpurpc.v1.SessionState\x12\x13\n\x0b\x66\x61ult_cause\x18\x02 \x01(\t\x12\x12\n\nfault_code\x18\x03 \x01(\x05*b\n\x0cSessionState\x12\x1d\n\x19SESSION_STATE_UNSPECIFIED\x10\x00\x12\x18\n\x14SESSION_STATE_ACTIVE\x10\x01\x12\x19\n\x15SESSION_STATE_FAULTED\x10\x02\x32\xf0\x03\n\x0eSessionService\x12L\n\x0bOpenSession\x12\x1d.gpurpc.v1.OpenSessionRequest\x1a\x1e.gpurpc.v1.OpenSessionResponse\x12O\n\x0c\x43loseSession\x12\x1e.gpurpc.v1.CloseSessionRequest\x1a\x1f.gpurpc.v1.CloseSessionResponse\x12\x46\n\tKeepAlive\x12\x1b.gpurpc.v1.KeepAliveRequest\x1a\x1c.gpurpc.v1.KeepAliveResponse\x12I\n\x0cWatchSession\x12\x1e.gpurpc.v1.WatchSessionRequest\x1a\x17.gpurpc.v1.SessionEvent0\x01\x12O\n\x0c\x45xportMemory\x12\x1e.gpurpc.v1.ExportMemoryRequest\x1a\x1f.gpurpc.v1.ExportMemoryResponse\x12[\n\x10OpenMemoryHandle\x12\".gpurpc.v1.OpenMemoryHandleRequest\x1a#.gpurpc.v1.OpenMemoryHandleResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1fgpurpc/v1/session_service.proto\x12\tgpurpc.v1\x1a\x1egpurpc/v1/device_service.proto\x1a\x1egpurpc/v1/memory_service.proto\"&\n\x12\x45xportEventRequest\x12\x10\n\x08\x65vent_id\x18\x01 \x01(\x04\"%\n\x13\x45xportEventResponse\x12\x0e\n\x06handle\x18\x01 \x01(\x0c\"(\n\x16OpenEventHandleRequest\x12\x0e\n\x06handle\x18\x01 \x01(\x0c\"+\n\x17OpenEventHandleResponse\x12\x10\n\x08\x65vent_id\x18\x01 \x01(\x04\"(\n\x13\x45xportMemoryRequest\x12\x11\n\tbuffer_id\x18\x01 \x01(\x04\":\n\x14\x45xportMemoryResponse\x12\x0e\n\x06handle\x18\x01 \x01(\x0c\x12\x12\n\nsize_bytes\x18\x02 \x01(\x04\")\n\x17OpenMemoryHandleRequest\x12\x0e\n\x06handle\x18\x01 \x01(\x0c\"A\n\x18OpenMemoryHandleResponse\x12%\n\x06\x62uffer\x18\x01 \x01(\x0b\x32\x15.gpurpc.v1.BufferInfo\"B\n\x12OpenSessionRequest\x12\x16\n\x0e\x64\x65vice_ordinal\x18\x01 \x01(\x05\x12\x14\n\x0c\x63lient_label\x18\x02 \x01(\t\"\x94\x01\n\x13OpenSessionResponse\x12\x12\n\nsession_id\x18\x01 \x01(\x04\x12%\n\x06\x64\x65vice\x18\x02 \x01(\x0b\x32\x15.gpurpc.v1.DeviceInfo\x12\x17\n\x0fidle_timeout_ms\x18\x03 \x01(\x04\x12\x10\n\x08grace_ms\x18\x04 \x01(\x04\x12\x17\n\x0f\x64\x61\x65mon_instance\x18\x05 \x01(\t\"\x15\n\x13\x43loseSessionRequest\"\x16\n\x14\x43loseSessionResponse\"\x12\n\x10KeepAliveRequest\"d\n\x11KeepAliveResponse\x12&\n\x05state\x18\x01 \x01(\x0e\x32\x17.gpurpc.v1.SessionState\x12\x13\n\x0b\x66\x61ult_cause\x18\x02 \x01(\t\x12\x12\n\nfault_code\x18\x03 \x01(\x05\"\x15\n\x13WatchSessionRequest\"_\n\x0cSessionEvent\x12&\n\x05state\x18\x01 \x01(\x0e\x32\x17.gpurpc.v1.SessionState\x12\x13\n\x0b\x66\x61ult_cause\x18\x02 \x01(\t\x12\x12\n\nfault_code\x18\x03 \x01(\x05*b\n\x0cSessionState\x12\x1d\n\x19SESSION_STATE_UNSPECIFIED\x10\x00\x12\x18\n\x14SESSION_STATE_ACTIVE\x10\x01\x12\x19\n\x15SESSION_STATE_FAULTED\x10\x02\x32\x98\x05\n\x0eSessionService\x12L\n\x0bOpenSession\x12\x1d.gpurpc.v1.OpenSessionRequest\x1a\x1e.gpurpc.v1.OpenSessionResponse\x12O\n\x0c\x43loseSession\x12\x1e.gpurpc.v1.CloseSessionRequest\x1a\x1f.gpurpc.v1.CloseSessionResponse\x12\x46\n\tKeepAlive\x12\x1b.gpurpc.v1.KeepAliveRequest\x1a\x1c.gpurpc.v1.KeepAliveResponse\x12I\n\x0cWatchSession\x12\x1e.gpurpc.v1.WatchSessionRequest\x1a\x17.gpurpc.v1.SessionEvent0\x01\x12O\n\x0c\x45xportMemory\x12\x1e.gpurpc.v1.ExportMemoryRequest\x1a\x1f.gpurpc.v1.ExportMemoryResponse\x12[\n\x10OpenMemoryHandle\x12\".gpurpc.v1.OpenMemoryHandleRequest\x1a#.gpurpc.v1.OpenMemoryHandleResponse\x12L\n\x0b\x45xportEvent\x12\x1d.gpurpc.v1.ExportEventRequest\x1a\x1e.gpurpc.v1.ExportEventResponse\x12X\n\x0fOpenEventHandle\x12!.gpurpc.v1.OpenEventHandleRequest\x1a\".gpurpc.v1.OpenEventHandleResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'gpurpc.v1.session_service_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_SESSIONSTATE']._serialized_start=830
-  _globals['_SESSIONSTATE']._serialized_end=928
-  _globals['_EXPORTMEMORYREQUEST']._serialized_start=110
-  _globals['_EXPORTMEMORYREQUEST']._serialized_end=150
-  _globals['_EXPORTMEMORYRESPONSE']._serialized_start=152
-  _globals['_EXPORTMEMORYRESPONSE']._serialized_end=210
-  _globals['_OPENMEMORYHANDLEREQUEST']._serialized_start=212
-  _globals['_OPENMEMORYHANDLEREQUEST']._serialized_end=253
-  _globals['_OPENMEMORYHANDLERESPONSE']._serialized_start=255
-  _globals['_OPENMEMORYHANDLERESPONSE']._serialized_end=320
-  _globals['_OPENSESSIONREQUEST']._serialized_start=322
-  _globals['_OPENSESSIONREQUEST']._serialized_end=388
-  _globals['_OPENSESSIONRESPONSE']._serialized_start=391
-  _globals['_OPENSESSIONRESPONSE']._serialized_end=539
-  _globals['_CLOSESESSIONREQUEST']._serialized_start=541
-  _globals['_CLOSESESSIONREQUEST']._serialized_end=562
-  _globals['_CLOSESESSIONRESPONSE']._serialized_start=564
-  _globals['_CLOSESESSIONRESPONSE']._serialized_end=586
-  _globals['_KEEPALIVEREQUEST']._serialized_start=588
-  _globals['_KEEPALIVEREQUEST']._serialized_end=606
-  _globals['_KEEPALIVERESPONSE']._serialized_start=608
-  _globals['_KEEPALIVERESPONSE']._serialized_end=708
-  _globals['_WATCHSESSIONREQUEST']._serialized_start=710
-  _globals['_WATCHSESSIONREQUEST']._serialized_end=731
-  _globals['_SESSIONEVENT']._serialized_start=733
-  _globals['_SESSIONEVENT']._serialized_end=828
-  _globals['_SESSIONSERVICE']._serialized_start=931
-  _globals['_SESSIONSERVICE']._serialized_end=1427
+  _globals['_SESSIONSTATE']._serialized_start=996
+  _globals['_SESSIONSTATE']._serialized_end=1094
+  _globals['_EXPORTEVENTREQUEST']._serialized_start=110
+  _globals['_EXPORTEVENTREQUEST']._serialized_end=148
+  _globals['_EXPORTEVENTRESPONSE']._serialized_start=150
+  _globals['_EXPORTEVENTRESPONSE']._serialized_end=187
+  _globals['_OPENEVENTHANDLEREQUEST']._serialized_start=189
+  _globals['_OPENEVENTHANDLEREQUEST']._serialized_end=229
+  _globals['_OPENEVENTHANDLERESPONSE']._serialized_start=231
+  _globals['_OPENEVENTHANDLERESPONSE']._serialized_end=274
+  _globals['_EXPORTMEMORYREQUEST']._serialized_start=276
+  _globals['_EXPORTMEMORYREQUEST']._serialized_end=316
+  _globals['_EXPORTMEMORYRESPONSE']._serialized_start=318
+  _globals['_EXPORTMEMORYRESPONSE']._serialized_end=376
+  _globals['_OPENMEMORYHANDLEREQUEST']._serialized_start=378
+  _globals['_OPENMEMORYHANDLEREQUEST']._serialized_end=419
+  _globals['_OPENMEMORYHANDLERESPONSE']._serialized_start=421
+  _globals['_OPENMEMORYHANDLERESPONSE']._serialized_end=486
+  _globals['_OPENSESSIONREQUEST']._serialized_start=488
+  _globals['_OPENSESSIONREQUEST']._serialized_end=554
+  _globals['_OPENSESSIONRESPONSE']._serialized_start=557
+  _globals['_OPENSESSIONRESPONSE']._serialized_end=705
+  _globals['_CLOSESESSIONREQUEST']._serialized_start=707
+  _globals['_CLOSESESSIONREQUEST']._serialized_end=728
+  _globals['_CLOSESESSIONRESPONSE']._serialized_start=730
+  _globals['_CLOSESESSIONRESPONSE']._serialized_end=752
+  _globals['_KEEPALIVEREQUEST']._serialized_start=754
+  _globals['_KEEPALIVEREQUEST']._serialized_end=772
+  _globals['_KEEPALIVERESPONSE']._serialized_start=774
+  _globals['_KEEPALIVERESPONSE']._serialized_end=874
+  _globals['_WATCHSESSIONREQUEST']._serialized_start=876
+  _globals['_WATCHSESSIONREQUEST']._serialized_end=897
+  _globals['_SESSIONEVENT']._serialized_start=899
+  _globals['_SESSIONEVENT']._serialized_end=994
+  _globals['_SESSIONSERVICE']._serialized_start=1097
+  _globals['_SESSIONSERVICE']._serialized_end=1761
 # @@protoc_insertion_point(module_scope)

@@ -16,6 +16,30 @@ SESSION_STATE_UNSPECIFIED: SessionState
 SESSION_STATE_ACTIVE: SessionState
 SESSION_STATE_FAULTED: SessionState
 
+class ExportEventRequest(_message.Message):
+    __slots__ = ("event_id",)
+    EVENT_ID_FIELD_NUMBER: _ClassVar[int]
+    event_id: int
+    def __init__(self, event_id: _Optional[int] = ...) -> None: ...
+
+class ExportEventResponse(_message.Message):
+    __slots__ = ("handle",)
+    HANDLE_FIELD_NUMBER: _ClassVar[int]
+    handle: bytes
+    def __init__(self, handle: _Optional[bytes] = ...) -> None: ...
+
+class OpenEventHandleRequest(_message.Message):
+    __slots__ = ("handle",)
+    HANDLE_FIELD_NUMBER: _ClassVar[int]
+    handle: bytes
+    def __init__(self, handle: _Optional[bytes] = ...) -> None: ...
+
+class OpenEventHandleResponse(_message.Message):
+    __slots__ = ("event_id",)
+    EVENT_ID_FIELD_NUMBER: _ClassVar[int]
+    event_id: int
+    def __init__(self, event_id: _Optional[int] = ...) -> None: ...
+
 class ExportMemoryRequest(_message.Message):
     __slots__ = ("buffer_id",)
     BUFFER_ID_FIELD_NUMBER: _ClassVar[int]

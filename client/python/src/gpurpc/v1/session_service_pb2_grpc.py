@@ -78,6 +78,16 @@ class SessionServiceStub(object):
                 request_serializer=gpurpc_dot_v1_dot_session__service__pb2.OpenMemoryHandleRequest.SerializeToString,
                 response_deserializer=gpurpc_dot_v1_dot_session__service__pb2.OpenMemoryHandleResponse.FromString,
                 _registered_method=True)
+        self.ExportEvent = channel.unary_unary(
+                '/gpurpc.v1.SessionService/ExportEvent',
+                request_serializer=gpurpc_dot_v1_dot_session__service__pb2.ExportEventRequest.SerializeToString,
+                response_deserializer=gpurpc_dot_v1_dot_session__service__pb2.ExportEventResponse.FromString,
+                _registered_method=True)
+        self.OpenEventHandle = channel.unary_unary(
+                '/gpurpc.v1.SessionService/OpenEventHandle',
+                request_serializer=gpurpc_dot_v1_dot_session__service__pb2.OpenEventHandleRequest.SerializeToString,
+                response_deserializer=gpurpc_dot_v1_dot_session__service__pb2.OpenEventHandleResponse.FromString,
+                _registered_method=True)
 
 
 class SessionServiceServicer(object):
@@ -162,10 +172,44 @@ class SessionServiceServicer(object):
         a new buffer of this session over the exporter's memory, used by kernels and copies like
         any buffer. Free closes it (cuIpcCloseMemHandle); the memory stays the exporter's and is
         charged to it alone.
-        Codes: OK; NOT_FOUND for a handle this tenant cannot open (unknown, another tenant's, or
-        its export ended: one message for all three); INVALID_ARGUMENT for the session's own
+        Codes: OK; NOT_FOUND for a handle this tenant cannot open (unknown, another tenant's, an
+        event handle, or its export ended: one message for all of them); INVALID_ARGUMENT for the session's own
         export, a session on another device, or a handle that is not 32 bytes;
         ALREADY_EXISTS when this session has it open already (the message names the buffer).
+        Retry: not idempotent (a retry after a lost response answers ALREADY_EXISTS).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ExportEvent(self, request, context):
+        """Exports an event of the session named in metadata to the tenant's other sessions on the
+        same device (cuIpcGetEventHandle), so that their streams can wait on work of this one.
+        The event must have been created interprocess (CreateEventRequest.interprocess). The
+        handle is a token like ExportMemory's; exporting the event again answers the same one.
+        The export ends when its session ends: DestroyEvent of the event stops new opens, but
+        the driver's event is kept until then, so no session that opened it ever waits on a
+        destroyed event. When the exporting session ends, the events opened from it are closed
+        in their sessions (their ids then answer NOT_FOUND).
+        Codes: OK; NOT_FOUND for an unknown event; INVALID_ARGUMENT for an event not created
+        interprocess, or one opened from another session's export; UNIMPLEMENTED on a backend
+        without CUDA IPC (the fake backend).
+        Retry: safe.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def OpenEventHandle(self, request, context):
+        """Opens a handle from ExportEvent in the session named in metadata (cuIpcOpenEventHandle):
+        a new event of this session that its streams may record and wait on, and that it may
+        query and synchronise (not time: interprocess events have no timing). DestroyEvent
+        closes it.
+        Codes: OK; NOT_FOUND for a handle this tenant cannot open (unknown, another tenant's, a
+        memory handle, or its export ended); INVALID_ARGUMENT for the session's own export, a
+        session on another device, or a handle that is not 32 bytes; ALREADY_EXISTS when this
+        session has it open already (the message names the event); RESOURCE_EXHAUSTED at
+        max_events_per_session.
         Retry: not idempotent (a retry after a lost response answers ALREADY_EXISTS).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
@@ -204,6 +248,16 @@ def add_SessionServiceServicer_to_server(servicer, server):
                     servicer.OpenMemoryHandle,
                     request_deserializer=gpurpc_dot_v1_dot_session__service__pb2.OpenMemoryHandleRequest.FromString,
                     response_serializer=gpurpc_dot_v1_dot_session__service__pb2.OpenMemoryHandleResponse.SerializeToString,
+            ),
+            'ExportEvent': grpc.unary_unary_rpc_method_handler(
+                    servicer.ExportEvent,
+                    request_deserializer=gpurpc_dot_v1_dot_session__service__pb2.ExportEventRequest.FromString,
+                    response_serializer=gpurpc_dot_v1_dot_session__service__pb2.ExportEventResponse.SerializeToString,
+            ),
+            'OpenEventHandle': grpc.unary_unary_rpc_method_handler(
+                    servicer.OpenEventHandle,
+                    request_deserializer=gpurpc_dot_v1_dot_session__service__pb2.OpenEventHandleRequest.FromString,
+                    response_serializer=gpurpc_dot_v1_dot_session__service__pb2.OpenEventHandleResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -376,6 +430,60 @@ class SessionService(object):
             '/gpurpc.v1.SessionService/OpenMemoryHandle',
             gpurpc_dot_v1_dot_session__service__pb2.OpenMemoryHandleRequest.SerializeToString,
             gpurpc_dot_v1_dot_session__service__pb2.OpenMemoryHandleResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ExportEvent(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/gpurpc.v1.SessionService/ExportEvent',
+            gpurpc_dot_v1_dot_session__service__pb2.ExportEventRequest.SerializeToString,
+            gpurpc_dot_v1_dot_session__service__pb2.ExportEventResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def OpenEventHandle(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/gpurpc.v1.SessionService/OpenEventHandle',
+            gpurpc_dot_v1_dot_session__service__pb2.OpenEventHandleRequest.SerializeToString,
+            gpurpc_dot_v1_dot_session__service__pb2.OpenEventHandleResponse.FromString,
             options,
             channel_credentials,
             insecure,
