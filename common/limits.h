@@ -2,6 +2,7 @@
 #ifndef GPURPC_COMMON_LIMITS_H_
 #define GPURPC_COMMON_LIMITS_H_
 
+#include <cstddef>
 #include <cstdint>
 
 namespace gpurpc {
@@ -36,6 +37,11 @@ inline constexpr uint64_t kMaxMallocHeapBytes = uint64_t{1} << 30;
 inline constexpr int kMaxLinkInputs = 64;
 inline constexpr int kMaxLinkSources = 16;
 inline constexpr int kMaxLinkInputNameBytes = 256;
+
+// Events one session may export over its life (SessionService.ExportEvent). An exported event
+// outlives its DestroyEvent until the session ends, so this bounds what a session that
+// exports and destroys in a loop holds, also when the tenant's event quota is 0 (none).
+inline constexpr size_t kMaxExportedEventsPerSession = 4096;
 
 }  // namespace gpurpc
 

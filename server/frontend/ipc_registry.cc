@@ -108,11 +108,9 @@ absl::StatusOr<IpcRegistry::Export> IpcRegistry::BeginOpen(Kind kind, const std:
 }
 
 absl::Status IpcRegistry::CommitOpen(const std::string& token, uint64_t session_id,
-                                     uint64_t object_id) {
+                                     uint64_t object_id, Kind kind) {
   absl::MutexLock lock(&mu_);
   auto it = by_token_.find(token);
-  // The kind for the message: an ended export's is gone, and its token was one of the two.
-  const Kind kind = it != by_token_.end() ? it->second.exported.kind : Kind::kMemory;
   if (opening_.erase({session_id, token}) == 0) return NotOpenable(kind);
   if (it != by_token_.end()) {
     for (Import& import : it->second.imports) {

@@ -83,10 +83,10 @@ class IpcRegistry {
   // has it open or is opening it.
   absl::StatusOr<Export> BeginOpen(Kind kind, const std::string& token, const std::string& tenant,
                                    uint64_t session_id, int device) ABSL_LOCKS_EXCLUDED(mu_);
-  // The open succeeded as buffer or event `object_id`: OK, or NOT_FOUND when the export
-  // ended meanwhile (the caller then closes it).
-  absl::Status CommitOpen(const std::string& token, uint64_t session_id, uint64_t object_id)
-      ABSL_LOCKS_EXCLUDED(mu_);
+  // The open of a `kind` export succeeded as buffer or event `object_id`: OK, or NOT_FOUND
+  // when the export ended meanwhile (the caller then closes it).
+  absl::Status CommitOpen(const std::string& token, uint64_t session_id, uint64_t object_id,
+                          Kind kind) ABSL_LOCKS_EXCLUDED(mu_);
   // The open failed.
   void CancelOpen(const std::string& token, uint64_t session_id) ABSL_LOCKS_EXCLUDED(mu_);
 

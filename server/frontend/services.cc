@@ -232,7 +232,7 @@ grpc::ServerUnaryReactor* Open(
           reactor->Finish(status);
           return;
         }
-        if (absl::Status committed = sessions->ipc().CommitOpen(token, session_id, object_id);
+        if (absl::Status committed = sessions->ipc().CommitOpen(token, session_id, object_id, kind);
             !committed.ok()) {
           // The exporter ended while this session opened it: close it again.
           sessions->CloseImports({IpcRegistry::Import{session_id, object_id, kind}});

@@ -442,6 +442,9 @@ void SessionManager::RemoveLocked(SessionRecord& session) {
 }
 
 void SessionManager::CloseImports(std::vector<IpcRegistry::Import> imports) {
+  // Events are closed here and now, within one deadline for all of them: Close calls this
+  // before it ends the exporter's worker, whose cuEventDestroy would leave them undefined.
+  const auto events_deadline = std::chrono::system_clock::now() + std::chrono::seconds(5);
   for (const IpcRegistry::Import& import : imports) {
     std::shared_ptr<SessionRecord> holder;
     {
@@ -450,9 +453,12 @@ void SessionManager::CloseImports(std::vector<IpcRegistry::Import> imports) {
       if (it == sessions_.end()) continue;  // ended too: its mapping went with its worker
       holder = it->second;
     }
-    auto close = [holder, import] {
+    const bool event = import.kind == IpcRegistry::Kind::kEvent;
+    auto close = [holder, import,
+                  deadline = event ? events_deadline
+                                   : std::chrono::system_clock::now() + std::chrono::seconds(30)] {
       grpc::ClientContext context;
-      context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(30));
+      context.set_deadline(deadline);
       grpc::Status status;
       if (import.kind == IpcRegistry::Kind::kEvent) {
         v1::DestroyEventRequest request;
@@ -474,8 +480,13 @@ void SessionManager::CloseImports(std::vector<IpcRegistry::Import> imports) {
                      import.object_id, status.error_message());
       }
     };
-    // The pool is full only under a flood: then close it here, on this (non-gRPC) thread.
-    if (absl::Status queued = RunBlocking(close); !queued.ok()) close();
+    // Memory in the background; the pool is full only under a flood: then here, on this
+    // (non-gRPC) thread.
+    if (event) {
+      close();
+    } else if (absl::Status queued = RunBlocking(close); !queued.ok()) {
+      close();
+    }
   }
 }
 
@@ -503,8 +514,8 @@ absl::Status SessionManager::Close(uint64_t session_id, std::shared_ptr<SessionR
     record = it->second;
     RemoveLocked(*record);
   }
-  // Queued before its worker is ended (not awaited): other sessions' mappings of its
-  // exported memory are closed.
+  // Before its worker is ended: other sessions' mappings of its exported memory are closed
+  // (queued, not awaited), and the events they opened from it (awaited, CloseImports).
   CloseImports(ipc_.SessionEnded(session_id));
   if (metrics_ != nullptr) metrics_->SessionClosed(/*reclaimed=*/false);
   spdlog::info("session {} of tenant {} closed", session_id, record->tenant());
@@ -544,6 +555,8 @@ bool SessionManager::CloseIfAbandoned(const std::shared_ptr<SessionRecord>& sess
   }
   if (metrics_ != nullptr) metrics_->SessionClosed(/*reclaimed=*/true);
   spdlog::info("session {} of tenant {} reclaimed: {}", session->id(), session->tenant(), why);
+  // As Close: what other sessions opened from its exports is closed before its worker ends.
+  CloseImports(ipc_.SessionEnded(session->id()));
   EndWorker(*session);
   return true;
 }

@@ -230,8 +230,9 @@ class SessionManager {
   // CUDA IPC exports between the tenants' sessions (ipc_registry.h).
   IpcRegistry& ipc() { return ipc_; }
   // Closes buffers and events that sessions opened from an export that has ended (their
-  // worker's MemoryService.Free or ExecutionService.DestroyEvent, in the background): the
-  // sessions' ids for them answer NOT_FOUND.
+  // worker's MemoryService.Free in the background; ExecutionService.DestroyEvent before it
+  // returns, within 5 s for all): the sessions' ids for them answer NOT_FOUND. Blocks: call
+  // it off the gRPC threads.
   void CloseImports(std::vector<IpcRegistry::Import> imports);
   // After an export or an open that the registry recorded for `session_id` outside this
   // manager's lock: when the session was closed meanwhile, its last IpcRegistry::SessionEnded

@@ -728,8 +728,12 @@ absl::StatusOr<uint64_t> Session::CreateEvent(bool disable_timing, bool blocking
 }
 
 absl::Status Session::CheckEventCountLocked() const {
-  return CheckCountLocked("events", events_.size() + retained_events_.size(), limits_.max_events,
-                          "max_events_per_session");
+  absl::Status status = CheckCountLocked("events", events_.size() + retained_events_.size(),
+                                         limits_.max_events, "max_events_per_session");
+  if (status.ok() || retained_events_.empty()) return status;
+  return absl::ResourceExhaustedError(
+      absl::StrFormat("%s (%d of them exported and destroyed: they count until the session ends)",
+                      status.message(), retained_events_.size()));
 }
 
 absl::Status Session::DestroyEvent(uint64_t event_id) {
@@ -752,6 +756,7 @@ absl::Status Session::DestroyEvent(uint64_t event_id) {
 absl::StatusOr<std::string> Session::ExportEvent(uint64_t event_id) {
   GPURPC_RETURN_IF_ERROR(fault());
   std::shared_ptr<backend::Event> event;
+  bool first_export = false;
   {
     absl::MutexLock lock(&mu_);
     GPURPC_ASSIGN_OR_RETURN(event, events_.Find(event_id, "ExportEvent"));
@@ -768,15 +773,29 @@ absl::StatusOr<std::string> Session::ExportEvent(uint64_t event_id) {
           "original there",
           event_id));
     }
+    if (it->second == EventIpc::kInterprocess) {
+      if (exported_events_ >= kMaxExportedEventsPerSession) {
+        return absl::ResourceExhaustedError(absl::StrFormat(
+            "ExportEvent: this session has exported %d events, the most one session may (an "
+            "exported event is kept until its session ends)",
+            exported_events_));
+      }
+      // Exported from here on, before the driver is asked: a DestroyEvent meanwhile keeps it
+      // (and its slot in the event quota), as it does for any exported event.
+      it->second = EventIpc::kExported;
+      ++exported_events_;
+      first_export = true;
+    }
   }
-  GPURPC_ASSIGN_OR_RETURN(std::string handle, RecordFault(context_->ExportEvent(event.get())));
-  absl::MutexLock lock(&mu_);
-  // Unless it was destroyed meanwhile (the front end then hands out a token that opens an
-  // event this session no longer has: `event` is kept below until the session ends).
-  if (auto it = event_ipc_.find(event_id); it != event_ipc_.end()) {
-    it->second = EventIpc::kExported;
-  } else {
-    retained_events_[event_id] = std::move(event);
+  absl::StatusOr<std::string> handle = RecordFault(context_->ExportEvent(event.get()));
+  if (!handle.ok() && first_export) {
+    // Not exported after all: unless it was destroyed meanwhile (then it stays retained
+    // until the session ends, which is safe), it is a plain interprocess event again.
+    absl::MutexLock lock(&mu_);
+    if (auto it = event_ipc_.find(event_id); it != event_ipc_.end()) {
+      it->second = EventIpc::kInterprocess;
+      --exported_events_;
+    }
   }
   return handle;
 }

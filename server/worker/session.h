@@ -254,7 +254,8 @@ class Session {
   absl::Status DestroyEvent(uint64_t event_id);
   // CUDA IPC of events' worker half (worker_control.proto): the driver's handle of an
   // interprocess event (NOT_FOUND for an unknown event; INVALID_ARGUMENT for one not created
-  // interprocess, or opened from an export), and a handle opened as a new event.
+  // interprocess, or opened from an export; RESOURCE_EXHAUSTED beyond
+  // kMaxExportedEventsPerSession events exported), and a handle opened as a new event.
   absl::StatusOr<std::string> ExportEvent(uint64_t event_id) ABSL_LOCKS_EXCLUDED(mu_);
   absl::StatusOr<uint64_t> OpenExportedEvent(const std::string& ipc_handle)
       ABSL_LOCKS_EXCLUDED(mu_);
@@ -524,6 +525,8 @@ class Session {
   // stays keyed by it).
   absl::flat_hash_map<uint64_t, std::shared_ptr<backend::Event>> retained_events_
       ABSL_GUARDED_BY(mu_);
+  // Events exported over the session's life (at most kMaxExportedEventsPerSession).
+  size_t exported_events_ ABSL_GUARDED_BY(mu_) = 0;
   HandleTable<std::shared_ptr<RegionEntry>> regions_ ABSL_GUARDED_BY(mu_){"region"};
   uint64_t region_bytes_ ABSL_GUARDED_BY(mu_) = 0;  // summed over regions_
   // Direct-channel tickets issued and not yet claimed (session_regions.cc).

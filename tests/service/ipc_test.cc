@@ -114,7 +114,7 @@ TEST_F(IpcTest, TheFakeBackendSaysItCannotShareEvents) {
   Session session = Open();
   EXPECT_THAT(session.CreateInterprocessEvent().status(),
               StatusIs(absl::StatusCode::kUnimplemented, HasSubstr("CUDA IPC")));
-  // The refusal took no event slot and hurt nothing.
+  // The refusal hurt nothing.
   auto event = session.CreateEvent();
   ASSERT_THAT(event, IsOk());
   EXPECT_THAT(event->Record(), IsOk());
@@ -383,6 +383,66 @@ TEST_F(CudaIpcTest, TheExportersEventOutlivesItsDestroyUntilItsSessionEnds) {
       absl::Seconds(30)));
   EXPECT_THAT(importer.Synchronize(), IsOk());
   EXPECT_THAT(importer.CreateEvent().status(), IsOk());
+}
+
+TEST_F(CudaIpcTest, AnExportedEventCountsAgainstTheEventQuotaUntilItsSessionEnds) {
+  TestDaemon::Options options;
+  options.backend = kBackend;
+  options.extra_flags = {"--tenant-max-events-per-session=3"};
+  auto daemon = TestDaemon::Start(options);
+  ASSERT_THAT(daemon, IsOk());
+  auto client = Client::Connect((*daemon)->address());
+  ASSERT_THAT(client, IsOk());
+  auto session = client->OpenSession(0, "ipc quota");
+  ASSERT_THAT(session, IsOk());
+  {
+    auto exported = session->CreateInterprocessEvent();
+    auto plain = session->CreateEvent();
+    ASSERT_THAT(exported, IsOk());
+    ASSERT_THAT(plain, IsOk());
+    ASSERT_THAT(session->ExportEvent(*exported), IsOk());
+  }  // both destroyed: the plain one's slot comes back, the exported one's does not
+  auto second = session->CreateEvent();
+  auto third = session->CreateEvent();
+  ASSERT_THAT(second, IsOk());
+  ASSERT_THAT(third, IsOk());
+  EXPECT_THAT(session->CreateEvent().status(),
+              StatusIs(absl::StatusCode::kResourceExhausted,
+                       HasSubstr("1 of them exported and destroyed")));
+  // Opened events count too.
+  *third = Event();
+  auto other = client->OpenSession(0, "ipc quota exporter");
+  ASSERT_THAT(other, IsOk());
+  auto theirs = other->CreateInterprocessEvent();
+  ASSERT_THAT(theirs, IsOk());
+  auto handle = other->ExportEvent(*theirs);
+  ASSERT_THAT(handle, IsOk());
+  auto opened = session->OpenEventHandle(*handle);
+  ASSERT_THAT(opened, IsOk());
+  EXPECT_THAT(session->OpenEventHandle(*handle).status(),
+              StatusIs(absl::StatusCode::kAlreadyExists));
+  EXPECT_THAT(session->CreateEvent().status(), StatusIs(absl::StatusCode::kResourceExhausted));
+}
+
+TEST_F(CudaIpcTest, AnEventClosedOnTheDirectChannelCanBeOpenedAgain) {
+  Session exporter = Open();
+  Session importer = Open();
+  ASSERT_THAT(importer.UseDirectChannel(), IsOk());
+  ASSERT_TRUE(importer.direct());
+  auto event = exporter.CreateInterprocessEvent();
+  ASSERT_THAT(event, IsOk());
+  auto handle = exporter.ExportEvent(*event);
+  ASSERT_THAT(handle, IsOk());
+  for (int round = 0; round < 3; ++round) {
+    auto opened = importer.OpenEventHandle(*handle);
+    ASSERT_THAT(opened, IsOk()) << "round " << round;
+    auto stream = importer.CreateStream();  // on the direct channel
+    ASSERT_THAT(stream, IsOk());
+    ASSERT_THAT(stream->WaitEvent(*opened), IsOk());
+    ASSERT_THAT(stream->Synchronize(), IsOk());
+    // The handle's destructor sends DestroyEvent through the front end, which then forgets
+    // the import: the next round opens the handle again.
+  }
 }
 
 TEST_F(CudaIpcTest, AnotherTenantCannotOpenAnEventHandle) {

@@ -81,7 +81,7 @@ TEST(IpcRegistryTest, OnlyTheSameTenantOnTheSameDeviceInAnotherSessionOpens) {
   // Once per session, pending or open.
   EXPECT_THAT(registry.BeginOpen(kMemory, token, "alice", 2, 0).status(),
               StatusIs(absl::StatusCode::kAlreadyExists, HasSubstr("opening")));
-  ASSERT_THAT(registry.CommitOpen(token, 2, 77), IsOk());
+  ASSERT_THAT(registry.CommitOpen(token, 2, 77, kMemory), IsOk());
   EXPECT_THAT(registry.BeginOpen(kMemory, token, "alice", 2, 0).status(),
               StatusIs(absl::StatusCode::kAlreadyExists, HasSubstr("buffer 77")));
   // A third session may open it too.
@@ -97,7 +97,7 @@ TEST(IpcRegistryTest, AnExportedBufferCannotBeFreedWhileOpenOrBeingOpened) {
   // Pending counts: a free racing the open is refused.
   EXPECT_THAT(registry.BeginFree(1, 10),
               StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("session(s) 2")));
-  ASSERT_THAT(registry.CommitOpen(token, 2, 77), IsOk());
+  ASSERT_THAT(registry.CommitOpen(token, 2, 77, kMemory), IsOk());
   EXPECT_THAT(registry.BeginFree(1, 10), StatusIs(absl::StatusCode::kFailedPrecondition));
   // Other buffers of the session free as usual.
   EXPECT_THAT(registry.BeginFree(1, 11), IsOk());
@@ -126,20 +126,20 @@ TEST(IpcRegistryTest, TheExportersEndClosesItsImportsAndFailsPendingOpens) {
   const std::string b = Export(registry, "alice", 1, 11);
   const std::string other = Export(registry, "alice", 5, 50);
   ASSERT_THAT(registry.BeginOpen(kMemory, a, "alice", 2, 0), IsOk());
-  ASSERT_THAT(registry.CommitOpen(a, 2, 77), IsOk());
+  ASSERT_THAT(registry.CommitOpen(a, 2, 77, kMemory), IsOk());
   ASSERT_THAT(registry.BeginOpen(kMemory, b, "alice", 3, 0), IsOk());  // pending
   ASSERT_THAT(registry.BeginOpen(kMemory, other, "alice", 1, 0), IsOk());
-  ASSERT_THAT(registry.CommitOpen(other, 1, 99), IsOk());
+  ASSERT_THAT(registry.CommitOpen(other, 1, 99, kMemory), IsOk());
   // Session 1 ends: the open import of its export comes back to be closed; the pending one
   // fails when it commits; session 1's own import of session 5's export is forgotten.
   EXPECT_THAT(registry.SessionEnded(1), ElementsAre(FieldsAre(2u, 77u, kMemory)));
-  EXPECT_THAT(registry.CommitOpen(b, 3, 88), StatusIs(absl::StatusCode::kNotFound));
+  EXPECT_THAT(registry.CommitOpen(b, 3, 88, kMemory), StatusIs(absl::StatusCode::kNotFound));
   EXPECT_EQ(registry.exports(), 1u);
   EXPECT_THAT(registry.BeginFree(5, 50), IsOk());
   // An importer's end forgets its imports only.
   registry.CancelFree(5, 50);
   ASSERT_THAT(registry.BeginOpen(kMemory, other, "alice", 4, 0), IsOk());
-  ASSERT_THAT(registry.CommitOpen(other, 4, 66), IsOk());
+  ASSERT_THAT(registry.CommitOpen(other, 4, 66, kMemory), IsOk());
   EXPECT_TRUE(registry.SessionEnded(4).empty());
   EXPECT_THAT(registry.BeginFree(5, 50), IsOk());
 }
@@ -186,11 +186,11 @@ TEST(IpcRegistryTest, AnImportersEndOrFreeLeavesNothingBehind) {
   const std::string token = Export(registry, "alice", 1, 10);
   // Session 2 opens it; session 3 is still opening it when it ends.
   ASSERT_THAT(registry.BeginOpen(kMemory, token, "alice", 2, 0), IsOk());
-  ASSERT_THAT(registry.CommitOpen(token, 2, 20), IsOk());
+  ASSERT_THAT(registry.CommitOpen(token, 2, 20, kMemory), IsOk());
   ASSERT_THAT(registry.BeginOpen(kMemory, token, "alice", 3, 0), IsOk());
   EXPECT_EQ(registry.imports(), 1u);
   EXPECT_TRUE(registry.SessionEnded(3).empty());
-  EXPECT_THAT(registry.CommitOpen(token, 3, 30), StatusIs(absl::StatusCode::kNotFound));
+  EXPECT_THAT(registry.CommitOpen(token, 3, 30, kMemory), StatusIs(absl::StatusCode::kNotFound));
   EXPECT_THAT(registry.BeginFree(1, 10),
               StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("session(s) 2")));
   // Session 2 frees another buffer of its own: its import stays; then the imported one.
@@ -202,7 +202,7 @@ TEST(IpcRegistryTest, AnImportersEndOrFreeLeavesNothingBehind) {
   registry.CancelFree(1, 10);
   // Opened again and the importer ends: the exporter can free.
   ASSERT_THAT(registry.BeginOpen(kMemory, token, "alice", 4, 0), IsOk());
-  ASSERT_THAT(registry.CommitOpen(token, 4, 40), IsOk());
+  ASSERT_THAT(registry.CommitOpen(token, 4, 40, kMemory), IsOk());
   EXPECT_TRUE(registry.SessionEnded(4).empty());
   EXPECT_EQ(registry.imports(), 0u);
   EXPECT_THAT(registry.BeginFree(1, 10), IsOk());
@@ -226,7 +226,7 @@ TEST(IpcRegistryTest, ATokenOpensOnlyAsItsOwnKind) {
   EXPECT_THAT(registry.BeginOpen(kEvent, event, "alice", 1, 0).status(),
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("own event 11")));
   ASSERT_THAT(registry.BeginOpen(kEvent, event, "alice", 2, 0), IsOk());
-  ASSERT_THAT(registry.CommitOpen(event, 2, 20), IsOk());
+  ASSERT_THAT(registry.CommitOpen(event, 2, 20, kEvent), IsOk());
   EXPECT_THAT(registry.BeginOpen(kEvent, event, "alice", 2, 0).status(),
               StatusIs(absl::StatusCode::kAlreadyExists, HasSubstr("as event 20")));
   // A Free naming the event's id is the worker's to refuse: the registry neither blocks it
@@ -242,14 +242,14 @@ TEST(IpcRegistryTest, ADestroyedEventOpensNoMoreButItsImportsAreClosedAtTheExpor
   IpcRegistry registry;
   const std::string event = Export(registry, "alice", 1, 11, 0, kEvent);
   ASSERT_THAT(registry.BeginOpen(kEvent, event, "alice", 2, 0), IsOk());
-  ASSERT_THAT(registry.CommitOpen(event, 2, 20), IsOk());
+  ASSERT_THAT(registry.CommitOpen(event, 2, 20, kEvent), IsOk());
   ASSERT_THAT(registry.BeginOpen(kEvent, event, "alice", 3, 0), IsOk());
-  ASSERT_THAT(registry.CommitOpen(event, 3, 30), IsOk());
+  ASSERT_THAT(registry.CommitOpen(event, 3, 30, kEvent), IsOk());
   // Session 3 closes its event: it may open the handle again while it is exported.
   registry.EventDestroyed(3, 30);
   EXPECT_EQ(registry.imports(), 1u);
   ASSERT_THAT(registry.BeginOpen(kEvent, event, "alice", 3, 0), IsOk());
-  ASSERT_THAT(registry.CommitOpen(event, 3, 31), IsOk());
+  ASSERT_THAT(registry.CommitOpen(event, 3, 31, kEvent), IsOk());
   // The exporter destroys it: no new opens, and an export under way of it ends too.
   registry.BeginExport(1, 11);
   registry.EventDestroyed(1, 11);
@@ -263,6 +263,15 @@ TEST(IpcRegistryTest, ADestroyedEventOpensNoMoreButItsImportsAreClosedAtTheExpor
               ElementsAre(FieldsAre(2u, 20u, kEvent), FieldsAre(3u, 31u, kEvent)));
   EXPECT_EQ(registry.exports(), 0u);
   EXPECT_EQ(registry.imports(), 0u);
+}
+
+TEST(IpcRegistryTest, AnOpenThatLosesTheRaceWithTheExportersEndNamesItsOwnCall) {
+  IpcRegistry registry;
+  const std::string event = Export(registry, "alice", 1, 12, 0, kEvent);
+  ASSERT_THAT(registry.BeginOpen(kEvent, event, "alice", 5, 0), IsOk());
+  EXPECT_TRUE(registry.SessionEnded(1).empty());  // nothing opened yet
+  EXPECT_THAT(registry.CommitOpen(event, 5, 50, kEvent),
+              StatusIs(absl::StatusCode::kNotFound, HasSubstr("OpenEventHandle")));
 }
 
 }  // namespace

@@ -847,7 +847,8 @@ class Session {
   // session records, or the other way round. Destroying the opened Event closes it. The
   // exporter may destroy its event at any time: the daemon keeps the driver's event until
   // the exporting session ends (no new opens after the destroy), and then closes the events
-  // opened from it. UNIMPLEMENTED on the fake backend.
+  // opened from it. On the fake backend CreateInterprocessEvent answers UNIMPLEMENTED.
+  // ExportEvent answers RESOURCE_EXHAUSTED once the session has exported 4096 events.
   absl::StatusOr<Event> CreateInterprocessEvent() const;
   absl::StatusOr<std::string> ExportEvent(const Event& event) const;
   absl::StatusOr<Event> OpenEventHandle(const std::string& handle) const;

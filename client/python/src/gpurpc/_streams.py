@@ -155,8 +155,11 @@ class Event:
         new opens; contexts that opened it keep using it until this context ends.
 
         :raises LogicError: the event was not created with ``event_flags.INTERPROCESS |
-            event_flags.DISABLE_TIMING``, or was itself opened from a handle.
-        :raises Error: the backend cannot share events (the fake: UNIMPLEMENTED).
+            event_flags.DISABLE_TIMING`` (on the fake backend, which cannot share events,
+            creating such an event already raises :class:`Error`, UNIMPLEMENTED), or was
+            itself opened from a handle.
+        :raises MemoryError: this context has exported 4096 events (each lasts until the
+            context ends).
         """
         core = self._core
         with core.lock:

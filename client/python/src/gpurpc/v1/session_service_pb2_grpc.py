@@ -188,12 +188,16 @@ class SessionServiceServicer(object):
         The event must have been created interprocess (CreateEventRequest.interprocess). The
         handle is a token like ExportMemory's; exporting the event again answers the same one.
         The export ends when its session ends: DestroyEvent of the event stops new opens, but
-        the driver's event is kept until then, so no session that opened it ever waits on a
-        destroyed event. When the exporting session ends, the events opened from it are closed
-        in their sessions (their ids then answer NOT_FOUND).
+        the driver's event is kept until then (and counts against max_events_per_session), so
+        no session that opened it waits on a destroyed event while the exporter lives. When the
+        exporting session is closed or reclaimed, the events opened from it are closed in their
+        sessions (their ids then answer NOT_FOUND) before its worker ends. When its worker dies
+        instead (a crash, the kernel watchdog), they are closed right after; work already queued
+        on them then meets what CUDA leaves undefined, in those sessions of the same tenant.
         Codes: OK; NOT_FOUND for an unknown event; INVALID_ARGUMENT for an event not created
-        interprocess, or one opened from another session's export; UNIMPLEMENTED on a backend
-        without CUDA IPC (the fake backend).
+        interprocess (on the fake backend, which has no CUDA IPC, CreateEvent refuses those
+        with UNIMPLEMENTED), or one opened from another session's export; RESOURCE_EXHAUSTED
+        when the session has exported 4096 events (exported events last until it ends).
         Retry: safe.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
