@@ -1064,6 +1064,7 @@ absl::Status Session::RunCommand(const v1::Command& command, v1::CommandReply* r
     case v1::Command::kWaitEvent:
       return StreamWaitEvent(command.wait_event().stream_id(), command.wait_event().event_id());
     case v1::Command::kSync:
+      if (command.sync().event_id() != 0) return SynchronizeEvent(command.sync().event_id());
       return command.sync().whole_session() ? Synchronize()
                                             : SynchronizeStream(command.sync().stream_id());
     case v1::Command::kRegionCopy:

@@ -57,6 +57,44 @@ def test_launch_then_stream_synchronize_is_one_batch(mod: SourceModule) -> None:
     assert (out == ROUNDS).all()
 
 
+def test_launch_record_then_event_synchronize_is_one_batch(mod: SourceModule) -> None:
+    # Event.synchronize is a sync marker on the command stream (SyncCommand.event_id), not a
+    # drain plus a unary SynchronizeEvent: one batch and one round trip, no unary call.
+    add_one = mod.get_function("add_one_f32").prepare("PQ")
+    stream = cuda.Stream()
+    done = cuda.Event()
+    buf = cuda.to_device(np.zeros(32, np.float32))
+    cuda.Context.synchronize()
+    debug.reset_rpc_counts()
+    for _ in range(ROUNDS):
+        add_one.prepared_async_call((1, 1), (32, 1, 1), stream, buf, 32)
+        done.record(stream)
+        done.synchronize()
+        assert done.query()
+    counts = debug.rpc_counts()
+    assert counts[debug.BATCH] < ROUNDS * 3 // 2, f"{counts} for {ROUNDS} rounds"
+    assert "ExecutionService.SynchronizeEvent" not in counts, counts
+    out = np.empty(32, np.float32)
+    cuda.memcpy_dtoh(out, buf)
+    assert (out == ROUNDS).all()
+
+
+def test_event_synchronize_waits_for_the_work_before_the_record(mod: SourceModule) -> None:
+    spin = mod.get_function("spin_us")
+    add_one = mod.get_function("add_one_f32").prepare("PQ")
+    stream = cuda.Stream()
+    done = cuda.Event()
+    buf = cuda.to_device(np.zeros(32, np.float32))
+    spin(np.uint64(200_000), block=(1, 1, 1), grid=(1, 1), stream=stream)  # 0.2 s, then
+    add_one.prepared_async_call((1, 1), (32, 1, 1), stream, buf, 32)
+    done.record(stream)
+    assert done.synchronize() is done
+    assert done.query()
+    out = np.empty(32, np.float32)
+    cuda.memcpy_dtoh(out, buf)
+    assert (out == 1).all()
+
+
 def test_an_error_of_the_work_before_a_synchronize_is_raised_by_it(ctx: cuda.Context) -> None:
     buf = cuda.mem_alloc(64)
     cuda.Context.synchronize()

@@ -41,7 +41,9 @@ TEST_F(ComputeTest, EventRecordQuerySynchronize) {
   ASSERT_OK_AND_ASSIGN(Stream stream, session_.CreateStream());
   ASSERT_OK_AND_ASSIGN(Event event, session_.CreateEvent());
   ASSERT_OK_AND_ASSIGN(Function spin, FakeFunction("spin_us"));
-  ASSERT_OK(spin.LaunchAsync(Linear(1, 1, &stream), uint64_t{1000}));
+  // 0.2 s of work before the record: Synchronize (a sync marker naming the event on the
+  // command stream) returns only after it, so the event has completed then.
+  ASSERT_OK(spin.LaunchAsync(Linear(1, 1, &stream), uint64_t{200'000}));
   ASSERT_OK(event.Record(&stream));
   EXPECT_OK(event.Synchronize());
   EXPECT_THAT(event.Query(), IsOkAndHolds(true));

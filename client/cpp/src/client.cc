@@ -965,24 +965,9 @@ absl::Status Event::Synchronize() const {
 
 absl::Status Event::Synchronize(absl::Duration timeout) const {
   if (core_ == nullptr) return NoSession();
-  if (absl::Status usable = core_->CheckUsable(); !usable.ok()) return usable;
-  // One deadline for both steps.
-  const absl::Time deadline = internal::DeadlineAfter(timeout);
-  if (absl::Status status = core_->Barrier(timeout); !status.ok()) return status;
-  v1::SynchronizeEventRequest request;
-  request.set_event_id(id_);
-  v1::SynchronizeEventResponse response;
-  const absl::Duration left = deadline == absl::InfiniteFuture()
-                                  ? timeout
-                                  : std::max(deadline - absl::Now(), absl::ZeroDuration());
-  absl::Status status = SessionCall(*core_, GPURPC_RPC(core_->execution(), SynchronizeEvent),
-                                    "Event::Synchronize", request, &response, left);
-  core_->DeliverDeviceOutput(response.device_output());
-  // The message names the whole timeout, not what was left of it.
-  if (absl::IsDeadlineExceeded(status) && absl::Now() >= deadline) {
-    return internal::TimeoutError("Event::Synchronize", timeout);
-  }
-  return status;
+  // One sync marker on the command stream, after the queued commands (SyncCommand.event_id;
+  // the event's id as the stream too, see there).
+  return core_->Sync(id_, /*whole_session=*/false, timeout, "Event::Synchronize", id_);
 }
 
 absl::StatusOr<bool> Event::Query() const {

@@ -699,12 +699,13 @@ absl::Status SessionCore::Barrier(absl::Duration timeout) {
 }
 
 absl::Status SessionCore::Sync(uint64_t stream_id, bool whole_session, absl::Duration timeout,
-                               absl::string_view call) {
+                               absl::string_view call, uint64_t event_id) {
   if (absl::Status usable = CheckUsable(); !usable.ok()) return usable;
   const absl::Time deadline = DeadlineAfter(timeout);
   v1::Command command;
   command.mutable_sync()->set_stream_id(stream_id);
   command.mutable_sync()->set_whole_session(whole_session);
+  command.mutable_sync()->set_event_id(event_id);
   uint64_t target;
   {
     absl::MutexLock lock(&send_mu_);

@@ -178,8 +178,10 @@ class SessionCore {
   // Enqueues a sync marker and waits for it, at most `timeout` (DEADLINE_EXCEEDED naming
   // `call` then; the work goes on); returns the first asynchronous error since the last
   // synchronising call, or the stream's final error.
+  // `event_id` (not 0): waits for that event instead (SyncCommand.event_id).
   absl::Status Sync(uint64_t stream_id, bool whole_session, absl::Duration timeout,
-                    absl::string_view call) ABSL_LOCKS_EXCLUDED(send_mu_, commands_->mu);
+                    absl::string_view call, uint64_t event_id = 0)
+      ABSL_LOCKS_EXCLUDED(send_mu_, commands_->mu);
 
   // Stops the watch, cancels the command stream (queued commands are dropped: closing frees
   // everything anyway) and wakes every caller waiting on it, then closes the session

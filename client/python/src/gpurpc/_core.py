@@ -1342,15 +1342,17 @@ class CommandStream:
         return True
 
     def sync(self, stream_id: int = 0, whole_session: bool = False, label: str = "synchronize",
-             timeout: Optional[float] = None) -> None:
+             timeout: Optional[float] = None, event_id: int = 0) -> None:
         """Queues a SyncCommand and drains: returns once the work is done on the server, or
         raises :class:`CallTimeoutError` after ``timeout`` s (default: the call timeout).
 
         The marker (with any small work queued before it) joins the last batch sent when
         gRPC's sending thread has not taken it yet (:meth:`drain`, :meth:`_join_last`): the
         usual launch-then-synchronize, whose launch went out at once on an idle stream, is
-        one message and one round trip."""
-        sync = execution_service_pb2.SyncCommand(stream_id=stream_id, whole_session=whole_session)
+        one message and one round trip. ``event_id``: waits for that event instead (the
+        event's id goes as ``stream_id`` too: see SyncCommand.event_id)."""
+        sync = execution_service_pb2.SyncCommand(
+            stream_id=event_id or stream_id, whole_session=whole_session, event_id=event_id)
         self.add(label, auto=False, sync=sync)
         self.drain(timeout, label)
 

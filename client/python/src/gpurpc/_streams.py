@@ -4,7 +4,6 @@
 """
 from __future__ import annotations
 
-import time
 import weakref
 from typing import TYPE_CHECKING, Any, Optional, Union
 
@@ -15,7 +14,7 @@ from . import _core
 from ._core import SessionCore
 from ._context import _current_core
 from ._enums import capture_mode, capture_status, event_flags
-from ._errors import CallTimeoutError, Error, LaunchError, LogicError, timeout_error
+from ._errors import Error, LaunchError, LogicError
 from .v1 import execution_service_pb2 as _ex, session_service_pb2 as _sess
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -209,18 +208,11 @@ class Event:
         """Waits for the event; returns self. Waits at most ``timeout`` seconds (default: the
         context's call timeout; then :class:`CallTimeoutError`, and the work goes on)."""
         core = self._core
-        limit = _core.resolve_timeout(timeout) if timeout is not None else core.timeout
+        limit = _core.resolve_timeout(timeout) if timeout is not None else None
         with core.lock:
-            started = time.monotonic()
-            core.drain(limit)
-            left = max(limit - (time.monotonic() - started), 0.001)
-            try:
-                reply = core.call("ExecutionService.SynchronizeEvent",
-                                  _ex.SynchronizeEventRequest(event_id=self.handle),
-                                  op="Event.synchronize", timeout=left)
-            except CallTimeoutError:
-                raise timeout_error("Event.synchronize", limit) from None
-            _core.print_device_output(reply.device_output)
+            core.check_open("Event.synchronize")
+            # One sync marker on the command stream, after the queued work: one round trip.
+            core.commands.sync(label="Event.synchronize", timeout=limit, event_id=self.handle)
             if core.has_releases:
                 core.process_releases()
         return self

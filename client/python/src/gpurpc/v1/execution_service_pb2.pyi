@@ -328,12 +328,14 @@ class WaitEventCommand(_message.Message):
     def __init__(self, event_id: _Optional[int] = ..., stream_id: _Optional[int] = ...) -> None: ...
 
 class SyncCommand(_message.Message):
-    __slots__ = ("stream_id", "whole_session")
+    __slots__ = ("stream_id", "whole_session", "event_id")
     STREAM_ID_FIELD_NUMBER: _ClassVar[int]
     WHOLE_SESSION_FIELD_NUMBER: _ClassVar[int]
+    EVENT_ID_FIELD_NUMBER: _ClassVar[int]
     stream_id: int
     whole_session: bool
-    def __init__(self, stream_id: _Optional[int] = ..., whole_session: bool = ...) -> None: ...
+    event_id: int
+    def __init__(self, stream_id: _Optional[int] = ..., whole_session: bool = ..., event_id: _Optional[int] = ...) -> None: ...
 
 class RegionCopyCommand(_message.Message):
     __slots__ = ("region_id", "region_offset_bytes", "device", "size_bytes", "to_device", "stream_id")
