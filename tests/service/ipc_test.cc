@@ -72,8 +72,24 @@ class IpcTest : public ::testing::Test {
     return session.ok() ? *std::move(session) : Session();
   }
 
+  // A session of another tenant, "mallory" (bearer token over loopback TCP).
+  Session OpenAsMallory() {
+    ConnectOptions options;
+    options.address = daemon_->tcp_address();
+    options.token = mallory_token_;
+    options.use_environment = false;
+    auto mallory = Client::Connect(options);
+    EXPECT_THAT(mallory, IsOk());
+    if (!mallory.ok()) return Session();
+    mallory_ = std::make_unique<Client>(*std::move(mallory));
+    auto session = mallory_->OpenSession(0, "mallory");
+    EXPECT_THAT(session, IsOk());
+    return session.ok() ? *std::move(session) : Session();
+  }
+
   std::unique_ptr<TestDaemon> daemon_;
   std::unique_ptr<Client> client_;
+  std::unique_ptr<Client> mallory_;
   std::string tokens_file_;
   std::string mallory_token_;
 };
@@ -219,15 +235,8 @@ TEST_F(CudaIpcTest, AnotherTenantCannotOpenTheHandle) {
   ASSERT_THAT(original, IsOk());
   auto handle = exporter.ExportMemory(*original);
   ASSERT_THAT(handle, IsOk());
-  ConnectOptions options;
-  options.address = daemon_->tcp_address();
-  options.token = mallory_token_;
-  options.use_environment = false;
-  auto mallory = Client::Connect(options);
-  ASSERT_THAT(mallory, IsOk());
-  auto theirs = mallory->OpenSession(0, "mallory");
-  ASSERT_THAT(theirs, IsOk());
-  EXPECT_THAT(theirs->OpenMemoryHandle(*handle).status(),
+  Session theirs = OpenAsMallory();
+  EXPECT_THAT(theirs.OpenMemoryHandle(*handle).status(),
               StatusIs(absl::StatusCode::kNotFound, HasSubstr("no export")));
   // And the export is untouched: the owner's tenant still opens it.
   Session importer = Open();
@@ -451,15 +460,8 @@ TEST_F(CudaIpcTest, AnotherTenantCannotOpenAnEventHandle) {
   ASSERT_THAT(event, IsOk());
   auto handle = exporter.ExportEvent(*event);
   ASSERT_THAT(handle, IsOk());
-  ConnectOptions options;
-  options.address = daemon_->tcp_address();
-  options.token = mallory_token_;
-  options.use_environment = false;
-  auto mallory = Client::Connect(options);
-  ASSERT_THAT(mallory, IsOk());
-  auto theirs = mallory->OpenSession(0, "mallory");
-  ASSERT_THAT(theirs, IsOk());
-  EXPECT_THAT(theirs->OpenEventHandle(*handle).status(),
+  Session theirs = OpenAsMallory();
+  EXPECT_THAT(theirs.OpenEventHandle(*handle).status(),
               StatusIs(absl::StatusCode::kNotFound, HasSubstr("no export")));
   Session importer = Open();
   EXPECT_THAT(importer.OpenEventHandle(*handle).status(), IsOk());
