@@ -16,7 +16,9 @@ daemon's backend is "fake".
 """
 from __future__ import annotations
 
+import hashlib
 import os
+import secrets
 import socket
 import subprocess
 import sys
@@ -68,6 +70,13 @@ def _list_devices(address: str, timeout: float) -> device_service_pb2.ListDevice
             timeout=timeout)
     finally:
         client.close()
+
+
+def _token_line(tenant: str, token: str) -> str:
+    """A --tokens-file line for `tenant` holding `token` (salted SHA-256, as the daemon reads
+    it)."""
+    salt = secrets.token_bytes(16)
+    return f"{tenant}:{salt.hex()}:{hashlib.sha256(salt + token.encode()).hexdigest()}"
 
 
 def _wait_ready(address: str, proc: Optional[subprocess.Popen], log_path: Optional[Path],

@@ -37,7 +37,7 @@ import gpurpc.driver as cuda
 from gpurpc import _core, _devices
 from gpurpc.v1 import device_service_pb2, session_service_pb2
 
-from conftest import CLIENT_SRC, REPO_ROOT, _free_port
+from conftest import CLIENT_SRC, REPO_ROOT, _free_port, _token_line
 
 OPENSSL = shutil.which("openssl")
 needs_openssl = pytest.mark.skipif(OPENSSL is None,
@@ -211,11 +211,6 @@ def certs(tmp_path_factory: pytest.TempPathFactory) -> Dict[str, Path]:
 
 def _pem(certs: Dict[str, Path], name: str) -> bytes:
     return certs[name].read_bytes()
-
-
-def _token_line(tenant: str, token: str) -> str:
-    salt = secrets.token_bytes(16)
-    return f"{tenant}:{salt.hex()}:{hashlib.sha256(salt + token.encode()).hexdigest()}"
 
 
 @pytest.fixture(scope="module")

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import contextlib
 import gc
-import hashlib
 import os
 import pickle
 import re
@@ -22,10 +21,10 @@ import numpy as np
 import pytest
 
 import gpurpc.driver as cuda
-from gpurpc import _context, _core, _devices
+from gpurpc import _context, _devices
 from gpurpc.compiler import SourceModule
 
-from conftest import REPO_ROOT, _free_port
+from conftest import REPO_ROOT, _free_port, _token_line, _wait_ready
 from kernels import FAKE_KERNELS
 
 # What PyCUDA users write for an event another process waits on (CUDA needs DISABLE_TIMING).
@@ -379,11 +378,6 @@ def test_ending_the_exporter_closes_the_opened_events(ctx: cuda.Context,
         cuda.Event().record().synchronize()
 
 
-def _token_line(tenant: str, token: str) -> str:
-    salt = secrets.token_bytes(16)
-    return f"{tenant}:{salt.hex()}:{hashlib.sha256(salt + token.encode()).hexdigest()}"
-
-
 @pytest.fixture
 def two_tenants(tmp_path: Path) -> Iterator[Tuple[str, str, str]]:
     """A CUDA gpurpcd of this test's own on loopback TCP whose tokens file names two tenants:
@@ -399,30 +393,16 @@ def two_tenants(tmp_path: Path) -> Iterator[Tuple[str, str, str]]:
     tokens_file.chmod(0o600)
     address = f"127.0.0.1:{_free_port()}"
     log_path = tmp_path / "gpurpcd.log"
+    socket_path = tmp_path / "gpurpcd.sock"
     with open(log_path, "wb") as log:
         proc = subprocess.Popen(
             [str(binary), "--backend=cuda", f"--listen={address}",
-             f"--unix-socket={tmp_path / 'gpurpcd.sock'}", f"--tokens-file={tokens_file}",
+             f"--unix-socket={socket_path}", f"--tokens-file={tokens_file}",
              "--drain-timeout=0s", f"--cache-dir={tmp_path / 'cache'}"],
             stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
     try:
-        deadline = time.monotonic() + 60
-        while True:
-            if proc.poll() is not None:
-                pytest.fail(f"gpurpcd exited with status {proc.returncode} at start:\n"
-                            f"{log_path.read_text(errors='replace')[-4000:]}")
-            try:
-                client = _core.Client(address, token=tokens["alice"])
-                try:
-                    client.list_devices()
-                finally:
-                    client.close()
-                break
-            except cuda.Error as e:
-                if time.monotonic() > deadline:
-                    pytest.fail(f"gpurpcd not ready after 60 s: {e}\n"
-                                f"{log_path.read_text(errors='replace')[-4000:]}")
-                time.sleep(0.1)
+        # Ready when it answers on its Unix socket (no credentials needed there).
+        _wait_ready(f"unix:{socket_path}", proc, log_path)
         yield address, tokens["alice"], tokens["bob"]
     finally:
         proc.terminate()
