@@ -117,6 +117,30 @@ def test_like_constructors(ctx: cuda.Context) -> None:
     assert o.dtype == np.int32 and (o.get() == 1).all()
 
 
+@pytest.mark.parametrize("shape,order", [((5,), "C"), ((3, 4), "C"), ((3, 4), "F"),
+                                         ((1, 7), "F"), ((2, 1, 3), "C"), ((2, 1, 3), "F")])
+def test_like_arrays_are_laid_out_as_new_arrays(ctx: cuda.Context, shape, order) -> None:
+    """empty_like (and every operator's result) takes a shortcut past GPUArray's checks: its
+    strides, flags and memory must be what a new array of that shape, dtype and order has."""
+    src = gpuarray.empty(shape, np.float32, order=order)
+    # An array that is both C and F contiguous (a (1, 7) one) gives a C array, as before.
+    kept = "F" if src.flags.f_contiguous and not src.flags.c_contiguous else "C"
+    for dtype in (np.float32, np.float64, np.int8, np.complex128):
+        like = gpuarray.empty_like(src, dtype=dtype)
+        new = gpuarray.empty(shape, dtype, order=kept)
+        host = np.empty(shape, dtype, order=kept)
+        assert (like.shape, like.dtype, like.size, like.nbytes) == (
+            shape, np.dtype(dtype), host.size, host.nbytes)
+        assert like.strides == new.strides == host.strides
+        assert (like.flags.c_contiguous, like.flags.f_contiguous) == (
+            host.flags.c_contiguous, host.flags.f_contiguous)
+        assert like.base is None and like.allocator is src.allocator
+        assert like.ptr not in (src.ptr, new.ptr)
+        data = (np.arange(host.size) % 100).astype(dtype).reshape(shape, order=order)
+        like.set(data)
+        assert np.array_equal(like.get(), data)
+
+
 def test_temporaries_come_from_the_pool(ctx: cuda.Context) -> None:
     for _ in range(3):
         gpuarray.empty(1000, np.float32)

@@ -7,6 +7,7 @@ from __future__ import annotations
 import gc
 import random
 import struct
+import threading
 
 import numpy as np
 import pytest
@@ -139,6 +140,38 @@ def test_device_pool_counters_and_reuse() -> None:
     d.free()
     assert (pool.active_blocks, pool.held_blocks, pool.managed_bytes, pool.active_bytes) == (
         0, 0, 0, 0)
+
+
+def test_device_pool_block_goes_back_once() -> None:
+    """free(), free() again, free() from racing threads and the garbage collector after
+    free() give a block back once: a second give-back would hand it to two owners."""
+    made: list = []
+    pool = tools.DeviceMemoryPool(_counting_allocator(made))
+    a = pool.allocate(1000)
+    a.free()
+    del a  # __del__ after free(): nothing more
+    gc.collect()
+    assert (pool.active_blocks, pool.held_blocks, pool.active_bytes) == (0, 1, 0)
+    for _ in range(20):
+        block = pool.allocate(1000)
+        start = threading.Barrier(8)
+
+        def free_it(block: tools.PooledDeviceAllocation) -> None:
+            start.wait()
+            for _ in range(100):
+                block.free()
+
+        threads = [threading.Thread(target=free_it, args=(block,)) for _ in range(8)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        del block
+        gc.collect()
+        assert (pool.active_blocks, pool.held_blocks, pool.active_bytes) == (0, 1, 0)
+    assert len(made) == 1
+    b, c = pool.allocate(1000), pool.allocate(1000)
+    assert int(b) != int(c) and len(made) == 2
 
 
 def test_device_pool_frees_held_blocks_when_the_allocator_runs_out() -> None:

@@ -48,6 +48,11 @@ class _hybridmethod:
 
 
 def _current_context(what: str) -> "Context":
+    stack = getattr(_tls, "stack", None)
+    if stack:  # the common case, on every kernel call and allocation: kept to one lookup
+        ctx = stack[-1]
+        if not ctx._core._state.closed:
+            return ctx
     stack = _stack()
     while stack and stack[-1]._core.closed:
         stack.pop()

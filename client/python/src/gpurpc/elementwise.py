@@ -61,18 +61,24 @@ def _with_complex(arguments: Sequence[Argument], preamble: str) -> str:
     return preamble
 
 
+def _splay(core: Any, n: int) -> Tuple[Tuple[int, int], Tuple[int, int, int]]:
+    """:func:`splay` on the session's device, memoized per session."""
+    cache = core.caches.get("splay")
+    if cache is None:
+        cache = core.caches["splay"] = {}
+    result = cache.get(n)
+    if result is None:
+        if len(cache) > 4096:
+            cache.clear()
+        result = cache[n] = splay(n, _drv.Context.get_device())
+    return result
+
+
 def splay(n: int, dev: Optional[_drv.Device] = None,
           ) -> Tuple[Tuple[int, int], Tuple[int, int, int]]:
     """PyCUDA's launch shape for n elements: ``((blocks, 1), (threads, 1, 1))``."""
     if dev is None:
-        core = _context._current_core("splay")
-        cache = core.caches.setdefault("splay", {})
-        result = cache.get(n)
-        if result is None:
-            if len(cache) > 4096:
-                cache.clear()
-            result = cache[n] = splay(n, _drv.Context.get_device())
-        return result
+        return _splay(_context._current_core("splay"), n)
     min_threads = dev.get_attribute(_drv.device_attribute.WARP_SIZE) or 32
     max_threads = 128
     mp = dev.get_attribute(_drv.device_attribute.MULTIPROCESSOR_COUNT) or 1
@@ -195,6 +201,8 @@ class ElementwiseKernel:
         if unknown:
             raise TypeError(f"unknown keyword arguments: {', '.join(sorted(unknown))}")
         self._funcs: Dict[Any, _drv.Function] = {}
+        self._vector_positions = tuple(i for i, a in enumerate(self.arguments)
+                                       if isinstance(a, VectorArg))
         self._get_func(False)  # compile now: errors show where the kernel is defined
 
     def _get_func(self, use_range: bool) -> _drv.Function:
@@ -222,6 +230,8 @@ class ElementwiseKernel:
 
     def __call__(self, *args: Any, **kwargs: Any) -> None:
         """Launches over the elements of the first array argument (asynchronously)."""
+        # The hot path of every gpuarray operator: one context lookup, no per-argument
+        # isinstance on the declarations.
         range_ = kwargs.pop("range", None)
         slice_ = kwargs.pop("slice", None)
         stream = kwargs.pop("stream", None)
@@ -230,19 +240,19 @@ class ElementwiseKernel:
         if len(args) != len(self.arguments):
             raise TypeError(f"{self.name}: takes {len(self.arguments)} arguments, "
                             f"{len(args)} given")
-        vectors = []
-        invocation_args: List[Any] = []
-        for arg, descr in zip(args, self.arguments):
-            if isinstance(descr, VectorArg):
-                if hasattr(arg, "flags") and not arg.flags.forc:
-                    raise RuntimeError("elementwise kernel cannot deal with non-contiguous arrays")
-                if not hasattr(arg, "gpudata"):
-                    raise TypeError(f"{self.name}: argument {descr.name!r} must be a GPUArray")
-                vectors.append(arg)
-                invocation_args.append(arg.gpudata if arg.gpudata is not None else 0)
-            else:
-                invocation_args.append(arg)
-        repr_vec = vectors[0]
+        invocation_args = list(args)
+        for i in self._vector_positions:
+            arg = args[i]
+            flags = getattr(arg, "flags", None)
+            if flags is not None and not flags.forc:
+                raise RuntimeError("elementwise kernel cannot deal with non-contiguous arrays")
+            try:
+                gpudata = arg.gpudata
+            except AttributeError:
+                raise TypeError(f"{self.name}: argument {self.arguments[i].name!r} must be a "
+                                "GPUArray") from None
+            invocation_args[i] = gpudata if gpudata is not None else 0
+        repr_vec = args[self._vector_positions[0]]
         if slice_ is not None:
             if range_ is not None:
                 raise TypeError("may not specify both range and slice keyword arguments")
@@ -256,15 +266,18 @@ class ElementwiseKernel:
             count = max(0, (stop - start + step - (1 if step > 0 else -1)) // step)
             if count == 0:
                 return
-            grid, block = splay(count)
+            core = _context._current_core("ElementwiseKernel")
+            grid, block = _splay(core, count)
             invocation_args += [start, stop, step]
-            func = self._get_func(True)
+            func = self._funcs.get((core, True)) or self._get_func(True)
         else:
-            if repr_vec.size == 0:
+            size = repr_vec.size
+            if size == 0:
                 return
-            grid, block = splay(repr_vec.size)
-            invocation_args.append(repr_vec.size)
-            func = self._get_func(False)
+            core = _context._current_core("ElementwiseKernel")
+            grid, block = _splay(core, size)
+            invocation_args.append(size)
+            func = self._funcs.get((core, False)) or self._get_func(False)
         func.prepared_async_call(grid, block, stream, *invocation_args)
 
 

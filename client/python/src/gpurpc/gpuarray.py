@@ -30,9 +30,8 @@ either. Result dtypes follow numpy's promotion rules (``np.result_type``).
 from __future__ import annotations
 
 import builtins
-import math
 import numbers
-from typing import Any, Callable, List, Literal, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Literal, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -156,6 +155,25 @@ def _f_strides(shape: Tuple[int, ...], itemsize: int) -> Tuple[int, ...]:
         strides.append(acc)
         acc *= builtins.max(n, 1)
     return tuple(strides)
+
+
+_DENSE_LAYOUTS: Dict[Tuple[Tuple[int, ...], int, str], Tuple[Tuple[int, ...], "_Flags"]] = {}
+
+
+def _dense_layout(shape: Tuple[int, ...], itemsize: int,
+                  order: str) -> Tuple[Tuple[int, ...], "_Flags"]:
+    """The strides and flags of a new dense array (memoized: a program makes arrays of few
+    shapes, and every operator makes one). The flags object is shared: it is never changed."""
+    key = (shape, itemsize, order)
+    layout = _DENSE_LAYOUTS.get(key)
+    if layout is None:
+        strides = (_f_strides if order == "F" else _c_strides)(shape, itemsize)
+        layout = (strides, _Flags(_is_contiguous(shape, strides, itemsize, False),
+                                  _is_contiguous(shape, strides, itemsize, True)))
+        if len(_DENSE_LAYOUTS) >= 4096:
+            _DENSE_LAYOUTS.clear()
+        _DENSE_LAYOUTS[key] = layout
+    return layout
 
 
 def _is_contiguous(shape: Tuple[int, ...], strides: Tuple[int, ...], itemsize: int,
@@ -325,15 +343,16 @@ class GPUArray:
         self.size = int(size)
         itemsize = self.dtype.itemsize
         if strides is None:
-            strides = (_f_strides if order == "F" else _c_strides)(self.shape, itemsize)
-        strides = tuple(int(s) for s in strides)
-        if len(strides) != len(self.shape):
-            raise ValueError(f"strides {strides} do not match shape {self.shape}")
-        self.strides = strides
-        # Shape and strides never change after construction (views are new arrays): the
-        # flags are computed once, not on every kernel call that checks contiguity.
-        self._flags = _Flags(_is_contiguous(self.shape, strides, itemsize, False),
-                             _is_contiguous(self.shape, strides, itemsize, True))
+            self.strides, self._flags = _dense_layout(self.shape, itemsize, order)
+        else:
+            strides = tuple(int(s) for s in strides)
+            if len(strides) != len(self.shape):
+                raise ValueError(f"strides {strides} do not match shape {self.shape}")
+            self.strides = strides
+            # Shape and strides never change after construction (views are new arrays): the
+            # flags are computed once, not on every kernel call that checks contiguity.
+            self._flags = _Flags(_is_contiguous(self.shape, strides, itemsize, False),
+                                 _is_contiguous(self.shape, strides, itemsize, True))
         self.allocator = allocator
         if gpudata is None:
             if self.size:
@@ -548,8 +567,20 @@ class GPUArray:
         dtype = self.dtype if dtype is None else np.dtype(dtype)
         if order is None:
             order = "F" if self._fortran_only() else "C"
-        return GPUArray(self.shape, dtype, allocator=self.allocator,
-                        order=order)  # type: ignore[arg-type]
+        if not self.size or dtype.hasobject or order not in ("C", "F"):
+            return GPUArray(self.shape, dtype, allocator=self.allocator,
+                            order=order)  # type: ignore[arg-type]
+        # The result of every operator: this array's shape is already checked, so the new one
+        # skips __init__'s validation (a third of an elementwise expression's client time).
+        new = GPUArray.__new__(GPUArray)
+        new.shape = self.shape
+        new.dtype = dtype
+        new.size = self.size
+        new.strides, new._flags = _dense_layout(self.shape, dtype.itemsize, order)
+        new.allocator = allocator = self.allocator
+        new.gpudata = (allocator or _default_allocator())(self.size * dtype.itemsize)
+        new.base = None
+        return new
 
     def _require_forc(self, what: str) -> None:
         if not self.flags.forc:
@@ -1579,7 +1610,8 @@ def _check_same(what: str, *arrays: GPUArray) -> None:
         if not isinstance(a, GPUArray):
             raise TypeError(f"{what}: expected GPUArrays, got {type(a).__name__}")
         if a.shape != shape:
-            raise ValueError(f"{what}: shapes do not match ({', '.join(str(x.shape) for x in arrays)})")
+            shapes = ", ".join(str(x.shape) for x in arrays)
+            raise ValueError(f"{what}: shapes do not match ({shapes})")
         if not a.flags.forc:
             raise _contiguity_error(what)
     orders = {a._fortran_only() for a in arrays if a.ndim > 1}

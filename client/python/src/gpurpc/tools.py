@@ -408,17 +408,19 @@ class PooledDeviceAllocation:
     """A block of a :class:`DeviceMemoryPool`; ``int()`` is its address, ``len()`` the size
     asked for, and ``free()`` (or garbage collection) gives it back to the pool."""
 
-    __slots__ = ("_pool", "_alloc", "_size", "_finalizer", "__weakref__")
+    # A block is made and given back on every GPUArray temporary: it costs no weakref
+    # finalizer (__del__ does that job), and int() is a stored field.
+    __slots__ = ("_pool", "_alloc", "_size", "_bin", "_ptr", "__weakref__")
 
     def __init__(self, pool: "DeviceMemoryPool", alloc: Any, size: int, bin_nr: int) -> None:
         self._pool = pool
         self._alloc = alloc
         self._size = size
-        self._finalizer = weakref.finalize(self, pool._give_back, bin_nr, size, alloc)
-        self._finalizer.atexit = False
+        self._bin = bin_nr
+        self._ptr = int(alloc)
 
     def __int__(self) -> int:
-        return int(self._alloc)
+        return self._ptr
 
     __index__ = __int__
 
@@ -431,8 +433,19 @@ class PooledDeviceAllocation:
         return self._size
 
     def free(self) -> None:
-        """Gives the block back to its pool now (twice is harmless)."""
-        self._finalizer()
+        """Gives the block back to its pool now (twice, or from two threads, is harmless)."""
+        try:
+            pool = self._pool
+            del self._pool  # one atomic step: of two racing calls, one gives the block back
+        except AttributeError:
+            return
+        pool._give_back(self._bin, self._size, self._alloc)
+
+    def __del__(self) -> None:
+        try:
+            self.free()
+        except Exception:  # noqa: BLE001 -- at interpreter exit the pool may be half torn down
+            pass
 
     def __repr__(self) -> str:
         return f"<PooledDeviceAllocation 0x{int(self._alloc):x} ({self._size} bytes)>"
@@ -482,10 +495,20 @@ class _TightDeviceMemoryPool(DeviceMemoryPool):
     such as 32 MiB stays exact -- every byte counts against the tenant's device-memory quota,
     which PyCUDA's bins (up to 25% more) would eat into. The class is the block size."""
 
+    def __init__(self, allocator: Optional[Callable[[int], Any]] = None) -> None:
+        super().__init__(allocator)
+        self._bin_cache: Dict[int, int] = {}  # size -> class: arrays come in few sizes
+
     def _bin_of(self, size: int) -> int:
-        size = max(int(size), 1)
-        granule = max(256, 1 << max(bitlog2(size) - 3, 0))
-        return (size + granule - 1) // granule * granule
+        bin_nr = self._bin_cache.get(size)
+        if bin_nr is None:
+            n = max(int(size), 1)
+            granule = max(256, 1 << max(bitlog2(n) - 3, 0))
+            bin_nr = (n + granule - 1) // granule * granule
+            if len(self._bin_cache) >= 1024:
+                self._bin_cache.clear()
+            self._bin_cache[size] = bin_nr
+        return bin_nr
 
     def _size_of(self, bin_nr: int) -> int:
         return bin_nr
