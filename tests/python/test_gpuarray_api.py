@@ -798,3 +798,36 @@ def test_zero_d_arrays_broadcast(ctx: cuda.Context) -> None:
     p = gpuarray.to_gpu(a.copy())
     p **= 2
     np.testing.assert_allclose(p.get(), a ** 2, rtol=1e-6)
+
+
+@pytest.mark.gpu
+def test_operators_mixing_scalar_types_follow_numpy_each_time(ctx: cuda.Context) -> None:
+    """The result type and kernel of ``array op scalar`` are memoized per (array dtype, scalar
+    type, operator) in the session: interleaving scalar types and operators must give, every
+    time, numpy's dtype and values -- a memo keyed too loosely would reuse the first one."""
+    host_i = np.arange(-8, 8, dtype=np.int32)
+    host_f = np.linspace(-2, 2, 16, dtype=np.float32)
+    a_i, a_f = gpuarray.to_gpu(host_i), gpuarray.to_gpu(host_f)
+    scalars = [2, 2.5, True, 1 + 2j, np.float32(2), np.int64(3), np.uint8(5), np.float64(0.5)]
+    ops = {"x*s": lambda x, s: x * s, "s*x": lambda x, s: s * x, "x+s": lambda x, s: x + s,
+           "s-x": lambda x, s: s - x, "x==s": lambda x, s: x == s, "x<s": lambda x, s: x < s}
+    for _ in range(2):  # the second round runs on the memo
+        for (a, host), scalar, (name, op) in itertools.product(
+                [(a_i, host_i), (a_f, host_f)], scalars, ops.items()):
+            if name == "x<s" and isinstance(scalar, complex):
+                with pytest.raises(TypeError, match="ordering comparison"):
+                    op(a, scalar)
+                continue
+            expected = op(host, scalar)
+            if name in ("x==s", "x<s"):  # PyCUDA's comparisons give the array's dtype
+                expected = expected.astype(a.dtype)
+            got = op(a, scalar)
+            assert got.dtype == expected.dtype, (name, a.dtype, scalar, expected.dtype)
+            np.testing.assert_allclose(got.get(), expected, rtol=1e-6)
+    b_i = gpuarray.to_gpu(host_i[::-1].copy())
+    for _ in range(2):
+        for x, y, hx, hy in [(a_i, a_f, host_i, host_f), (a_f, a_i, host_f, host_i),
+                             (a_i, b_i, host_i, host_i[::-1])]:
+            for got, expected in [(x + y, hx + hy), (y * x, hy * hx), (x - y, hx - hy)]:
+                assert got.dtype == expected.dtype
+                np.testing.assert_allclose(got.get(), expected, rtol=1e-6)

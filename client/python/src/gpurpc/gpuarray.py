@@ -213,6 +213,30 @@ def _normalize_shape(shape: Any) -> Tuple[int, ...]:
     return tuple(int(s) for s in shape)
 
 
+# numpy 2 promotes a Python scalar by its type, not its value (NEP 50); numpy 1 looked at the
+# value (np.float32 array * 1e300 gave float64), so there nothing is memoized by type.
+_TYPE_ONLY_PROMOTION = int(np.__version__.split(".")[0]) >= 2
+
+
+def _session_memo(name: str) -> Dict[Tuple, Any]:
+    caches = _context._current_core("gpuarray").caches
+    memo = caches.get(name)
+    if memo is None:
+        memo = caches[name] = {}
+    return memo
+
+
+def _scalar_plans() -> Dict[Tuple, Tuple[np.dtype, np.dtype, Any]]:
+    """The session's memo of (result type, scalar's type, kernel) per array-scalar operation."""
+    return _session_memo("gpuarray_scalar_plans")
+
+
+def _binary_plans() -> Dict[Tuple, Tuple[np.dtype, Any]]:
+    """The session's memo of (result type, kernel) per array-array operation (array dtypes
+    promote by type under numpy 1 and 2 alike)."""
+    return _session_memo("gpuarray_binary_plans")
+
+
 def _is_scalar(x: Any) -> bool:
     return isinstance(x, (numbers.Number, np.generic)) and not isinstance(x, np.void)
 
@@ -851,26 +875,43 @@ class GPUArray:
                 self._check_other(other)
             elif not (self.flags.forc and other.flags.forc):
                 raise _contiguity_error(f"operator {op}")
-            _check_complex_op(op, self.dtype, other.dtype)
-            dtype = np.dtype(out_dtype) if out_dtype is not None else _result_dtype(
-                self.dtype, other.dtype, op)
+            x, y = (other, self) if reverse else (self, other)
+            xs, ys = (y_scalar, x_scalar) if reverse else (x_scalar, y_scalar)
+            key = (x.dtype, y.dtype, op, xs, ys, out_dtype)
+            plans = _binary_plans()
+            plan = plans.get(key)
+            if plan is None:  # as for scalars: decided once per types and session
+                _check_complex_op(op, self.dtype, other.dtype)
+                dtype = np.dtype(out_dtype) if out_dtype is not None else _result_dtype(
+                    self.dtype, other.dtype, op)
+                plan = plans[key] = (dtype, _binary_kernel(op, x.dtype, y.dtype, dtype, xs, ys))
+            dtype, kernel = plan
             result = (other if x_scalar else self)._new_like_me(dtype)
             if result.size:
-                x, y = (other, self) if reverse else (self, other)
-                xs, ys = (y_scalar, x_scalar) if reverse else (x_scalar, y_scalar)
-                kernel = _binary_kernel(op, x.dtype, y.dtype, dtype, xs, ys)
                 kernel(result, x, y) if (xs or ys) else kernel(x, y, result)
             return result
         if _is_scalar(other):
-            self._require_forc(f"operator {op}")
-            dtype = np.dtype(out_dtype) if out_dtype is not None else _result_dtype(
-                self.dtype, other, op)
-            compute = _compute_dtype(self.dtype, dtype, other, op)
-            _check_complex_op(op, self.dtype, compute)
+            if not self._flags.forc:
+                raise _contiguity_error(f"operator {op}")
+            # The types and the kernel depend on the scalar's type alone (numpy 2's rule,
+            # NEP 50), so they are looked up once per (dtypes, scalar type, operator) and
+            # session: `a * 2 + 1` in a loop spends its time launching, not deciding.
+            key = (self.dtype, type(other), op, reverse, out_dtype)
+            plans = _scalar_plans()
+            plan = plans.get(key)
+            if plan is None:
+                dtype = np.dtype(out_dtype) if out_dtype is not None else _result_dtype(
+                    self.dtype, other, op)
+                compute = _compute_dtype(self.dtype, dtype, other, op)
+                _check_complex_op(op, self.dtype, compute)
+                plan = (dtype, compute, _scalar_kernel(op, self.dtype, compute, dtype, reverse))
+                if _TYPE_ONLY_PROMOTION:
+                    plans[key] = plan
+            dtype, compute, kernel = plan
+            value = _scalar_type(compute, other)
             result = self._new_like_me(dtype)
             if self.size:
-                _scalar_kernel(op, self.dtype, compute, dtype, reverse)(
-                    self, _scalar_type(compute, other), result)
+                kernel(self, value, result)
             return result
         return NotImplemented
 
