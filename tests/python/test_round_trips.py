@@ -9,6 +9,8 @@ happens, and the error and result checks hold either way.
 """
 from __future__ import annotations
 
+import time
+
 import numpy as np
 import pytest
 
@@ -77,6 +79,33 @@ def test_launch_record_then_event_synchronize_is_one_batch(mod: SourceModule) ->
     out = np.empty(32, np.float32)
     cuda.memcpy_dtoh(out, buf)
     assert (out == ROUNDS).all()
+
+
+def test_work_queued_behind_a_batch_in_flight_goes_out_when_it_is_answered(
+        mod: SourceModule) -> None:
+    """Launches made while a batch is in flight are only queued; once it is answered they are
+    sent without waiting for the program's next call: a program that launches a few kernels
+    and then computes on the CPU must not leave the GPU idle meanwhile (in PyCUDA a launch is
+    on the GPU's queue when the call returns)."""
+    spin = mod.get_function("spin_us").prepare("Q")
+    add_one = mod.get_function("add_one_f32").prepare("PQ")
+    buf = cuda.to_device(np.zeros(32, np.float32))
+    cuda.Context.synchronize()
+    commands = cuda.Context.get_current()._core.commands
+    sent = commands.sent_batches
+    spin.prepared_call((1, 1), (1, 1, 1), np.uint64(300_000))  # an idle stream: sent at once
+    for _ in range(5):
+        add_one.prepared_call((1, 1), (32, 1, 1), buf, 32)  # queued behind it
+    assert commands.sent_batches >= sent + 1
+    deadline = time.monotonic() + 20
+    while commands.has_pending and time.monotonic() < deadline:
+        time.sleep(0.01)  # no call of ours: only the reader thread can send them
+    assert not commands.has_pending, (
+        f"launches still queued: {commands.sent_batches - sent} batches sent, "
+        f"{commands.acked_batches - sent} answered")
+    out = np.empty(32, np.float32)
+    cuda.memcpy_dtoh(out, buf)
+    assert (out == 5).all()
 
 
 def test_event_synchronize_waits_for_the_work_before_the_record(mod: SourceModule) -> None:

@@ -74,6 +74,9 @@ MAX_BATCH_BYTES = 64 << 20           # hard limit of one batch message (In/Out b
 MAX_BATCH_DOWNLOAD_BYTES = 64 << 20  # DownloadCommand bytes per batch (the daemon's limit)
 MAX_INFLIGHT_BATCHES = 64            # unacknowledged batches before the sender waits
 MAX_INFLIGHT_DOWNLOAD_BYTES = 256 << 20
+# Commands queued behind a batch in flight are sent by the reader thread once it is answered
+# (CommandStream._send_left_behind); it waits at most this long for the session lock.
+LEFT_BEHIND_WAIT_S = 0.05
 # A synchronising call's small pending work (a download, a memset, a small upload) joins the
 # last batch when gRPC's sending thread has not taken it yet (CommandStream.drain): at most
 # this much, so that only small work waits behind the join.
@@ -1127,9 +1130,13 @@ class CommandStream:
     """
 
     def __init__(self, client: Client, metadata: Tuple, session_id: int,
-                 fault: Dict[str, str], state: "_SessionState") -> None:
+                 fault: Dict[str, str], state: "_SessionState",
+                 session_lock: Optional[Any] = None) -> None:
         # No reference to the SessionCore: the session's finalizer reaches this object, and
-        # a reference back would keep the session alive forever.
+        # a reference back would keep the session alive forever. ``session_lock`` is the
+        # lock its callers hold (SessionCore.lock): the reader thread takes it to send what
+        # was queued behind an answered batch (_send_left_behind).
+        self._session_lock = session_lock
         self._client = client
         self._metadata = metadata
         self._session_id = session_id
@@ -1437,6 +1444,9 @@ class CommandStream:
                         self._inflight_download_bytes -= batch.download_bytes
                         self.acked_batches += 1
                     self._cv.notify_all()
+                    left_behind = not self._inflight and bool(self._cmds)
+                if left_behind:
+                    self._send_left_behind()
         except grpc.RpcError as e:
             code = e.code() if hasattr(e, "code") else grpc.StatusCode.UNKNOWN
             if code != grpc.StatusCode.CANCELLED or self._call is call:
@@ -1457,6 +1467,40 @@ class CommandStream:
                 self._inflight.clear()
                 self._inflight_download_bytes = 0
             self._cv.notify_all()
+
+    def _send_left_behind(self) -> None:
+        """Sends, from the reader thread, the commands queued while the batch just answered
+        was in flight. A call made then only queues them (a batch is sent at once only on an
+        idle stream); without this they would wait for the caller's next call, and a program
+        that launches a few kernels and then computes on the CPU would leave the GPU idle.
+
+        Needs the session lock, which a caller may hold: tries for a short while (a caller
+        that queued just before the answer releases it within microseconds), and gives up
+        while a caller holds it longer -- that caller's next queued command or synchronising
+        call sends them, as before. A batch sent meanwhile (the stream is busy again) or a
+        broken or closed stream also ends the attempt."""
+        lock = self._session_lock
+        if lock is None:
+            return
+        give_up = time.monotonic() + LEFT_BEHIND_WAIT_S
+        while True:
+            with self._cv:
+                if self._inflight or not self._cmds or self._broken or self._closed:
+                    return
+            if lock.acquire(timeout=0.001):
+                try:
+                    with self._cv:
+                        ready = not (self._inflight or self._broken or self._closed)
+                    if ready and self._cmds:
+                        self.flush(label="sending commands queued behind an answered batch")
+                except Error as e:  # reported by the next synchronising call
+                    with self._cv:
+                        self._record(e)
+                finally:
+                    lock.release()
+                return
+            if time.monotonic() >= give_up:
+                return
 
     def close(self) -> None:
         """Ends the stream at once (never waits: closing the session frees everything, so
@@ -1729,7 +1773,7 @@ class SessionCore:
         backoff_cap = min(max(self.grace_ms / 4000.0, 0.1), 2.0) if self.grace_ms else 2.0
         self._state = _SessionState(client, self.metadata, self.session_id, backoff_cap)
         self.commands = CommandStream(client, self.metadata, self.session_id, self.fault,
-                                      self._state)
+                                      self._state, self.lock)
         self._state.commands = self.commands
         self._finalizer = weakref.finalize(self, _close_session, self._state)
         threading.Thread(target=_watch_loop, args=(self._state,), daemon=True,
