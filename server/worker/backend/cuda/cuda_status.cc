@@ -3,6 +3,7 @@
 #include <string>
 
 #include "absl/strings/str_cat.h"
+#include "common/grpc_status.h"
 
 namespace gpurpc::backend::cuda {
 namespace {
@@ -119,10 +120,7 @@ absl::StatusCode StatusCodeForCuResult(CUresult result) {
   }
 }
 
-bool IsStickyCuResult(CUresult result) {
-  const absl::StatusCode code = StatusCodeForCuResult(result);
-  return code == absl::StatusCode::kAborted || code == absl::StatusCode::kDataLoss;
-}
+bool IsStickyCuResult(CUresult result) { return IsStickyFaultCode(StatusCodeForCuResult(result)); }
 
 absl::Status CuResultToStatus(const DriverApi* api, CUresult result, absl::string_view call,
                               absl::string_view detail) {

@@ -24,8 +24,8 @@ namespace gpurpc::backend::cuda {
 // `result` must not be CUDA_SUCCESS.
 absl::StatusCode StatusCodeForCuResult(CUresult result);
 
-// True for the errors after which the context cannot be used any more (ABORTED or
-// DATA_LOSS above).
+// True for the errors after which the context cannot be used any more: those whose code
+// above is a sticky fault (IsStickyFaultCode, common/grpc_status.h: ABORTED or DATA_LOSS).
 bool IsStickyCuResult(CUresult result);
 
 // "<call>: <CUDA_ERROR_NAME> (<cuGetErrorString text>)[ - <detail>]" with the code of
