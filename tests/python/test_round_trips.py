@@ -17,6 +17,7 @@ import pytest
 import gpurpc.driver as cuda
 from gpurpc import debug
 from gpurpc.compiler import SourceModule
+from gpurpc.v1 import execution_service_pb2
 
 from kernels import FAKE_KERNELS
 
@@ -91,12 +92,20 @@ def test_work_queued_behind_a_batch_in_flight_goes_out_when_it_is_answered(
     add_one = mod.get_function("add_one_f32").prepare("PQ")
     buf = cuda.to_device(np.zeros(32, np.float32))
     cuda.Context.synchronize()
-    commands = cuda.Context.get_current()._core.commands
+    core = cuda.Context.get_current()._core
+    commands = core.commands
     sent = commands.sent_batches
-    spin.prepared_call((1, 1), (1, 1, 1), np.uint64(300_000))  # an idle stream: sent at once
+    with core.lock:
+        # A 0.3 s kernel and a sync marker behind it: the batch is answered after 0.3 s.
+        spin.prepared_call((1, 1), (1, 1, 1), np.uint64(300_000))
+        commands.add("hold a batch in flight", auto=False,
+                     sync=execution_service_pb2.SyncCommand(stream_id=0))
+        commands.flush()
     for _ in range(5):
-        add_one.prepared_call((1, 1), (32, 1, 1), buf, 32)  # queued behind it
-    assert commands.sent_batches >= sent + 1
+        add_one.prepared_call((1, 1), (32, 1, 1), buf, 32)
+    with core.lock:
+        queued = len(commands._cmds)
+    assert queued == 5, f"{queued} launches queued behind the batch in flight, expected 5"
     deadline = time.monotonic() + 20
     while commands.has_pending and time.monotonic() < deadline:
         time.sleep(0.01)  # no call of ours: only the reader thread can send them

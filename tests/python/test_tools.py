@@ -7,6 +7,7 @@ from __future__ import annotations
 import gc
 import random
 import struct
+import sys
 import threading
 
 import numpy as np
@@ -152,6 +153,18 @@ def test_device_pool_block_goes_back_once() -> None:
     del a  # __del__ after free(): nothing more
     gc.collect()
     assert (pool.active_blocks, pool.held_blocks, pool.active_bytes) == (0, 1, 0)
+    switch = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)  # threads switch often: a check-then-set race would show
+    try:
+        _free_from_threads(pool)
+    finally:
+        sys.setswitchinterval(switch)
+    assert len(made) == 1
+    b, c = pool.allocate(1000), pool.allocate(1000)
+    assert int(b) != int(c) and len(made) == 2
+
+
+def _free_from_threads(pool: tools.DeviceMemoryPool) -> None:
     for _ in range(20):
         block = pool.allocate(1000)
         start = threading.Barrier(8)
@@ -169,9 +182,27 @@ def test_device_pool_block_goes_back_once() -> None:
         del block
         gc.collect()
         assert (pool.active_blocks, pool.held_blocks, pool.active_bytes) == (0, 1, 0)
-    assert len(made) == 1
-    b, c = pool.allocate(1000), pool.allocate(1000)
-    assert int(b) != int(c) and len(made) == 2
+
+
+def test_device_pool_drops_a_block_freed_with_it_in_a_reference_cycle(
+        ctx: cuda.Context) -> None:
+    """A pooled block and its DeviceAllocation that become garbage together (a cycle): the
+    allocation's own finalizer frees the buffer first, so the block must not go back to the
+    pool -- the next allocation would get a buffer the daemon is freeing."""
+    pool = tools.DeviceMemoryPool()
+    cycle: dict = {"block": pool.allocate(4096)}
+    cycle["self"] = cycle
+    address = int(cycle["block"])
+    del cycle
+    gc.collect()
+    assert (pool.active_blocks, pool.held_blocks, pool.managed_bytes) == (0, 0, 0)
+    again = pool.allocate(4096)
+    data = np.arange(1024, dtype=np.float32)
+    cuda.memcpy_htod(again, data)
+    ctx.synchronize()  # the deferred free of the first buffer is made by now
+    back = np.empty_like(data)
+    cuda.memcpy_dtoh(back, again)
+    assert np.array_equal(back, data), f"block at 0x{address:x} reused after it was freed"
 
 
 def test_device_pool_frees_held_blocks_when_the_allocator_runs_out() -> None:

@@ -1143,7 +1143,9 @@ class CommandStream:
         self._fault = fault
         self._state = state  # the session's call timeout and closed flag
         self._closed = False
-        self._cv = threading.Condition(threading.Lock())
+        # Reentrant: the garbage collector may run the session's finalizer (close()) on the
+        # reader thread while that thread holds it.
+        self._cv = threading.Condition(threading.RLock())
         self._queue: Optional[_Outbox] = None
         self._call: Any = None
         self._broken = True  # no stream open yet
@@ -1493,9 +1495,10 @@ class CommandStream:
                         ready = not (self._inflight or self._broken or self._closed)
                     if ready and self._cmds:
                         self.flush(label="sending commands queued behind an answered batch")
-                except Error as e:  # reported by the next synchronising call
+                except Exception as e:  # noqa: BLE001 - reported by the next synchronising call
                     with self._cv:
-                        self._record(e)
+                        self._record(e if isinstance(e, Error) else LogicError(
+                            f"sending commands queued behind an answered batch: {e!r}"))
                 finally:
                     lock.release()
                 return

@@ -128,12 +128,17 @@ def _kernel(key: Tuple, build: Callable[[], Any]) -> Any:
 
 
 class _Flags:
+    """Read-only, as numpy's contiguity flags are: arrays of one dense layout share one."""
+
     __slots__ = ("c_contiguous", "f_contiguous", "forc")
 
     def __init__(self, c: bool, f: bool) -> None:
-        self.c_contiguous = c
-        self.f_contiguous = f
-        self.forc = c or f
+        object.__setattr__(self, "c_contiguous", c)
+        object.__setattr__(self, "f_contiguous", f)
+        object.__setattr__(self, "forc", c or f)
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        raise AttributeError(f"GPUArray flags are read-only ({name})")
 
     def __repr__(self) -> str:
         return (f"  C_CONTIGUOUS : {self.c_contiguous}\n  F_CONTIGUOUS : {self.f_contiguous}")

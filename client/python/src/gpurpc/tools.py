@@ -485,6 +485,12 @@ class DeviceMemoryPool(_PoolBase):
             return self._allocator(nbytes)
 
     def _block_reusable(self, block: Any) -> bool:
+        # A block whose own finalizer ran is freed: when a pooled block and its allocation
+        # are garbage together (in a reference cycle), the garbage collector runs the
+        # allocation's weakref finalizer before the pooled block's __del__ gives it back.
+        finalizer = getattr(block, "_finalizer", None)
+        if finalizer is not None and not finalizer.alive:
+            return False
         core = getattr(block, "_core", None)
         return core is None or not core.closed
 
