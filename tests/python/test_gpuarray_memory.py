@@ -64,6 +64,18 @@ def test_empty_arrays(ctx: cuda.Context) -> None:
     assert gpuarray.to_gpu(np.zeros(0)).get().shape == (0,)
 
 
+def test_arithmetic_on_empty_arrays_makes_no_kernel(ctx: cuda.Context) -> None:
+    """An operator on an empty array launches nothing, so it needs no kernel (the fake backend
+    would refuse one): also when its result type is memoized, before and after a launch."""
+    e = gpuarray.empty((0, 3), np.float32)
+    for _ in range(2):
+        for result, dtype in [(e * 2 + 1, np.float32), (e + e, np.float32),
+                              (e * 2.5, np.float32), (e.astype(np.int32) * 2.5, np.float64),
+                              (e - gpuarray.empty((0, 3), np.float64), np.float64)]:
+            assert result.shape == (0, 3) and result.dtype == np.dtype(dtype)
+            assert result.get().shape == (0, 3)
+
+
 def test_slicing_views_share_memory(ctx: cuda.Context) -> None:
     host = np.arange(60, dtype=np.float32).reshape(6, 10)
     a = gpuarray.to_gpu(host)

@@ -231,14 +231,15 @@ def _session_memo(name: str) -> Dict[Tuple, Any]:
     return memo
 
 
-def _scalar_plans() -> Dict[Tuple, Tuple[np.dtype, np.dtype, Any]]:
-    """The session's memo of (result type, scalar's type, kernel) per array-scalar operation."""
+def _scalar_plans() -> Dict[Tuple, List[Any]]:
+    """The session's memo of [result type, scalar's type, kernel or None until the first
+    launch] per array-scalar operation."""
     return _session_memo("gpuarray_scalar_plans")
 
 
-def _binary_plans() -> Dict[Tuple, Tuple[np.dtype, Any]]:
-    """The session's memo of (result type, kernel) per array-array operation (array dtypes
-    promote by type under numpy 1 and 2 alike)."""
+def _binary_plans() -> Dict[Tuple, List[Any]]:
+    """The session's memo of [result type, kernel or None until the first launch] per
+    array-array operation (array dtypes promote by type under numpy 1 and 2 alike)."""
     return _session_memo("gpuarray_binary_plans")
 
 
@@ -889,10 +890,13 @@ class GPUArray:
                 _check_complex_op(op, self.dtype, other.dtype)
                 dtype = np.dtype(out_dtype) if out_dtype is not None else _result_dtype(
                     self.dtype, other.dtype, op)
-                plan = plans[key] = (dtype, _binary_kernel(op, x.dtype, y.dtype, dtype, xs, ys))
-            dtype, kernel = plan
+                plan = plans[key] = [dtype, None]  # the kernel: made by the first launch
+            dtype = plan[0]
             result = (other if x_scalar else self)._new_like_me(dtype)
             if result.size:
+                kernel = plan[1]
+                if kernel is None:
+                    kernel = plan[1] = _binary_kernel(op, x.dtype, y.dtype, dtype, xs, ys)
                 kernel(result, x, y) if (xs or ys) else kernel(x, y, result)
             return result
         if _is_scalar(other):
@@ -909,13 +913,15 @@ class GPUArray:
                     self.dtype, other, op)
                 compute = _compute_dtype(self.dtype, dtype, other, op)
                 _check_complex_op(op, self.dtype, compute)
-                plan = (dtype, compute, _scalar_kernel(op, self.dtype, compute, dtype, reverse))
+                plan = [dtype, compute, None]  # the kernel: made by the first launch
                 if _TYPE_ONLY_PROMOTION:
                     plans[key] = plan
             dtype, compute, kernel = plan
             value = _scalar_type(compute, other)
             result = self._new_like_me(dtype)
             if self.size:
+                if kernel is None:
+                    kernel = plan[2] = _scalar_kernel(op, self.dtype, compute, dtype, reverse)
                 kernel(self, value, result)
             return result
         return NotImplemented
