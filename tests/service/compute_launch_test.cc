@@ -432,5 +432,66 @@ TEST_F(ComputeTest, DecreasingSequenceInsideABatchEndsTheStream) {
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("does not increase")));
 }
 
+TEST_F(ComputeTest, RunCommandsRunsOneBatchLikeTheCommandStream) {
+  ASSERT_OK_AND_ASSIGN(Buffer buffer, session_.Allocate(16));
+  RawSession raw(*client_, session_);
+  v1::CommandBatch batch;
+  *batch.add_commands() = MemsetCommand(1, buffer.id(), 1, 4);
+  *batch.add_commands() = MemsetCommand(2, buffer.id() ^ 0x5a5a5a5a, 2, 4);  // no such buffer
+  *batch.add_commands() = MemsetCommand(3, buffer.id(), 3, 4);
+  v1::CommandReply reply;
+  {
+    grpc::ClientContext context;
+    raw.Prepare(&context);
+    ASSERT_OK(FromGrpcStatus(raw.execution().RunCommands(&context, batch, &reply)));
+  }
+  ASSERT_TRUE(reply.has_error());
+  EXPECT_EQ(reply.error().sequence(), 2u);
+  EXPECT_EQ(reply.error().code(), static_cast<int>(grpc::StatusCode::NOT_FOUND));
+  EXPECT_EQ(reply.skipped_from_sequence(), 3u);
+  EXPECT_EQ(reply.processed_through_sequence(), 2u);
+
+  // Sequence numbers are checked within each call alone: 1 again is fine here.
+  batch.Clear();
+  *batch.add_commands() = MemsetCommand(1, buffer.id(), 4, 1);
+  *batch.add_commands() = DownloadCommand(2, buffer.id(), 16);
+  v1::Command* command = batch.add_commands();
+  command->set_sequence(3);
+  command->mutable_sync()->set_whole_session(true);
+  {
+    grpc::ClientContext context;
+    raw.Prepare(&context);
+    ASSERT_OK(FromGrpcStatus(raw.execution().RunCommands(&context, batch, &reply)));
+  }
+  EXPECT_FALSE(reply.has_error()) << reply.error().message();
+  EXPECT_EQ(reply.processed_through_sequence(), 3u);
+  ASSERT_THAT(reply.downloads(), SizeIs(1));
+  EXPECT_EQ(reply.downloads(0).sequence(), 2u);
+  EXPECT_THAT(FromBytes<uint32_t>(std::vector<uint8_t>(reply.downloads(0).data().begin(),
+                                                       reply.downloads(0).data().end())),
+              ElementsAre(4u, 1u, 1u, 1u));
+}
+
+TEST_F(ComputeTest, RunCommandsRefusesSequenceNumbersThatDoNotIncreaseAndRunsNothing) {
+  ASSERT_OK_AND_ASSIGN(Buffer buffer, session_.Allocate(16));
+  ASSERT_OK(session_.Memset(buffer.at(), 7, 4, 4));
+  RawSession raw(*client_, session_);
+  for (const std::vector<uint64_t>& sequences :
+       {std::vector<uint64_t>{0}, std::vector<uint64_t>{3, 3}, std::vector<uint64_t>{9, 8}}) {
+    v1::CommandBatch batch;
+    for (uint64_t sequence : sequences) {
+      *batch.add_commands() = MemsetCommand(sequence, buffer.id(), 1, 4);
+    }
+    v1::CommandReply reply;
+    grpc::ClientContext context;
+    raw.Prepare(&context);
+    EXPECT_THAT(FromGrpcStatus(raw.execution().RunCommands(&context, batch, &reply)),
+                StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("does not increase")))
+        << sequences.front();
+  }
+  ASSERT_OK_AND_ASSIGN(std::vector<uint8_t> bytes, buffer.Download());
+  EXPECT_THAT(FromBytes<uint32_t>(bytes), ElementsAre(7u, 7u, 7u, 7u));  // nothing ran
+}
+
 }  // namespace
 }  // namespace gpurpc::compute_test
