@@ -14,6 +14,8 @@ import os
 import pwd
 import socket
 import subprocess
+import threading
+import time
 from pathlib import Path
 from typing import Iterator, List, Optional, Tuple
 
@@ -366,6 +368,80 @@ def test_plain_arrays_go_through_staging_exactly(rctx: cuda.Context, kinds: List
     # One batch per staged chunk each way, each a copy and a sync.
     assert counts[debug.BATCH] == 2 * chunks, counts
     assert kinds == ["region_copy", "sync"] * (2 * chunks), kinds
+
+
+@pytest.mark.parametrize("threads", ["1", "2", "3", "4"])
+def test_host_copies_split_over_threads_copy_every_byte(monkeypatch: pytest.MonkeyPatch,
+                                                        threads: str) -> None:
+    """The staging region's host copies (``host_copy``) split large copies over the copy
+    threads; every size, even or not, comes out whole, and the pieces do run elsewhere."""
+    monkeypatch.setenv("GPURPC_COPY_THREADS", threads)
+    monkeypatch.setattr(_regions._CopyPool, "_pid", 0)  # a new pool with this setting
+    names: List[str] = []
+    real_copyto = np.copyto
+
+    def copyto(dest: np.ndarray, src: np.ndarray) -> None:
+        names.append(threading.current_thread().name)
+        real_copyto(dest, src)
+
+    monkeypatch.setattr(np, "copyto", copyto)
+    piece = _regions.COPY_PIECE_MIN_BYTES
+    for n in (0, 1, piece - 1, 2 * piece - 1, 2 * piece, 3 * piece + 7, 4 * piece + 1,
+              9 * piece + 4093):
+        names.clear()
+        src = random_bytes(n)
+        dest = np.zeros(n + 2, np.uint8)
+        _regions.host_copy(dest[1:n + 1], src)
+        assert np.array_equal(dest[1:n + 1], src), n
+        assert dest[0] == 0 and dest[-1] == 0, n  # nothing written outside
+        expected = max(1, min(int(threads), n // piece))
+        assert len(names) == expected, (n, names)
+        helpers = [name for name in names if name.startswith("gpurpc-copy")]
+        assert len(helpers) == expected - 1, (n, names)
+    monkeypatch.setattr(_regions._CopyPool, "_pid", 0)
+
+
+@pytest.mark.parametrize("value", ["0", "65", "four", "-2", "1.5"])
+def test_copy_thread_setting_is_checked(monkeypatch: pytest.MonkeyPatch, value: str) -> None:
+    monkeypatch.setenv("GPURPC_COPY_THREADS", value)
+    monkeypatch.setattr(_regions._CopyPool, "_pid", 0)
+    n = 2 * _regions.COPY_PIECE_MIN_BYTES
+    with pytest.raises(cuda.LogicError, match=f"GPURPC_COPY_THREADS={value!r}: expected a whole "
+                       "number from 1 to 64"):
+        _regions.host_copy(np.zeros(n, np.uint8), np.ones(n, np.uint8))
+    monkeypatch.delenv("GPURPC_COPY_THREADS")
+    monkeypatch.setattr(_regions._CopyPool, "_pid", 0)
+
+
+def test_host_copies_work_in_a_forked_child(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A child of ``fork`` inherits the copy pool's object but none of its threads: it makes a
+    pool of its own instead of waiting for threads that do not exist."""
+    monkeypatch.setenv("GPURPC_COPY_THREADS", "3")
+    monkeypatch.setattr(_regions._CopyPool, "_pid", 0)
+    n = 3 * _regions.COPY_PIECE_MIN_BYTES + 5
+    src = random_bytes(n)
+    dest = np.zeros(n, np.uint8)
+    _regions.host_copy(dest, src)  # the parent's pool exists now
+    pid = os.fork()
+    if pid == 0:  # the child: exit status 0 only when the copy came out whole
+        try:
+            out = np.zeros(n, np.uint8)
+            _regions.host_copy(out, src)
+            os._exit(0 if np.array_equal(out, src) else 3)
+        except BaseException:  # noqa: BLE001 - any failure is the exit status
+            os._exit(4)
+    deadline = time.monotonic() + 60
+    while True:
+        done, status = os.waitpid(pid, os.WNOHANG)
+        if done:
+            break
+        if time.monotonic() > deadline:
+            os.kill(pid, 9)
+            os.waitpid(pid, 0)
+            pytest.fail("the forked child's host copy hung")
+        time.sleep(0.01)
+    assert os.waitstatus_to_exitcode(status) == 0
+    monkeypatch.setattr(_regions._CopyPool, "_pid", 0)
 
 
 def test_small_plain_copies_stay_inline(rctx: cuda.Context) -> None:

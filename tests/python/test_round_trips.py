@@ -10,7 +10,9 @@ happens, and the error and result checks hold either way.
 from __future__ import annotations
 
 import time
+from typing import Any, List
 
+import grpc
 import numpy as np
 import pytest
 
@@ -190,3 +192,126 @@ def test_a_download_behind_failed_work_raises_its_error(ctx: cuda.Context) -> No
     # Raised once; the context works on and the data is intact.
     cuda.memcpy_dtoh(out, buf)
     assert (out == 3).all()
+
+
+# -- RunCommands: the work a synchronising call waits for, as one unary call ------------------
+
+class _Unimplemented(grpc.RpcError, grpc.Call):  # type: ignore[misc]
+    """What an older daemon answers to a method it does not have."""
+
+    def code(self) -> grpc.StatusCode:
+        return grpc.StatusCode.UNIMPLEMENTED
+
+    def details(self) -> str:
+        return "Method not found: gpurpc.v1.ExecutionService/RunCommands"
+
+
+def _direct_commands(ctx: cuda.Context) -> Any:
+    """The context's command stream, once it goes over the direct channel (skips else)."""
+    commands = ctx._core.commands
+    cuda.memset_d32(cuda.mem_alloc(4), 0, 1)  # opens the stream
+    if not commands.direct:
+        pytest.skip(f"no direct channel: {commands.direct_off}")
+    return commands
+
+
+def _count_unary_batches(ctx: cuda.Context, monkeypatch: pytest.MonkeyPatch) -> List[bytes]:
+    commands = _direct_commands(ctx)
+    sent: List[bytes] = []
+    real = commands._direct_run
+
+    def run_commands(payload: bytes, **kwargs: Any) -> Any:
+        sent.append(payload)
+        return real(payload, **kwargs)
+
+    monkeypatch.setattr(commands, "_direct_run", run_commands)
+    return sent
+
+
+def test_a_launch_then_synchronize_is_one_unary_call(mod: SourceModule,
+                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    """The launch went out at once, but gRPC's sending thread had not taken it when the
+    synchronize came (nearly always: the caller holds the GIL): both go as one RunCommands
+    call made on the calling thread. The count allows for the rare exception."""
+    add_one = mod.get_function("add_one_f32").prepare("PQ")
+    stream = cuda.Stream()
+    buf = cuda.to_device(np.zeros(32, np.float32))
+    cuda.Context.synchronize()
+    sent = _count_unary_batches(cuda.Context.get_current(), monkeypatch)
+    for _ in range(ROUNDS):
+        add_one.prepared_async_call((1, 1), (32, 1, 1), stream, buf, 32)
+        stream.synchronize()
+    assert len(sent) > ROUNDS // 2, f"{len(sent)} unary batches for {ROUNDS} launch+synchronize"
+    batch = execution_service_pb2.CommandBatch.FromString(sent[-1])
+    assert [c.WhichOneof("kind") for c in batch.commands] == ["launch", "sync"]
+    out = np.empty(32, np.float32)
+    cuda.memcpy_dtoh(out, buf)
+    assert (out == ROUNDS).all()
+
+
+def test_work_already_on_the_stream_is_not_sent_again(mod: SourceModule,
+                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    """Once gRPC's sending thread took a batch, the synchronize waits for it on the stream
+    and sends only what is new: nothing runs twice, nothing is lost."""
+    add_one = mod.get_function("add_one_f32").prepare("PQ")
+    buf = cuda.to_device(np.zeros(32, np.float32))
+    cuda.Context.synchronize()
+    sent = _count_unary_batches(cuda.Context.get_current(), monkeypatch)
+    for i in range(50):
+        add_one.prepared_async_call((1, 1), (32, 1, 1), None, buf, 32)
+        time.sleep(0.002)  # the sending thread takes the launch meanwhile
+        cuda.Context.synchronize()
+    # Each launch ran once: none was lost, none sent both ways.
+    out = np.empty(32, np.float32)
+    cuda.memcpy_dtoh(out, buf)
+    assert (out == 50).all()
+    with_launch = [p for p in sent if any(
+        c.HasField("launch") for c in execution_service_pb2.CommandBatch.FromString(p).commands)]
+    assert len(with_launch) < 50, "the sending thread never took a launch first: untested"
+
+
+def test_a_daemon_without_run_commands_gets_everything_on_the_stream(
+        mod: SourceModule, monkeypatch: pytest.MonkeyPatch) -> None:
+    add_one = mod.get_function("add_one_f32").prepare("PQ")
+    buf = cuda.to_device(np.zeros(32, np.float32))
+    cuda.Context.synchronize()
+    commands = _direct_commands(cuda.Context.get_current())
+    client = commands._client
+    calls: List[bytes] = []
+
+    def older_daemon(payload: bytes, **kwargs: Any) -> Any:
+        calls.append(payload)
+        raise _Unimplemented()
+
+    monkeypatch.setattr(commands, "_direct_run", older_daemon)
+    for _ in range(20):
+        add_one.prepared_async_call((1, 1), (32, 1, 1), None, buf, 32)
+        cuda.Context.synchronize()
+    out = np.empty(32, np.float32)
+    cuda.memcpy_dtoh(out, buf)
+    assert (out == 20).all()  # the refused batch went on the stream, once
+    assert len(calls) == 1 and not client.has_run_commands
+    monkeypatch.setattr(client, "has_run_commands", True)
+
+
+def test_a_unary_batch_past_its_deadline_still_runs_before_what_follows(
+        mod: SourceModule) -> None:
+    """The synchronize's deadline passes while its RunCommands call waits for the GPU; the
+    daemon runs that batch to its end before the batches sent next, as the command stream
+    would have (so the second stream's synchronize returns only after the first stream's
+    work is done, although the two streams are independent on the GPU)."""
+    _direct_commands(cuda.Context.get_current())
+    spin = mod.get_function("spin_us")
+    fill = mod.get_function("fill_u32").prepare("PIQ")
+    first, second = cuda.Stream(), cuda.Stream()
+    buf = cuda.mem_alloc(64)
+    cuda.Context.synchronize()
+    spin(np.uint64(1_500_000), block=(1, 1, 1), grid=(1, 1), stream=first)  # 1.5 s
+    with pytest.raises(cuda.CallTimeoutError, match="0.2"):
+        first.synchronize(timeout=0.2)
+    fill.prepared_async_call((1, 1), (16, 1, 1), second, buf, 9, 16)
+    second.synchronize()
+    assert first.is_done(), "a batch sent after the timed-out one ran before it was done"
+    out = np.empty(16, np.uint32)
+    cuda.memcpy_dtoh(out, buf)
+    assert (out == 9).all()

@@ -41,15 +41,17 @@ What uses them:
   memory goes through the context's staging region, two halves of ``STAGING_HALF_BYTES``:
   chunk by chunk, alternating halves, each chunk's copy in a batch of its own that ends
   with a ``SyncCommand`` on the copy's stream, so an upload copies the next chunk into one
-  half (``numpy.copyto``) while the other half's DMA runs, and a half is reused once its
-  batch is answered. A download's chunk is copied out of its half by the command stream's
-  reader thread when that answer arrives (as a ``DownloadCommand`` 's bytes are). A staged
-  ``_async`` copy therefore takes an upload's bytes at once, as the gRPC path does, and
-  fills a download's destination when its stream is synchronised; the daemon waits for the
-  copy's stream before it takes the context's later commands.
+  half (``host_copy``: ``numpy.copyto`` split over a few threads) while the other half's DMA
+  runs, and a half is reused once its batch is answered. A download's chunk is copied out
+  of its half by the command stream's reader thread when that answer arrives (as a
+  ``DownloadCommand`` 's bytes are). A staged ``_async`` copy therefore takes an upload's
+  bytes at once, as the gRPC path does, and fills a download's destination when its stream
+  is synchronised; the daemon waits for the copy's stream before it takes the context's
+  later commands.
 
 Thread safety: everything runs under the session lock (``SessionCore.lock``), except the
-finalizers, which only flip a flag and append to the session's deferred releases.
+finalizers, which only flip a flag and append to the session's deferred releases, and the
+pieces of a large ``host_copy``, which the process's copy threads run while the caller waits.
 """
 from __future__ import annotations
 
@@ -59,13 +61,16 @@ import logging
 import mmap
 import os
 import socket
+import threading
 import weakref
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any, List, Optional, Sequence, Tuple
 
 import grpc
 import numpy as np
 
 from . import _progress, debug
+from ._direct import attach_exchange
 from ._core import CLEANUP_TIMEOUT_S, SessionCore, _is_unix, device_pointer
 from ._errors import (
     Error,
@@ -92,11 +97,15 @@ STAGING_HALF_BYTES = 32 << 20   # one half of a context's staging region
 # 1 MiB 4.5x and 2.8x; below 64 KiB the inline gRPC copy is as fast and keeps an
 # asynchronous copy from waiting on its stream.
 STAGING_MIN_BYTES = 256 << 10
+# Host copies into and out of the staging region (numpy.copyto, which releases the GIL) are
+# split over up to this many threads, in pieces of at least COPY_PIECE_MIN_BYTES: one thread's
+# memcpy reaches about half of what PCIe DMA does, so a staged transfer of an ordinary array
+# was limited by it. GPURPC_COPY_THREADS sets it (1: copy on the calling thread only).
+COPY_PIECE_MIN_BYTES = 4 << 20
 ATTACH_TIMEOUT_S = 30.0         # the attach exchange (or the call timeout when shorter)
 ATTACH_COUNTER = "HostRegionService/attach"  # gpurpc.debug counter of attach exchanges
 PAGE_BYTES = mmap.PAGESIZE
 _KEY = "host_regions"           # SessionCore.caches key of the context's _Manager
-_REPLY_MAX_BYTES = 4096
 
 
 def _missing_support() -> Optional[str]:
@@ -144,6 +153,61 @@ def _region_gone(region: _Region, core_ref: "weakref.ref[SessionCore]") -> None:
         core.defer_release("region", region.region_id)
 
 
+def _copy_threads() -> int:
+    value = os.environ.get("GPURPC_COPY_THREADS", "")
+    if not value:
+        return max(1, min(4, os.cpu_count() or 1))
+    try:
+        threads = int(value)
+    except ValueError:
+        threads = 0
+    if not 1 <= threads <= 64:
+        raise LogicError(f"GPURPC_COPY_THREADS={value!r}: expected a whole number from 1 to 64")
+    return threads
+
+
+class _CopyPool:
+    """The process's host-copy threads, made at the first large copy (and again in a child
+    after ``fork``, which inherits the pool's object but not its threads)."""
+
+    _lock = threading.Lock()
+    _pool: Optional[ThreadPoolExecutor] = None
+    _pid = 0
+    _threads = 0
+
+    @classmethod
+    def get(cls) -> Tuple[Optional[ThreadPoolExecutor], int]:
+        with cls._lock:
+            if cls._pid != os.getpid():
+                cls._threads = _copy_threads()
+                cls._pool = (ThreadPoolExecutor(cls._threads - 1,
+                                                thread_name_prefix="gpurpc-copy")
+                             if cls._threads > 1 else None)
+                cls._pid = os.getpid()
+            return cls._pool, cls._threads
+
+
+def host_copy(dest: np.ndarray, src: np.ndarray) -> None:
+    """``numpy.copyto(dest, src)`` for two contiguous one-dimensional byte arrays of one size,
+    split over the copy threads when it is large (see ``COPY_PIECE_MIN_BYTES``)."""
+    n = src.size
+    pieces = n // COPY_PIECE_MIN_BYTES
+    if pieces < 2:
+        np.copyto(dest, src)
+        return
+    pool, threads = _CopyPool.get()
+    pieces = min(pieces, threads)
+    if pool is None or pieces < 2:
+        np.copyto(dest, src)
+        return
+    step = -(-n // pieces)
+    futures = [pool.submit(np.copyto, dest[at:at + step], src[at:at + step])
+               for at in range(step, n, step)]
+    np.copyto(dest[:step], src[:step])
+    for future in futures:
+        future.result()
+
+
 class _Staging:
     """The context's staging region: two halves used in turn (see the module docstring)."""
 
@@ -172,7 +236,7 @@ class _Staging:
                 size = min(self.half, n - offset)
                 h = self._take(commands, label)
                 at = h * self.half
-                np.copyto(self.base[at:at + size], src[offset:offset + size])
+                host_copy(self.base[at:at + size], src[offset:offset + size])
                 _queue_copy(commands, label, self.region.region_id, at, address + offset, size,
                             True, stream_id)
                 commands.add(label, auto=False, sync=_ex.SyncCommand(stream_id=stream_id))
@@ -199,7 +263,7 @@ class _Staging:
                             False, stream_id)
                 commands.add(label, auto=False, sync=_ex.SyncCommand(stream_id=stream_id))
                 commands.add_on_done(functools.partial(
-                    np.copyto, dest[offset:offset + size], self.base[at:at + size]))
+                    host_copy, dest[offset:offset + size], self.base[at:at + size]))
                 self.busy[h] = commands.last_batch
                 commands.flush(label=label)
                 progress.update(size)
@@ -324,11 +388,7 @@ def _attach(core: SessionCore, reply: Any, fd: int, label: str) -> None:
     timeout = min(core.timeout, ATTACH_TIMEOUT_S)
     debug.count(ATTACH_COUNTER)
     try:
-        with socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET) as sock:
-            sock.settimeout(timeout)
-            sock.connect(path)
-            socket.send_fds(sock, [request], [fd])
-            data = sock.recv(_REPLY_MAX_BYTES)
+        data = attach_exchange(path, request, fd, timeout)
     except socket.timeout:
         raise timeout_error(op, timeout, "the daemon did not answer on its region "
                             "socket") from None
@@ -621,7 +681,7 @@ class LaunchCopies:
         if staged:
             assert self._staging is not None
             n = view.nbytes
-            np.copyto(self._staging.base[offset:offset + n], np.frombuffer(view, np.uint8))
+            host_copy(self._staging.base[offset:offset + n], np.frombuffer(view, np.uint8))
         _queue_copy(self._core.commands, self._label, region_id, offset, address, view.nbytes,
                     True, self._stream_id)
         if staged:
@@ -656,4 +716,4 @@ class LaunchCopies:
         for plan, view in zip(self._outs, views):
             if plan is not None and plan[2]:
                 offset = plan[1]
-                np.copyto(np.frombuffer(view, np.uint8), base[offset:offset + view.nbytes])
+                host_copy(np.frombuffer(view, np.uint8), base[offset:offset + view.nbytes])
