@@ -471,8 +471,11 @@ int Main(int argc, char** argv) {
     row("launch+sync (unary launch, then sync)", unary_cost);
   }
   // One line for scripts (bench_python.py --cpp-bench compares Python with this client).
-  std::printf("machine: ping_us=%.2f stream_round_trip_us=%.2f unary_round_trip_us=%.2f\n", ping_us,
-              daemon_round_trip_us, daemon_unary_round_trip_us);
+  std::printf(
+      "machine: ping_us=%.2f stream_round_trip_us=%.2f unary_round_trip_us=%.2f "
+      "direct_channel_round_trip_us=%.2f\n",
+      ping_us, daemon_round_trip_us, daemon_unary_round_trip_us,
+      direct_session ? Median(direct_samples) : 0.0);
   return 0;
 }
 
