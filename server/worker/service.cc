@@ -551,35 +551,20 @@ class ExecutionServiceImpl final : public v1::ExecutionService::Service {
       if (!status.ok() && status.code() == absl::StatusCode::kInvalidArgument) {
         return ToGrpcStatus(status);  // a protocol error (sequence numbers)
       }
-      AddDeviceOutput(batch, &reply);
+      // A batch that synchronised carries the device printf output captured by then.
+      for (const v1::Command& command : batch.commands()) {
+        if (command.has_sync()) {
+          reply.set_device_output(session_->TakeDeviceOutput());
+          break;
+        }
+      }
       stream->Write(SerializeRaw(reply));
       if (!status.ok()) return ToGrpcStatus(status);  // a sticky fault ends the stream
     }
     return grpc::Status::OK;
   }
 
-  // One batch as a unary call: as a CommandStream batch, its sequence numbers checked
-  // within the batch alone. A sticky fault is the call's status (the reply would be lost).
-  grpc::Status RunCommands(grpc::ServerContext*, const v1::CommandBatch* batch,
-                           v1::CommandReply* reply) override {
-    uint64_t last_sequence = 0;
-    const absl::Status status = session_->RunBatch(*batch, &last_sequence, reply, /*alone=*/true);
-    if (!status.ok()) return ToGrpcStatus(status);  // sequence numbers, or a sticky fault
-    AddDeviceOutput(*batch, reply);
-    return grpc::Status::OK;
-  }
-
  private:
-  // A batch that synchronised carries the device printf output captured by then.
-  void AddDeviceOutput(const v1::CommandBatch& batch, v1::CommandReply* reply) {
-    for (const v1::Command& command : batch.commands()) {
-      if (command.has_sync()) {
-        reply->set_device_output(session_->TakeDeviceOutput());
-        return;
-      }
-    }
-  }
-
   Session* session_;
 };
 

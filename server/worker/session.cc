@@ -1078,17 +1078,7 @@ absl::Status Session::RunCommand(const v1::Command& command, v1::CommandReply* r
 }
 
 absl::Status Session::RunBatch(const v1::CommandBatch& batch, uint64_t* last_sequence,
-                               v1::CommandReply* reply, bool alone) {
-  if (alone) {
-    absl::MutexLock order(&batch_order_mu_);
-    return RunBatchInOrder(batch, last_sequence, reply);
-  }
-  absl::ReaderMutexLock order(&batch_order_mu_);
-  return RunBatchInOrder(batch, last_sequence, reply);
-}
-
-absl::Status Session::RunBatchInOrder(const v1::CommandBatch& batch, uint64_t* last_sequence,
-                                      v1::CommandReply* reply) {
+                               v1::CommandReply* reply) {
   // Every sequence number of the batch first, the skipped ones included: a batch whose
   // numbers do not increase runs nothing, and the last number seen only grows.
   uint64_t previous = *last_sequence;

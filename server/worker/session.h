@@ -342,14 +342,8 @@ class Session {
   // whose sequence numbers do not increase (nothing of it runs); other per-command errors
   // go into `reply.error`, and the rest of the batch is skipped. `last_sequence` is the
   // highest sequence seen on this stream so far; it is advanced.
-  // Batches of one command stream run one after another (its reading thread runs them);
-  // `alone` (a RunCommands batch) also keeps every other batch of the session waiting until
-  // it is done, and waits for the ones running: a unary batch whose client gave up waiting
-  // (its deadline passed while a command waited for the GPU) still runs before the batches
-  // that client sends next, as it would have on the client's command stream.
   absl::Status RunBatch(const v1::CommandBatch& batch, uint64_t* last_sequence,
-                        v1::CommandReply* reply, bool alone = false)
-      ABSL_LOCKS_EXCLUDED(batch_order_mu_);
+                        v1::CommandReply* reply);
 
   // OK, or FAILED_PRECONDITION naming the sticky fault once one happened.
   absl::Status fault() const ABSL_LOCKS_EXCLUDED(mu_);
@@ -454,8 +448,6 @@ class Session {
                                                      const v1::LaunchCommand& launch,
                                                      std::vector<uint8_t>* scratch)
       ABSL_LOCKS_EXCLUDED(mu_);
-  absl::Status RunBatchInOrder(const v1::CommandBatch& batch, uint64_t* last_sequence,
-                               v1::CommandReply* reply);
   absl::Status RunCommand(const v1::Command& command, v1::CommandReply* reply,
                           uint64_t* download_bytes);
 
@@ -506,9 +498,6 @@ class Session {
   const Watchdog::FireFn on_kernel_timeout_;
   HandleIdGenerator ids_;
 
-  // Held shared by a command stream's batch and exclusively by a RunCommands batch while it
-  // runs (RunBatch); acquired before every other lock.
-  absl::Mutex batch_order_mu_ ABSL_ACQUIRED_BEFORE(limits_mu_, mu_);
   // Serialises SetContextLimit, whose check reads the other limits (never held with mu_).
   absl::Mutex limits_mu_ ABSL_ACQUIRED_BEFORE(mu_);
   mutable absl::Mutex mu_;

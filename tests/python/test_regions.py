@@ -17,7 +17,7 @@ import subprocess
 import threading
 import time
 from pathlib import Path
-from typing import Iterator, List, Optional, Tuple
+from typing import Any, Iterator, List, Optional, Tuple
 
 import grpc
 import numpy as np
@@ -411,6 +411,31 @@ def test_copy_thread_setting_is_checked(monkeypatch: pytest.MonkeyPatch, value: 
         _regions.host_copy(np.zeros(n, np.uint8), np.ones(n, np.uint8))
     monkeypatch.delenv("GPURPC_COPY_THREADS")
     monkeypatch.setattr(_regions._CopyPool, "_pid", 0)
+
+
+def test_host_copies_without_new_threads_copy_on_the_caller(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """At interpreter shutdown the pool refuses new work (RuntimeError); a staged copy made
+    then (an atexit handler, a late finalizer) copies everything on the calling thread."""
+
+    class ShutDown:
+        def __init__(self) -> None:
+            self.submitted = 0
+
+        def submit(self, fn: Any, *args: Any) -> Any:
+            if self.submitted:
+                raise RuntimeError("cannot schedule new futures after interpreter shutdown")
+            self.submitted += 1
+            return _regions.ThreadPoolExecutor(1).submit(fn, *args)
+
+    pool = ShutDown()
+    monkeypatch.setattr(_regions._CopyPool, "get", classmethod(lambda cls: (pool, 4)))
+    n = 4 * _regions.COPY_PIECE_MIN_BYTES + 3
+    src = random_bytes(n)
+    dest = np.zeros(n, np.uint8)
+    _regions.host_copy(dest, src)
+    assert pool.submitted == 1
+    assert np.array_equal(dest, src)
 
 
 def test_host_copies_work_in_a_forked_child(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -259,10 +259,7 @@ def test_the_timeout_comes_from_timeout_or_the_environment(
 
 # -- detach and exit ---------------------------------------------------------------------------
 
-def test_detach_returns_while_the_daemon_is_stopped(daemons: Callable[..., Daemon],
-                                                    monkeypatch: pytest.MonkeyPatch) -> None:
-    # Through the relay: a stopped front end stops it (the direct channel would not wait).
-    monkeypatch.setenv("GPURPC_DIRECT", "0")
+def test_detach_returns_while_the_daemon_is_stopped(daemons: Callable[..., Daemon]) -> None:
     daemon = daemons()
     cuda.init(address=daemon.address, timeout=120)
     ctx = _context()
@@ -334,11 +331,7 @@ def test_the_exit_path_returns_while_the_daemon_is_stopped(
         daemon.cont()
 
 
-@pytest.mark.parametrize("direct", ["0", "1"])
-def test_detach_returns_when_the_daemon_was_killed(daemons: Callable[..., Daemon],
-                                                   monkeypatch: pytest.MonkeyPatch,
-                                                   direct: str) -> None:
-    monkeypatch.setenv("GPURPC_DIRECT", direct)
+def test_detach_returns_when_the_daemon_was_killed(daemons: Callable[..., Daemon]) -> None:
     daemon = daemons()
     cuda.init(address=daemon.address, timeout=120)
     ctx = _context()
@@ -346,18 +339,7 @@ def test_detach_returns_when_the_daemon_was_killed(daemons: Callable[..., Daemon
     try:
         buf = cuda.mem_alloc(1024)
         cuda.memset_d32(buf, 0, 256)
-        assert ctx._core.commands.direct == (direct == "1"), ctx._core.commands.direct_off
         daemon.kill()
-        if direct == "1":
-            # The worker outlives its front end by up to its parent check (0.2 s), and a
-            # call on the direct channel meanwhile may still be answered; then they fail.
-            def fails() -> bool:
-                try:
-                    cuda.memcpy_dtoh(np.empty(256, np.uint32), buf)
-                except cuda.Error:
-                    return True
-                return False
-            assert _timed(lambda: _eventually(fails, MUST_NOT_HANG_S)) < MUST_NOT_HANG_S
         assert _timed(lambda: pytest.raises(cuda.Error, cuda.memcpy_dtoh,
                                             np.empty(256, np.uint32), buf)) < MUST_NOT_HANG_S
         assert _timed(lambda: pytest.raises(cuda.Error, cuda.Context.synchronize)) \
@@ -366,46 +348,6 @@ def test_detach_returns_when_the_daemon_was_killed(daemons: Callable[..., Daemon
         cuda.Context.pop()
         took = _timed(ctx.detach)
     assert took < MUST_NOT_HANG_S
-
-
-def test_detach_ends_a_synchronize_waiting_on_the_direct_channel(
-        daemons: Callable[..., Daemon]) -> None:
-    """A synchronize waits in a RunCommands call on the direct channel for a kernel that
-    runs long; detaching the context from another thread closes the channel, so the waiter
-    returns with an error at once instead of after the kernel."""
-    daemon = daemons()
-    cuda.init(address=daemon.address, timeout=120)
-    ctx = _context()
-    ctx.push()
-    try:
-        spin = SourceModule(FAKE_KERNELS).get_function("spin_us")
-        cuda.memset_d32(cuda.mem_alloc(4), 0, 1)
-        if not ctx._core.commands.direct:
-            pytest.skip(f"no direct channel: {ctx._core.commands.direct_off}")
-    finally:
-        cuda.Context.pop()
-    errors: List[BaseException] = []
-    started = threading.Event()
-
-    def wait() -> None:
-        ctx.push()
-        try:
-            spin(np.uint64(60_000_000), block=(1, 1, 1), grid=(1, 1))  # 60 s
-            started.set()
-            ctx.synchronize()
-        except BaseException as e:  # noqa: BLE001 - checked below
-            errors.append(e)
-        finally:
-            cuda.Context.pop()
-
-    waiter = threading.Thread(target=wait)
-    waiter.start()
-    assert started.wait(MUST_NOT_HANG_S)
-    time.sleep(0.3)  # the synchronize is in its call
-    assert _timed(ctx.detach) < MUST_NOT_HANG_S
-    waiter.join(MUST_NOT_HANG_S)
-    assert not waiter.is_alive()
-    assert len(errors) == 1 and isinstance(errors[0], cuda.Error), errors
 
 
 # -- liveness ----------------------------------------------------------------------------------

@@ -468,9 +468,6 @@ def main() -> int:
         bench_gpurpc(results, args)
         bench_transfers(results, args, "gpurpc")
         regions = _regions_note(ctx)
-        commands = ctx._core.commands
-        python_path = ("direct channel" if commands.direct
-                       else f"relay: {commands.direct_off}")
     finally:
         cuda.Context.pop()
         ctx.detach()
@@ -481,14 +478,13 @@ def main() -> int:
     finally:
         cuda.Context.pop()
         ctx.detach()
-    print(f"gpurpc column: {regions}; command stream over the {python_path}; gRPC-only "
-          "column: host_regions='off' (the relay)")
+    print(f"gpurpc column: {regions}; gRPC-only column: host_regions='off'")
     cpp = run_cpp_bench(args.cpp_bench, resolve(args.address)) if args.cpp_bench else None
     cupy_note = "skipped (--no-cupy)" if args.no_cupy else bench_cupy(results, args)
     print()
     print_table(results, cupy_note)
     if cpp is not None and results["sync"].gpurpc:
-        print_against_cpp(results["sync"].gpurpc, cpp, python_path)
+        print_against_cpp(results["sync"].gpurpc, cpp)
     return 0
 
 
@@ -510,20 +506,18 @@ def run_cpp_bench(path: str, address: str) -> Optional[Dict[str, float]]:
     return None
 
 
-def print_against_cpp(python_round_trips_per_s: float, cpp: Dict[str, float],
-                      python_path: str) -> None:
+def print_against_cpp(python_round_trips_per_s: float, cpp: Dict[str, float]) -> None:
     python_us = 1e6 / python_round_trips_per_s
     cpp_us = cpp["stream_round_trip_us"]
     print()
-    print(f"launch + synchronize, Python ({python_path}) against the C++ client on the same "
-          "daemon")
+    print("launch + synchronize, Python against the C++ client on the same daemon")
     print(f"  Python {python_us:.1f} us, C++ command stream through the relay {cpp_us:.1f} us "
           f"(bare ping {cpp['ping_us']:.1f} us): {python_us / cpp_us:.2f}x the C++ round trip "
           "(target <= 1.5x)")
     direct_us = cpp.get("direct_channel_round_trip_us", 0.0)
     if direct_us > 0:
-        print(f"  C++ on its direct channel {direct_us:.1f} us: Python is "
-              f"{python_us / direct_us:.2f}x that")
+        print(f"  C++ on its direct channel {direct_us:.1f} us (the Python client uses the "
+              f"relay): Python is {python_us / direct_us:.2f}x that")
 
 
 def _regions_note(ctx: "cuda.Context") -> str:

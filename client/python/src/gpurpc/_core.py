@@ -27,7 +27,6 @@ daemon restarted); later calls raise the recorded error at once.
 from __future__ import annotations
 
 import collections
-import logging
 import math
 import os
 import re
@@ -41,7 +40,7 @@ from typing import Any, Callable, Deque, Dict, List, NamedTuple, Optional, Seque
 
 import grpc
 
-from . import _direct, debug
+from . import debug
 from ._errors import (
     CallTimeoutError,
     Error,
@@ -66,8 +65,6 @@ from .v1 import (
     session_service_pb2,
 )
 
-_log = logging.getLogger("gpurpc")
-
 MAX_MESSAGE_BYTES = 80 << 20
 UPLOAD_CHUNK_BYTES = 1 << 20         # one inline UploadCommand / UploadStream message
 DOWNLOAD_CHUNK_BYTES = 1 << 20       # DownloadStream chunk size
@@ -85,12 +82,6 @@ LEFT_BEHIND_WAIT_S = 0.05
 # this much, so that only small work waits behind the join.
 JOIN_MAX_BYTES = 64 << 10
 JOIN_MAX_DOWNLOAD_BYTES = 1 << 20
-# A synchronising call whose work is all still on this side (nothing in flight, or only the
-# last batch, which gRPC's sending thread has not taken) sends it as one RunCommands call on
-# the calling thread when it is this small (CommandStream._run_alone): grpcio runs a small
-# unary call there, while a stream message is handed to its sending thread and the answer
-# back from its polling and reading threads.
-ALONE_MAX_BYTES = 16 << 10
 STREAMED_TRANSFER_BYTES = 8 << 20    # synchronous transfers above this use Upload/DownloadStream
 ADDRESS_SEPARATOR = ","              # between the targets of an address list (several daemons)
 # Placement of new sessions over several daemons (Client.daemons, rank_devices): free memory
@@ -566,8 +557,6 @@ class Client:
         self.tls = tls_any
         self.channel: Any = None
         self.command_stream: Any = None
-        self.has_run_commands = False
-        self.channel_options: List[Tuple[str, Any]] = []
         self.has_credentials = bool(self._token) or cert_any
         self.auth_metadata: Tuple[Tuple[str, str], ...] = (
             (("authorization", "Bearer " + self._token),) if self._token else ())
@@ -641,7 +630,6 @@ class Client:
 
     def _open_channel(self, target: str, tls_name: Optional[str]) -> None:
         creds, options, tls, has_cert = self._channel_settings(target, tls_name)
-        self.channel_options = options  # also the direct channels' (CommandStream)
         self.tls = tls
         if creds is not None:
             self.channel = grpc.secure_channel(target, creds, options=options)
@@ -653,7 +641,6 @@ class Client:
         # Raw-bytes request serializer: the command stream encodes batches itself.
         self.command_stream = _make_callable(self.channel, "ExecutionService.CommandStream",
                                              request_serializer=None)
-        self.has_run_commands = True  # until a daemon answers UNIMPLEMENTED (an older one)
 
     def _member(self, target: str, tls_name: Optional[str]) -> "Client":
         """The client of one daemon of this client of several (made once, then kept):
@@ -1069,7 +1056,7 @@ def copy_3d_command(destination: execution_service_pb2.Copy3DEndpoint,
 # ---------------------------------------------------------------------------------------------
 
 class _Batch:
-    __slots__ = ("first_seq", "labels", "sinks", "download_bytes", "done", "call")
+    __slots__ = ("first_seq", "labels", "sinks", "download_bytes", "done")
 
     def __init__(self, first_seq: int, labels: List[str], sinks: Dict[int, Callable],
                  download_bytes: int, done: List[Callable[[], None]]) -> None:
@@ -1078,7 +1065,6 @@ class _Batch:
         self.sinks = sinks
         self.download_bytes = download_bytes
         self.done = done  # run by the reader once the batch is answered without an error
-        self.call: Any = None  # the stream it was sent on (only that stream's reader answers)
 
     def label(self, seq: int) -> str:
         i = seq - self.first_seq
@@ -1124,16 +1110,6 @@ class _Outbox:
             self._items[-1][0] += payload
             return True
 
-    def take_back(self, batch: "_Batch", max_bytes: int) -> Optional[bytes]:
-        """Takes ``batch`` out again when it is the only one waiting and at most
-        ``max_bytes``: its payload, or None (gRPC's sending thread took it, another waits
-        before it, or it is larger)."""
-        with self._cv:
-            if (len(self._items) != 1 or self._items[0][1] is not batch
-                    or len(self._items[0][0]) > max_bytes):
-                return None
-            return self._items.pop()[0]
-
     def __iter__(self) -> "_Outbox":
         return self
 
@@ -1155,21 +1131,12 @@ class CommandStream:
 
     def __init__(self, client: Client, metadata: Tuple, session_id: int,
                  fault: Dict[str, str], state: "_SessionState",
-                 session_lock: Optional[Any] = None,
-                 direct_mode: Optional[Callable[[], str]] = None) -> None:
+                 session_lock: Optional[Any] = None) -> None:
         # No reference to the SessionCore: the session's finalizer reaches this object, and
         # a reference back would keep the session alive forever. ``session_lock`` is the
         # lock its callers hold (SessionCore.lock): the reader thread takes it to send what
         # was queued behind an answered batch (_send_left_behind).
         self._session_lock = session_lock
-        # The session's host_regions mode, asked when the first stream opens: "auto" and
-        # "on" try the direct channel (_direct.py) over a Unix socket.
-        self._direct_mode = direct_mode
-        self._direct: Any = None         # the direct channel, while the stream uses it
-        self._direct_stream: Any = None  # its CommandStream and RunCommands callables
-        self._direct_run: Any = None
-        self._direct_tried = False
-        self.direct_off: Optional[str] = None  # why there is no direct channel, if tried
         self._client = client
         self._metadata = metadata
         self._session_id = session_id
@@ -1273,66 +1240,14 @@ class CommandStream:
     def _open(self) -> None:
         if self._queue is not None:
             self._queue.close()  # the broken stream's iterator ends
-        if self._direct is not None and self._call is not None:
-            # A direct stream ended (a fault, the worker gone): the relay from now on, which
-            # answers with the session's fate (FAILED_PRECONDITION naming the fault, ...).
-            # The old stream's reader must take the CANCELLED of the closing for what it is.
-            self._call = None
-            self._close_direct()
         q = _Outbox()
-        if self._direct is not None:
-            call = self._direct_stream(q)  # the channel stands for the session: no metadata
-        else:
-            call = self._client.command_stream(
-                q, metadata=self._metadata + self._client.auth_metadata)
+        call = self._client.command_stream(q, metadata=self._metadata + self._client.auth_metadata)
         debug.count(debug.STREAM_OPEN)
         self._queue = q
         self._call = call
         self._broken = False
         threading.Thread(target=self._reader, args=(call,), daemon=True,
                          name=f"gpurpc-commands-{self._session_id}").start()
-
-    def _open_direct(self) -> None:
-        """Opens the direct channel when the session's mode and the daemon allow it; else
-        says why in ``direct_off`` (and the debug log) and leaves the relay in use."""
-        mode = self._direct_mode() if self._direct_mode is not None else "off"
-        if mode == "off" or not _is_unix(self._client.target):
-            self.direct_off = f"host_regions={mode!r}" if mode == "off" else "not a Unix socket"
-            return
-        if os.environ.get("GPURPC_DIRECT", "").strip().lower() in ("0", "off", "no", "false"):
-            self.direct_off = "GPURPC_DIRECT=" + os.environ["GPURPC_DIRECT"]
-            return
-        timeout = min(self._state.timeout, _direct.OPEN_TIMEOUT_S)
-        try:
-            reply = self._client.call("HostRegionService.OpenDirectChannel",
-                                      host_region_service_pb2.OpenDirectChannelRequest(),
-                                      self._metadata, timeout=timeout)
-            channel = _direct.open_direct_channel(reply, self._session_id,
-                                                  self._client.channel_options, timeout)
-        except (Error, _direct.DirectChannelError) as e:
-            self.direct_off = f"opening the direct channel failed: {e}"
-            _log.debug("session %d: %s; commands go through the daemon's relay",
-                       self._session_id, e)
-            return
-        self._direct = channel
-        self._direct_stream = channel.stream_stream(
-            "/gpurpc.v1.ExecutionService/CommandStream", request_serializer=None,
-            response_deserializer=execution_service_pb2.CommandReply.FromString)
-        self._direct_run = channel.unary_unary(
-            "/gpurpc.v1.ExecutionService/RunCommands", request_serializer=None,
-            response_deserializer=execution_service_pb2.CommandReply.FromString)
-        self.direct_off = None
-
-    def _close_direct(self) -> None:
-        channel, self._direct = self._direct, None
-        self._direct_stream = self._direct_run = None
-        if channel is not None:
-            channel.close()  # ends its calls at once, a blocking RunCommands included
-
-    @property
-    def direct(self) -> bool:
-        """Whether the stream goes straight to the session's worker (the direct channel)."""
-        return self._direct is not None
 
     def flush(self, timeout: Optional[float] = None, label: str = "sending queued commands",
               ) -> None:
@@ -1364,28 +1279,13 @@ class CommandStream:
             self._done = []
             self._bytes = 0
             self._download_bytes = 0
-            self.sent_batches += 1
-        debug.count(debug.BATCH)
-        self._send(payload, batch)
-
-    def _send(self, payload: bytes, batch: _Batch) -> None:
-        """Puts a batch (already counted in ``sent_batches``) on the stream, opening one
-        when there is none (the first time, the direct channel first: not under ``_cv``,
-        which a blocking call must not hold)."""
-        if not self._direct_tried:
-            self._direct_tried = True
-            self._open_direct()
-        with self._cv:
-            if self._closed:
-                raise LogicError(f"sending queued commands: the context (session "
-                                 f"{self._session_id}) was detached; its memory, modules, "
-                                 "streams and events are gone")
             if self._broken:
                 self._open()
-            batch.call = self._call
             self._inflight.append(batch)
+            self.sent_batches += 1
             self._inflight_download_bytes += batch.download_bytes
             q = self._queue
+        debug.count(debug.BATCH)
         q.put(payload, batch)  # type: ignore[union-attr]
 
     def drain(self, timeout: Optional[float] = None, label: str = "waiting for queued commands",
@@ -1398,7 +1298,7 @@ class CommandStream:
         """
         limit = self._state.timeout if timeout is None else timeout
         deadline = time.monotonic() + limit
-        if not self._run_alone(limit, label) and not self._join_last():
+        if not self._join_last():
             self.flush(limit, label)
         with self._cv:
             while self._inflight:
@@ -1502,11 +1402,38 @@ class CommandStream:
             for reply in call:
                 with self._cv:
                     # Popped only once its bytes are delivered: a drain that looks meanwhile
-                    # must still see it in flight. A batch of a newer stream is not ours.
+                    # must still see it in flight.
                     batch = self._inflight[0] if self._inflight else None
-                if batch is None or batch.call is not call:
+                if batch is None:
                     continue
-                error = self._deliver(batch, reply)
+                if reply.device_output:
+                    try:
+                        print_device_output(reply.device_output)
+                    except Exception as e:  # noqa: BLE001 - reported at the next drain
+                        with self._cv:
+                            self._record(LogicError(f"printing device output: {e}"))
+                for result in reply.downloads:
+                    sink = batch.sinks.get(result.sequence)
+                    if sink is not None:
+                        try:
+                            sink(result.data)
+                        except Exception as e:  # noqa: BLE001 - reported at the next drain
+                            with self._cv:
+                                self._record(LogicError(f"delivering downloaded bytes: {e}"))
+                error = None
+                if reply.HasField("error"):
+                    code = status_code_from_int(reply.error.code)
+                    error = session_error(code, reply.error.message,
+                                          batch.label(reply.error.sequence), self._client.target,
+                                          self._session_id)
+                    note_fault(self._fault, code, reply.error.message)
+                else:
+                    for callback in batch.done:
+                        try:
+                            callback()
+                        except Exception as e:  # noqa: BLE001 - reported at the next drain
+                            with self._cv:
+                                self._record(LogicError(f"delivering a finished copy: {e}"))
                 with self._cv:
                     if error is not None:
                         self._record(error)
@@ -1532,147 +1459,16 @@ class CommandStream:
         with self._cv:
             if self._call is call:
                 self._broken = True
-            # This stream's unanswered batches (the first in flight: a newer stream's follow).
-            dropped = 0
-            while self._inflight and self._inflight[0].call is call:
-                batch = self._inflight.popleft()
-                self._inflight_download_bytes -= batch.download_bytes
-                dropped += 1
-            if dropped:
+            if self._inflight:
                 if end_error is None:
                     end_error = LaunchError(
                         "ExecutionService.CommandStream ended before answering every batch",
                         code=grpc.StatusCode.UNKNOWN, operation="ExecutionService.CommandStream")
                 self._record(end_error)
-                self.acked_batches += dropped
+                self.acked_batches += len(self._inflight)
+                self._inflight.clear()
+                self._inflight_download_bytes = 0
             self._cv.notify_all()
-
-    def _deliver(self, batch: _Batch, reply: Any) -> Optional[Error]:
-        """Hands an answered batch's device output, downloads and finished copies on; the
-        error the reply reports, if any (not recorded). A failure of delivery is recorded."""
-        if reply.device_output:
-            try:
-                print_device_output(reply.device_output)
-            except Exception as e:  # noqa: BLE001 - reported at the next drain
-                with self._cv:
-                    self._record(LogicError(f"printing device output: {e}"))
-        for result in reply.downloads:
-            sink = batch.sinks.get(result.sequence)
-            if sink is not None:
-                try:
-                    sink(result.data)
-                except Exception as e:  # noqa: BLE001 - reported at the next drain
-                    with self._cv:
-                        self._record(LogicError(f"delivering downloaded bytes: {e}"))
-        if reply.HasField("error"):
-            code = status_code_from_int(reply.error.code)
-            note_fault(self._fault, code, reply.error.message)
-            return session_error(code, reply.error.message, batch.label(reply.error.sequence),
-                                 self._client.target, self._session_id)
-        for callback in batch.done:
-            try:
-                callback()
-            except Exception as e:  # noqa: BLE001 - reported at the next drain
-                with self._cv:
-                    self._record(LogicError(f"delivering a finished copy: {e}"))
-        return None
-
-    def _run_alone(self, limit: float, label: str) -> bool:
-        """Sends the work a synchronising call waits for as one RunCommands call on the
-        calling thread, when all of it is still on this side: the pending commands, after
-        the last batch when gRPC's sending thread has not taken it and nothing else is in
-        flight (it is taken back). Only small work (``ALONE_MAX_BYTES``). True when it ran
-        (answered, or failed with its error recorded for the drain); False: send it on the
-        stream instead (nothing changed).
-
-        Ordering: nothing of the session's stream is in flight, and the caller holds the
-        session lock, so nothing else is sent until the answer; the daemon also runs a
-        RunCommands batch alone, so one whose deadline passed here still runs before what
-        is sent next."""
-        client = self._client
-        run = self._direct_run
-        if run is None or self._broken or not client.has_run_commands or self._closed:
-            return False
-        with self._cv:
-            inflight = len(self._inflight)
-            last = self._inflight[-1] if inflight == 1 else None
-        if inflight > 1 or (inflight == 0 and not self._cmds):
-            return False
-        pending = b"".join(self._cmds)
-        if (len(pending) > ALONE_MAX_BYTES or self._download_bytes > JOIN_MAX_DOWNLOAD_BYTES
-                or (last is not None and (
-                    self._queue is None or self._broken
-                    or last.first_seq + len(last.labels) != (self._first_seq if self._cmds
-                                                             else self._seq + 1)
-                    or last.download_bytes + self._download_bytes > JOIN_MAX_DOWNLOAD_BYTES))):
-            return False
-        if last is not None:
-            # Not sent, so not answered: the reader leaves it alone, and nothing else is sent
-            # meanwhile (the caller holds the session lock).
-            taken = self._queue.take_back(last, ALONE_MAX_BYTES - len(pending))  # type: ignore
-            if taken is None:
-                return False
-            with self._cv:
-                self._inflight.pop()
-                self._inflight_download_bytes -= last.download_bytes
-            batch = last
-            batch.labels.extend(self._labels)
-            batch.sinks.update(self._sinks)
-            batch.done.extend(self._done)
-            batch.download_bytes += self._download_bytes
-            payload = taken + pending
-        else:
-            batch = _Batch(self._first_seq, self._labels, self._sinks, self._download_bytes,
-                           self._done)
-            payload = pending
-            self.sent_batches += 1
-            debug.count(debug.BATCH)
-        self._cmds = []
-        self._labels = []
-        self._sinks = {}
-        self._done = []
-        self._bytes = 0
-        self._download_bytes = 0
-        started = time.monotonic()
-        try:
-            reply = run(payload, timeout=grpc_timeout(limit))
-        except grpc.RpcError as e:
-            code = e.code() if hasattr(e, "code") else grpc.StatusCode.UNKNOWN
-            details = (e.details() if hasattr(e, "details") else "") or ""
-            if code == grpc.StatusCode.UNIMPLEMENTED:
-                # An older daemon: nothing ran. The batch goes on the stream, for good.
-                client.has_run_commands = False
-                self._send(payload, batch)
-                return True
-            if self._closed:  # detach closed the channel under the call
-                error: Error = LogicError(
-                    f"{label}: the context (session {self._session_id}) was detached while "
-                    "this call waited", code=code, operation=label)
-            elif code == grpc.StatusCode.DEADLINE_EXCEEDED and \
-                    time.monotonic() - started >= limit * 0.999:
-                error = timeout_error(
-                    label, limit, "a deadline does not cancel GPU work: it goes on, and a "
-                    "later synchronising call waits for it")
-            else:
-                error = session_error(code, details, batch.label(batch.first_seq),
-                                      client.target, self._session_id)
-                note_fault(self._fault, code, details)
-            with self._cv:
-                self._record(error)
-                if code == grpc.StatusCode.ABORTED:
-                    self._broken = True  # a fault: later batches go to a new stream
-                self.acked_batches += 1
-                self._cv.notify_all()
-            return True
-        error = self._deliver(batch, reply)
-        with self._cv:
-            if error is not None:
-                self._record(error)
-                if error.code == grpc.StatusCode.ABORTED:
-                    self._broken = True
-            self.acked_batches += 1
-            self._cv.notify_all()
-        return True
 
     def _send_left_behind(self) -> None:
         """Sends, from the reader thread, the commands queued while the batch just answered
@@ -1729,7 +1525,6 @@ class CommandStream:
             q.close()
         if call is not None:
             call.cancel()
-        self._close_direct()
 
 
 def print_device_output(data: bytes) -> None:
@@ -1980,10 +1775,8 @@ class SessionCore:
         self.grace_ms: int = reply.grace_ms or 0
         backoff_cap = min(max(self.grace_ms / 4000.0, 0.1), 2.0) if self.grace_ms else 2.0
         self._state = _SessionState(client, self.metadata, self.session_id, backoff_cap)
-        core_ref = weakref.ref(self)
-        self.commands = CommandStream(
-            client, self.metadata, self.session_id, self.fault, self._state, self.lock,
-            direct_mode=lambda: getattr(core_ref(), "host_regions", "off"))
+        self.commands = CommandStream(client, self.metadata, self.session_id, self.fault,
+                                      self._state, self.lock)
         self._state.commands = self.commands
         self._finalizer = weakref.finalize(self, _close_session, self._state)
         threading.Thread(target=_watch_loop, args=(self._state,), daemon=True,

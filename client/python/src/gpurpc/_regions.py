@@ -55,6 +55,7 @@ pieces of a large ``host_copy``, which the process's copy threads run while the 
 """
 from __future__ import annotations
 
+import builtins
 import errno
 import functools
 import logging
@@ -63,14 +64,13 @@ import os
 import socket
 import threading
 import weakref
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor, wait
 from typing import Any, List, Optional, Sequence, Tuple
 
 import grpc
 import numpy as np
 
 from . import _progress, debug
-from ._direct import attach_exchange
 from ._core import CLEANUP_TIMEOUT_S, SessionCore, _is_unix, device_pointer
 from ._errors import (
     Error,
@@ -106,6 +106,7 @@ ATTACH_TIMEOUT_S = 30.0         # the attach exchange (or the call timeout when 
 ATTACH_COUNTER = "HostRegionService/attach"  # gpurpc.debug counter of attach exchanges
 PAGE_BYTES = mmap.PAGESIZE
 _KEY = "host_regions"           # SessionCore.caches key of the context's _Manager
+_REPLY_MAX_BYTES = 4096
 
 
 def _missing_support() -> Optional[str]:
@@ -176,6 +177,10 @@ class _CopyPool:
     _threads = 0
 
     @classmethod
+    def _after_fork_in_child(cls) -> None:
+        cls._lock = threading.Lock()  # a parent thread may have held it at the fork
+
+    @classmethod
     def get(cls) -> Tuple[Optional[ThreadPoolExecutor], int]:
         with cls._lock:
             if cls._pid != os.getpid():
@@ -187,9 +192,14 @@ class _CopyPool:
             return cls._pool, cls._threads
 
 
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_CopyPool._after_fork_in_child)
+
+
 def host_copy(dest: np.ndarray, src: np.ndarray) -> None:
     """``numpy.copyto(dest, src)`` for two contiguous one-dimensional byte arrays of one size,
-    split over the copy threads when it is large (see ``COPY_PIECE_MIN_BYTES``)."""
+    split over the copy threads when it is large (see ``COPY_PIECE_MIN_BYTES``). Returns (or
+    raises) only once no piece is being written any more."""
     n = src.size
     pieces = n // COPY_PIECE_MIN_BYTES
     if pieces < 2:
@@ -201,9 +211,18 @@ def host_copy(dest: np.ndarray, src: np.ndarray) -> None:
         np.copyto(dest, src)
         return
     step = -(-n // pieces)
-    futures = [pool.submit(np.copyto, dest[at:at + step], src[at:at + step])
-               for at in range(step, n, step)]
-    np.copyto(dest[:step], src[:step])
+    futures = []
+    try:
+        for at in range(step, n, step):
+            futures.append(pool.submit(np.copyto, dest[at:at + step], src[at:at + step]))
+    except builtins.RuntimeError:  # the interpreter is shutting down: no new threads
+        wait(futures)
+        np.copyto(dest, src)
+        return
+    try:
+        np.copyto(dest[:step], src[:step])
+    finally:
+        wait(futures)  # also after an interrupt: nothing may still write into ``dest``
     for future in futures:
         future.result()
 
@@ -388,7 +407,11 @@ def _attach(core: SessionCore, reply: Any, fd: int, label: str) -> None:
     timeout = min(core.timeout, ATTACH_TIMEOUT_S)
     debug.count(ATTACH_COUNTER)
     try:
-        data = attach_exchange(path, request, fd, timeout)
+        with socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET) as sock:
+            sock.settimeout(timeout)
+            sock.connect(path)
+            socket.send_fds(sock, [request], [fd])
+            data = sock.recv(_REPLY_MAX_BYTES)
     except socket.timeout:
         raise timeout_error(op, timeout, "the daemon did not answer on its region "
                             "socket") from None

@@ -2,10 +2,8 @@
 
 Every unary RPC is counted under its ``Service.Method`` name, every command-stream batch under
 ``"ExecutionService.CommandStream/batch"`` and every opening of a command stream under
-``"ExecutionService.CommandStream/open"``. A batch sent as one ``RunCommands`` call (what a
-synchronising call waits for, over the direct channel) counts as a batch too, and opening a
-session's direct channel (once) counts under ``"HostRegionService.OpenDirectChannel"``. Tests
-use this to check that an ``In``/``Out`` launch takes one round trip::
+``"ExecutionService.CommandStream/open"``. Tests use this to check that an ``In``/``Out``
+launch takes one round trip::
 
     from gpurpc import debug
     debug.reset_rpc_counts()
@@ -24,12 +22,10 @@ from collections import Counter
 from typing import Dict
 
 __all__ = ["rpc_counts", "reset_rpc_counts", "round_trips", "BATCH", "STREAM_OPEN",
-           "DIRECT_OPEN", "WATCH_OPEN"]
+           "WATCH_OPEN"]
 
 BATCH = "ExecutionService.CommandStream/batch"
 STREAM_OPEN = "ExecutionService.CommandStream/open"
-# Opening a session's direct channel, once, when its command stream first opens (_direct.py).
-DIRECT_OPEN = "HostRegionService.OpenDirectChannel"
 WATCH_OPEN = "SessionService.WatchSession"
 _LIVENESS = ("SessionService.KeepAlive", WATCH_OPEN)
 
@@ -55,11 +51,10 @@ def rpc_counts(include_keepalive: bool = False) -> Dict[str, int]:
 
 
 def round_trips() -> int:
-    """Unary RPCs plus command-stream batches since the last reset (liveness calls and
-    the openings of command streams and direct channels excluded)."""
+    """Unary RPCs plus command-stream batches since the last reset (liveness calls
+    excluded)."""
     counts = rpc_counts()
     counts.pop(STREAM_OPEN, None)
-    counts.pop(DIRECT_OPEN, None)
     return sum(counts.values())
 
 

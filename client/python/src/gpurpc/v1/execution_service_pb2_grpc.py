@@ -113,11 +113,6 @@ class ExecutionServiceStub(object):
                 request_serializer=gpurpc_dot_v1_dot_execution__service__pb2.CommandBatch.SerializeToString,
                 response_deserializer=gpurpc_dot_v1_dot_execution__service__pb2.CommandReply.FromString,
                 _registered_method=True)
-        self.RunCommands = channel.unary_unary(
-                '/gpurpc.v1.ExecutionService/RunCommands',
-                request_serializer=gpurpc_dot_v1_dot_execution__service__pb2.CommandBatch.SerializeToString,
-                response_deserializer=gpurpc_dot_v1_dot_execution__service__pb2.CommandReply.FromString,
-                _registered_method=True)
         self.BeginCapture = channel.unary_unary(
                 '/gpurpc.v1.ExecutionService/BeginCapture',
                 request_serializer=gpurpc_dot_v1_dot_execution__service__pb2.BeginCaptureRequest.SerializeToString,
@@ -315,24 +310,6 @@ class ExecutionServiceServicer(object):
         INVALID_ARGUMENT for sequence numbers that do not increase.
         Retry: not idempotent; commands whose sequence was not acknowledged may or may not
         have run.
-        """
-        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
-        context.set_details('Method not implemented!')
-        raise NotImplementedError('Method not implemented!')
-
-    def RunCommands(self, request, context):
-        """One batch of the command stream's commands as a unary call, for a client whose
-        command stream is idle and that waits for the answer anyway (a synchronising call): a
-        unary call costs some clients fewer thread handoffs than a stream message (Python's
-        grpcio runs it on the calling thread). It runs exactly as a CommandStream batch: in
-        order, the rest skipped after a failed command (the reply says from which sequence),
-        downloads and device output in the reply. It is not ordered with the session's other
-        calls or command streams: send it once the work it must follow is answered. Sequence
-        numbers must increase within the batch only.
-        Codes: OK with CommandReply.error for a command that failed; ABORTED on an execution
-        fault (the session is FAULTED); INVALID_ARGUMENT for sequence numbers that do not
-        increase (nothing ran).
-        Retry: not idempotent.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -551,11 +528,6 @@ def add_ExecutionServiceServicer_to_server(servicer, server):
             ),
             'CommandStream': grpc.stream_stream_rpc_method_handler(
                     servicer.CommandStream,
-                    request_deserializer=gpurpc_dot_v1_dot_execution__service__pb2.CommandBatch.FromString,
-                    response_serializer=gpurpc_dot_v1_dot_execution__service__pb2.CommandReply.SerializeToString,
-            ),
-            'RunCommands': grpc.unary_unary_rpc_method_handler(
-                    servicer.RunCommands,
                     request_deserializer=gpurpc_dot_v1_dot_execution__service__pb2.CommandBatch.FromString,
                     response_serializer=gpurpc_dot_v1_dot_execution__service__pb2.CommandReply.SerializeToString,
             ),
@@ -989,33 +961,6 @@ class ExecutionService(object):
             request_iterator,
             target,
             '/gpurpc.v1.ExecutionService/CommandStream',
-            gpurpc_dot_v1_dot_execution__service__pb2.CommandBatch.SerializeToString,
-            gpurpc_dot_v1_dot_execution__service__pb2.CommandReply.FromString,
-            options,
-            channel_credentials,
-            insecure,
-            call_credentials,
-            compression,
-            wait_for_ready,
-            timeout,
-            metadata,
-            _registered_method=True)
-
-    @staticmethod
-    def RunCommands(request,
-            target,
-            options=(),
-            channel_credentials=None,
-            call_credentials=None,
-            insecure=False,
-            compression=None,
-            wait_for_ready=None,
-            timeout=None,
-            metadata=None):
-        return grpc.experimental.unary_unary(
-            request,
-            target,
-            '/gpurpc.v1.ExecutionService/RunCommands',
             gpurpc_dot_v1_dot_execution__service__pb2.CommandBatch.SerializeToString,
             gpurpc_dot_v1_dot_execution__service__pb2.CommandReply.FromString,
             options,
