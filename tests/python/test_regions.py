@@ -438,6 +438,7 @@ def test_host_copies_without_new_threads_copy_on_the_caller(
     assert np.array_equal(dest, src)
 
 
+@pytest.mark.filterwarnings("ignore:This process .* is multi-threaded:DeprecationWarning")
 def test_host_copies_work_in_a_forked_child(monkeypatch: pytest.MonkeyPatch) -> None:
     """A child of ``fork`` inherits the copy pool's object but none of its threads: it makes a
     pool of its own instead of waiting for threads that do not exist."""
