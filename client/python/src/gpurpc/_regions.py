@@ -98,9 +98,9 @@ STAGING_HALF_BYTES = 32 << 20   # one half of a context's staging region
 # asynchronous copy from waiting on its stream.
 STAGING_MIN_BYTES = 256 << 10
 # Host copies into and out of the staging region (numpy.copyto, which releases the GIL) are
-# split over up to this many threads, in pieces of at least COPY_PIECE_MIN_BYTES: one thread's
-# memcpy reaches about half of what PCIe DMA does, so a staged transfer of an ordinary array
-# was limited by it. GPURPC_COPY_THREADS sets it (1: copy on the calling thread only).
+# split over up to 4 threads (GPURPC_COPY_THREADS; 1: the calling thread only), in pieces of
+# at least COPY_PIECE_MIN_BYTES: with one thread, a staged 1 GiB transfer of an ordinary array
+# moved about 6 GB/s on the H200, against about 50 GB/s of DMA (docs/DESIGN.md section 7.2).
 COPY_PIECE_MIN_BYTES = 4 << 20
 ATTACH_TIMEOUT_S = 30.0         # the attach exchange (or the call timeout when shorter)
 ATTACH_COUNTER = "HostRegionService/attach"  # gpurpc.debug counter of attach exchanges
