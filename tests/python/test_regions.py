@@ -370,13 +370,21 @@ def test_plain_arrays_go_through_staging_exactly(rctx: cuda.Context, kinds: List
     assert kinds == ["region_copy", "sync"] * (2 * chunks), kinds
 
 
+@pytest.fixture
+def fresh_copy_pool(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The next host copy makes a copy pool of its own (with the test's setting); the
+    process's pool is put back afterwards."""
+    for name, value in (("_pid", 0), ("_pool", None), ("_threads", 0)):
+        monkeypatch.setattr(_regions._CopyPool, name, value)
+
+
 @pytest.mark.parametrize("threads", ["1", "2", "3", "4"])
+@pytest.mark.usefixtures("fresh_copy_pool")
 def test_host_copies_split_over_threads_copy_every_byte(monkeypatch: pytest.MonkeyPatch,
                                                         threads: str) -> None:
     """The staging region's host copies (``host_copy``) split large copies over the copy
     threads; every size, even or not, comes out whole, and the pieces do run elsewhere."""
     monkeypatch.setenv("GPURPC_COPY_THREADS", threads)
-    monkeypatch.setattr(_regions._CopyPool, "_pid", 0)  # a new pool with this setting
     names: List[str] = []
     real_copyto = np.copyto
 
@@ -398,19 +406,16 @@ def test_host_copies_split_over_threads_copy_every_byte(monkeypatch: pytest.Monk
         assert len(names) == expected, (n, names)
         helpers = [name for name in names if name.startswith("gpurpc-copy")]
         assert len(helpers) == expected - 1, (n, names)
-    monkeypatch.setattr(_regions._CopyPool, "_pid", 0)
 
 
 @pytest.mark.parametrize("value", ["0", "65", "four", "-2", "1.5"])
+@pytest.mark.usefixtures("fresh_copy_pool")
 def test_copy_thread_setting_is_checked(monkeypatch: pytest.MonkeyPatch, value: str) -> None:
     monkeypatch.setenv("GPURPC_COPY_THREADS", value)
-    monkeypatch.setattr(_regions._CopyPool, "_pid", 0)
     n = 2 * _regions.COPY_PIECE_MIN_BYTES
     with pytest.raises(cuda.LogicError, match=f"GPURPC_COPY_THREADS={value!r}: expected a whole "
                        "number from 1 to 64"):
         _regions.host_copy(np.zeros(n, np.uint8), np.ones(n, np.uint8))
-    monkeypatch.delenv("GPURPC_COPY_THREADS")
-    monkeypatch.setattr(_regions._CopyPool, "_pid", 0)
 
 
 def test_host_copies_without_new_threads_copy_on_the_caller(
@@ -439,11 +444,11 @@ def test_host_copies_without_new_threads_copy_on_the_caller(
 
 
 @pytest.mark.filterwarnings("ignore:This process .* is multi-threaded:DeprecationWarning")
+@pytest.mark.usefixtures("fresh_copy_pool")
 def test_host_copies_work_in_a_forked_child(monkeypatch: pytest.MonkeyPatch) -> None:
     """A child of ``fork`` inherits the copy pool's object but none of its threads: it makes a
     pool of its own instead of waiting for threads that do not exist."""
     monkeypatch.setenv("GPURPC_COPY_THREADS", "3")
-    monkeypatch.setattr(_regions._CopyPool, "_pid", 0)
     n = 3 * _regions.COPY_PIECE_MIN_BYTES + 5
     src = random_bytes(n)
     dest = np.zeros(n, np.uint8)
@@ -467,7 +472,6 @@ def test_host_copies_work_in_a_forked_child(monkeypatch: pytest.MonkeyPatch) -> 
             pytest.fail("the forked child's host copy hung")
         time.sleep(0.01)
     assert os.waitstatus_to_exitcode(status) == 0
-    monkeypatch.setattr(_regions._CopyPool, "_pid", 0)
 
 
 def test_small_plain_copies_stay_inline(rctx: cuda.Context) -> None:
