@@ -206,10 +206,10 @@ def host_copy(dest: np.ndarray, src: np.ndarray) -> None:
         np.copyto(dest, src)
         return
     pool, threads = _CopyPool.get()
-    pieces = min(pieces, threads)
-    if pool is None or pieces < 2:
+    if pool is None:  # one thread
         np.copyto(dest, src)
         return
+    pieces = min(pieces, threads)  # both at least 2
     step = -(-n // pieces)
     futures = []
     try:
