@@ -166,6 +166,10 @@ void RegionListener::Serve(const Pending& connection) {
     shape = absl::InvalidArgumentError(
         "AttachHostRegionRequest: session_id is required, and region_id unless (only when) "
         "direct_channel is set");
+  } else if (request.framed_commands() && !request.direct_channel()) {
+    shape = absl::InvalidArgumentError(
+        "AttachHostRegionRequest: framed_commands is for direct channels only (direct_channel "
+        "is not set)");
   }
   if (!shape.ok()) {
     Reply(connection.fd, shape);  // `datagram` closes the descriptors

@@ -91,7 +91,37 @@ absl::StatusOr<std::string> NewAttachTicket() {
   return ticket;
 }
 
-absl::Status DirectChannels::Admit(int fd) {
+DirectChannels::~DirectChannels() {
+  absl::MutexLock lock(&mu_);
+  for (const auto& framed : framed_) shutdown(framed->fd, SHUT_RDWR);
+  for (const auto& framed : framed_) {
+    if (framed->thread.joinable()) framed->thread.join();
+    close(framed->fd);
+  }
+}
+
+void DirectChannels::Prune() {
+  for (auto it = live_.begin(); it != live_.end();) {
+    struct stat st;
+    if (fstat(it->first, &st) != 0 || st.st_dev != it->second.first ||
+        st.st_ino != it->second.second) {
+      it = live_.erase(it);
+    } else {
+      ++it;
+    }
+  }
+  for (auto it = framed_.begin(); it != framed_.end();) {
+    if ((*it)->done.load()) {
+      (*it)->thread.join();
+      close((*it)->fd);
+      it = framed_.erase(it);
+    } else {
+      ++it;
+    }
+  }
+}
+
+absl::Status DirectChannels::Admit(int fd, bool framed) {
   int type = 0;
   int domain = 0;
   socklen_t length = sizeof(type);
@@ -105,22 +135,28 @@ absl::Status DirectChannels::Admit(int fd) {
         "socketpair");
   }
   absl::MutexLock lock(&mu_);
-  for (auto it = live_.begin(); it != live_.end();) {
-    struct stat st;
-    if (fstat(it->first, &st) != 0 || st.st_dev != it->second.first ||
-        st.st_ino != it->second.second) {
-      it = live_.erase(it);
-    } else {
-      ++it;
-    }
-  }
-  if (live_.size() >= kMaxDirectChannelsPerSession) {
+  Prune();
+  const size_t open = live_.size() + framed_.size();
+  if (open >= kMaxDirectChannelsPerSession) {
     return absl::ResourceExhaustedError(
-        absl::StrFormat("this session holds %d direct channels, the most it may", live_.size()));
+        absl::StrFormat("this session holds %d direct channels, the most it may", open));
   }
   const int mine = fcntl(fd, F_DUPFD_CLOEXEC, 0);
   if (mine < 0) {
     return absl::ResourceExhaustedError(absl::StrCat("dup: ", std::strerror(errno)));
+  }
+  if (framed) {
+    // Blocking: the channel's thread waits in recv and send.
+    fcntl(mine, F_SETFL, fcntl(mine, F_GETFL) & ~O_NONBLOCK);
+    auto channel = std::make_unique<Framed>();
+    channel->fd = mine;
+    Framed* const raw = channel.get();
+    raw->thread = std::thread([this, raw] {
+      serve_framed_(raw->fd);
+      raw->done.store(true);
+    });
+    framed_.push_back(std::move(channel));
+    return absl::OkStatus();
   }
   // gRPC 1.51 hangs on a blocking fd.
   fcntl(mine, F_SETFL, fcntl(mine, F_GETFL) | O_NONBLOCK);

@@ -14,8 +14,10 @@
 
 #include <sys/types.h>
 
+#include <atomic>
 #include <cstdint>
 #include <functional>
+#include <list>
 #include <map>
 #include <memory>
 #include <string>
@@ -62,21 +64,41 @@ class MappedRegion {
 absl::StatusOr<std::string> NewAttachTicket();
 
 // The direct channels of a session's worker: client socket ends (passed on the region
-// socket) served by the worker's second gRPC server, which has only ExecutionService.
+// socket) served either by the worker's second gRPC server, which has only ExecutionService,
+// or, framed, by a thread of their own that runs `serve_framed(fd)` (the framed command
+// protocol, framed_commands.h).
 class DirectChannels {
  public:
-  // `server` must outlive this object.
-  explicit DirectChannels(grpc::Server* server) : server_(server) {}
-  // Serves `fd` (not taken: a duplicate is handed to gRPC) after checking that it is a
-  // connected AF_UNIX SOCK_STREAM socket (INVALID_ARGUMENT otherwise) and that fewer than
-  // kMaxDirectChannelsPerSession channels are open (RESOURCE_EXHAUSTED).
-  absl::Status Admit(int fd) ABSL_LOCKS_EXCLUDED(mu_);
+  // `server` must outlive this object. `serve_framed(fd)` serves a framed channel until it
+  // ends and must not close `fd`.
+  DirectChannels(grpc::Server* server, std::function<void(int fd)> serve_framed)
+      : server_(server), serve_framed_(std::move(serve_framed)) {}
+  // Shuts the framed channels down and joins their threads.
+  ~DirectChannels();
+  DirectChannels(const DirectChannels&) = delete;
+  DirectChannels& operator=(const DirectChannels&) = delete;
+
+  // Serves `fd` (not taken: a duplicate is kept) after checking that it is a connected
+  // AF_UNIX SOCK_STREAM socket (INVALID_ARGUMENT otherwise) and that fewer than
+  // kMaxDirectChannelsPerSession channels, gRPC and framed together, are open
+  // (RESOURCE_EXHAUSTED).
+  absl::Status Admit(int fd, bool framed) ABSL_LOCKS_EXCLUDED(mu_);
 
  private:
+  struct Framed {
+    int fd = -1;  // closed once the thread is joined
+    std::thread thread;
+    std::atomic<bool> done{false};
+  };
+  // Forgets the gRPC channels whose fds gRPC closed, and joins the framed channels that ended.
+  void Prune() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
   grpc::Server* const server_;
+  const std::function<void(int fd)> serve_framed_;
   absl::Mutex mu_;
   // Channels handed to gRPC: fd -> (device, inode), forgotten once gRPC closed the fd.
   std::map<int, std::pair<dev_t, ino_t>> live_ ABSL_GUARDED_BY(mu_);
+  std::list<std::unique_ptr<Framed>> framed_ ABSL_GUARDED_BY(mu_);
 };
 
 // The worker's end of the region channel (--worker-region-fd, a SOCK_SEQPACKET socketpair

@@ -20,6 +20,7 @@
 #include "gpurpc/v1/memory_service.grpc.pb.h"
 #include "gpurpc/v1/module_service.grpc.pb.h"
 #include "grpcpp/impl/codegen/method_handler.h"
+#include "server/worker/framed_commands.h"
 #include "server/worker/raw_messages.h"
 
 namespace gpurpc::worker {
@@ -547,16 +548,9 @@ class ExecutionServiceImpl final : public v1::ExecutionService::Service {
       }
       raw.Clear();
       reply.Clear();
-      absl::Status status = session_->RunBatch(batch, &last_sequence, &reply);
+      absl::Status status = AnswerBatch(session_, batch, &last_sequence, &reply);
       if (!status.ok() && status.code() == absl::StatusCode::kInvalidArgument) {
         return ToGrpcStatus(status);  // a protocol error (sequence numbers)
-      }
-      // A batch that synchronised carries the device printf output captured by then.
-      for (const v1::Command& command : batch.commands()) {
-        if (command.has_sync()) {
-          reply.set_device_output(session_->TakeDeviceOutput());
-          break;
-        }
       }
       stream->Write(SerializeRaw(reply));
       if (!status.ok()) return ToGrpcStatus(status);  // a sticky fault ends the stream

@@ -29,6 +29,7 @@
 #include "server/worker/compiler/compile_cache.h"
 #include "server/worker/compiler/compiler.h"
 #include "server/worker/device_output.h"
+#include "server/worker/framed_commands.h"
 #include "server/worker/host_region.h"
 #include "server/worker/service.h"
 #include "server/worker/session.h"
@@ -284,7 +285,9 @@ int WorkerMain(const DaemonOptions& options) {
       spdlog::error("cannot start the worker's direct gRPC server");
       return kWorkerExitServerFailed;
     }
-    direct_channels = std::make_unique<DirectChannels>(direct_server.get());
+    Session* const served = session.get();
+    direct_channels = std::make_unique<DirectChannels>(
+        direct_server.get(), [served](int fd) { ServeFramedCommands(served, fd); });
     // Regions' memfds and direct channels' sockets arrive from the front end on their own
     // channel (gRPC carries no fds).
     Session* const target = session.get();
@@ -293,12 +296,16 @@ int WorkerMain(const DaemonOptions& options) {
         options.worker_region_fd,
         [target, channels](const v1::AttachHostRegionRequest& request, int fd) -> absl::Status {
           if (!request.direct_channel()) {
+            if (request.framed_commands()) {
+              return absl::InvalidArgumentError(
+                  "AttachHostRegionRequest: framed_commands is for direct channels only");
+            }
             return target->AttachHostRegion(request.region_id(), request.ticket(), fd);
           }
           if (absl::Status taken = target->TakeDirectTicket(request.ticket()); !taken.ok()) {
             return taken;
           }
-          return channels->Admit(fd);
+          return channels->Admit(fd, request.framed_commands());
         });
   }
   // gRPC 1.51 hangs on a blocking fd (DESIGN §2).

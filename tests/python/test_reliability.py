@@ -64,6 +64,16 @@ def _timed(f: Callable[[], object]) -> float:
     return time.monotonic() - start
 
 
+def _state(pid: int) -> str:
+    """The process's state letter ("" when it is gone)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            line = f.read()
+    except OSError:
+        return ""
+    return line[line.rfind(")") + 2:][:1]
+
+
 def _all_threads_stopped(pid: int) -> bool:
     """SIGSTOP takes effect a moment after kill() returns; a thread still running could
     answer a call."""
@@ -101,23 +111,50 @@ class Daemon:
                  *flags],
                 stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env)
         self.stopped = False
+        self.stopped_workers: List[int] = []
         _wait_ready(self.address, self.proc, self.log_path, deadline_s=60)
 
+    def workers(self) -> List[int]:
+        """The pids of the daemon's worker processes (its children) now."""
+        pids: List[int] = []
+        try:
+            for task in os.listdir(f"/proc/{self.proc.pid}/task"):
+                with open(f"/proc/{self.proc.pid}/task/{task}/children") as f:
+                    pids.extend(int(p) for p in f.read().split())
+        except OSError:
+            pass
+        return pids
+
     def stop(self) -> None:
-        os.kill(self.proc.pid, signal.SIGSTOP)
+        """Stops the front end and its workers: a same-host context's commands go straight
+        to its worker (the framed channel), so stopping the front end alone stops no
+        command."""
+        self.stopped_workers = self.workers()
+        for pid in [self.proc.pid] + self.stopped_workers:
+            os.kill(pid, signal.SIGSTOP)
         self.stopped = True
-        assert _eventually(lambda: _all_threads_stopped(self.proc.pid), 10), \
-            f"gpurpcd {self.proc.pid} did not stop"
+        for pid in [self.proc.pid] + self.stopped_workers:
+            assert _eventually(lambda: _all_threads_stopped(pid), 10), \
+                f"gpurpcd process {pid} did not stop"
 
     def cont(self) -> None:
         if self.stopped:
-            os.kill(self.proc.pid, signal.SIGCONT)
+            for pid in [self.proc.pid] + self.stopped_workers:
+                try:
+                    os.kill(pid, signal.SIGCONT)
+                except ProcessLookupError:
+                    pass
             self.stopped = False
 
     def kill(self) -> None:
+        """Kills the front end and waits until its workers, which follow it within moments
+        (they watch their parent), are gone too."""
         self.cont()
+        workers = self.workers()
         self.proc.kill()
         self.proc.wait(timeout=30)
+        assert _eventually(lambda: all(_state(pid) in ("", "Z") for pid in workers), 10), \
+            f"the workers {workers} outlived their daemon"
 
     def close(self) -> None:
         self.cont()

@@ -6,19 +6,25 @@
 // where the worker really pins the memfd (cuMemHostRegister) and copies are DMA; it skips
 // without a driver.
 #include <fcntl.h>
+#include <poll.h>
 #include <sys/mman.h>
 #include <sys/socket.h>
 #include <sys/un.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <cstring>
 #include <fstream>
 #include <random>
 #include <string>
 #include <vector>
 
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
 #include "common/fd_passing.h"
 #include "gmock/gmock.h"
 #include "gpurpc/client.h"
@@ -623,6 +629,597 @@ TEST_F(HostRegionLimitsTest, NoRegionSocketMeansFailedPrecondition) {
               StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("no region socket")));
   // Everything else works.
   EXPECT_THAT(session.Allocate(kMiB), IsOk());
+}
+
+// ---------------------------------------------------------------------------------------
+// The framed command protocol (OpenDirectChannel with AttachHostRegionRequest.framed_commands),
+// spoken by hand: a 4-byte little-endian length and that many bytes, a CommandBatch from the
+// client, a CommandReply from the worker.
+
+// The most bytes a frame may announce (kMaxMessageBytes, 80 MiB).
+constexpr uint32_t kMaxFrameBytes = 80u << 20;
+// How long a reply or the end of a channel may take before the test gives up on it.
+constexpr absl::Duration kFrameTimeout = absl::Seconds(10);
+
+// An owned descriptor.
+class UniqueFd {
+ public:
+  UniqueFd() = default;
+  explicit UniqueFd(int fd) : fd_(fd) {}
+  UniqueFd(UniqueFd&& other) noexcept : fd_(other.release()) {}
+  UniqueFd& operator=(UniqueFd&& other) noexcept {
+    if (this != &other) reset(other.release());
+    return *this;
+  }
+  UniqueFd(const UniqueFd&) = delete;
+  UniqueFd& operator=(const UniqueFd&) = delete;
+  ~UniqueFd() { reset(); }
+  int get() const { return fd_; }
+  int release() {
+    const int fd = fd_;
+    fd_ = -1;
+    return fd;
+  }
+  void reset(int fd = -1) {
+    if (fd_ >= 0) close(fd_);
+    fd_ = fd;
+  }
+
+ private:
+  int fd_ = -1;
+};
+
+std::string FrameHeader(uint32_t length) {
+  std::string header(4, '\0');
+  for (int i = 0; i < 4; ++i) header[i] = static_cast<char>((length >> (8 * i)) & 0xff);
+  return header;
+}
+
+// Sends all of `bytes` (false when the socket refuses them).
+bool SendBytes(int fd, const std::string& bytes) {
+  size_t sent = 0;
+  while (sent < bytes.size()) {
+    const ssize_t n = send(fd, bytes.data() + sent, bytes.size() - sent, MSG_NOSIGNAL);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) return false;
+    sent += static_cast<size_t>(n);
+  }
+  return true;
+}
+
+// One frame: the length prefix and `body`.
+bool SendFrame(int fd, const std::string& body) {
+  return SendBytes(fd, FrameHeader(static_cast<uint32_t>(body.size())) + body);
+}
+bool SendBatch(int fd, const v1::CommandBatch& batch) {
+  return SendFrame(fd, batch.SerializeAsString());
+}
+
+// Reads exactly `size` bytes into `out` before `deadline`. OUT_OF_RANGE when the peer ended
+// the stream (end of file, or a reset) before the first of them, DATA_LOSS when it ended
+// after some, DEADLINE_EXCEEDED when they do not come in time.
+absl::Status ReadExactly(int fd, size_t size, absl::Time deadline, std::string* out) {
+  out->clear();
+  char piece[1 << 16];
+  while (out->size() < size) {
+    const int64_t left_ms = absl::ToInt64Milliseconds(deadline - absl::Now());
+    if (left_ms <= 0) {
+      return absl::DeadlineExceededError(
+          absl::StrCat("only ", out->size(), " of ", size, " bytes came in time"));
+    }
+    pollfd ready{fd, POLLIN, 0};
+    const int polled = poll(&ready, 1, static_cast<int>(std::min<int64_t>(left_ms, 1000)));
+    if (polled < 0 && errno != EINTR) return absl::InternalError(std::strerror(errno));
+    if (polled <= 0) continue;
+    const ssize_t n = recv(fd, piece, std::min(size - out->size(), sizeof(piece)), MSG_DONTWAIT);
+    if (n < 0 && (errno == EINTR || errno == EAGAIN || errno == EWOULDBLOCK)) continue;
+    if (n == 0 || (n < 0 && errno == ECONNRESET)) {
+      const std::string how = n == 0 ? "end of file" : "connection reset";
+      if (out->empty()) return absl::OutOfRangeError(how);
+      return absl::DataLossError(absl::StrCat(how, " after ", out->size(), " of ", size, " bytes"));
+    }
+    if (n < 0) return absl::InternalError(absl::StrCat("recv: ", std::strerror(errno)));
+    out->append(piece, static_cast<size_t>(n));
+  }
+  return absl::OkStatus();
+}
+
+// The next reply frame on `fd`.
+absl::StatusOr<v1::CommandReply> ReadReply(int fd) {
+  const absl::Time deadline = absl::Now() + kFrameTimeout;
+  std::string bytes;
+  if (absl::Status read = ReadExactly(fd, 4, deadline, &bytes); !read.ok()) return read;
+  uint32_t length = 0;
+  for (int i = 0; i < 4; ++i)
+    length |= static_cast<uint32_t>(static_cast<uint8_t>(bytes[i])) << (8 * i);
+  if (length > kMaxFrameBytes) {
+    return absl::DataLossError(absl::StrCat("a reply frame announces ", length, " bytes"));
+  }
+  if (absl::Status read = ReadExactly(fd, length, deadline, &bytes); !read.ok()) return read;
+  v1::CommandReply reply;
+  if (!reply.ParseFromString(bytes))
+    return absl::DataLossError("a reply that is not a CommandReply");
+  return reply;
+}
+
+// OK once the peer ended the stream with nothing more to read.
+absl::Status AwaitEnd(int fd) {
+  std::string bytes;
+  const absl::Status read = ReadExactly(fd, 1, absl::Now() + kFrameTimeout, &bytes);
+  if (read.code() == absl::StatusCode::kOutOfRange) return absl::OkStatus();
+  if (read.ok()) return absl::FailedPreconditionError("more bytes instead of the end");
+  return read;
+}
+
+v1::DevicePointer At(uint64_t buffer_id, uint64_t offset) {
+  v1::DevicePointer pointer;
+  pointer.mutable_buffer()->set_buffer_id(buffer_id);
+  pointer.mutable_buffer()->set_offset_bytes(offset);
+  return pointer;
+}
+v1::Command MemsetCommand(uint64_t sequence, uint64_t buffer_id, uint64_t offset, uint8_t value,
+                          uint64_t count) {
+  v1::Command command;
+  command.set_sequence(sequence);
+  *command.mutable_memset()->mutable_destination() = At(buffer_id, offset);
+  command.mutable_memset()->set_value(value);
+  command.mutable_memset()->set_element_size_bytes(1);
+  command.mutable_memset()->set_count(count);
+  return command;
+}
+v1::Command UploadCommand(uint64_t sequence, uint64_t buffer_id, uint64_t offset,
+                          const std::string& data) {
+  v1::Command command;
+  command.set_sequence(sequence);
+  *command.mutable_upload()->mutable_destination() = At(buffer_id, offset);
+  command.mutable_upload()->set_data(data);
+  return command;
+}
+v1::Command DownloadCommand(uint64_t sequence, uint64_t buffer_id, uint64_t offset, uint64_t size) {
+  v1::Command command;
+  command.set_sequence(sequence);
+  *command.mutable_download()->mutable_source() = At(buffer_id, offset);
+  command.mutable_download()->set_size_bytes(size);
+  return command;
+}
+v1::Command SyncCommand(uint64_t sequence) {
+  v1::Command command;
+  command.set_sequence(sequence);
+  command.mutable_sync()->set_stream_id(0);
+  return command;
+}
+v1::CommandBatch Batch(std::vector<v1::Command> commands) {
+  v1::CommandBatch batch;
+  for (v1::Command& command : commands) *batch.add_commands() = std::move(command);
+  return batch;
+}
+
+constexpr int kInvalidArgument = static_cast<int>(absl::StatusCode::kInvalidArgument);
+constexpr int kNotFound = static_cast<int>(absl::StatusCode::kNotFound);
+constexpr int kResourceExhausted = static_cast<int>(absl::StatusCode::kResourceExhausted);
+
+class HostRegionFramedTest : public HostRegionTest {
+ protected:
+  // Asks for a ticket and attaches one end of a new socketpair as a direct channel of
+  // `session` (framed or gRPC); the other end goes to *client_end whatever the answer. A
+  // refused ticket comes back as the reply's code and message.
+  v1::AttachHostRegionReply AttachChannel(const Session& session, bool framed,
+                                          UniqueFd* client_end) {
+    v1::OpenDirectChannelResponse opened;
+    const grpc::Status status = Raw(session, &v1::HostRegionService::Stub::OpenDirectChannel,
+                                    v1::OpenDirectChannelRequest(), &opened);
+    v1::AttachHostRegionReply reply;
+    if (!status.ok()) {
+      reply.set_code(static_cast<int>(status.error_code()));
+      reply.set_message(absl::StrCat("OpenDirectChannel: ", status.error_message()));
+      return reply;
+    }
+    int pair[2];
+    EXPECT_EQ(socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, pair), 0);
+    client_end->reset(pair[0]);
+    v1::AttachHostRegionRequest request;
+    request.set_session_id(session.id());
+    request.set_ticket(opened.attach_ticket());
+    request.set_direct_channel(true);
+    request.set_framed_commands(framed);
+    reply = SendAttach(opened.region_socket(), request.SerializeAsString(), {pair[1]});
+    close(pair[1]);
+    return reply;
+  }
+  // A framed channel of `session`, or an invalid descriptor (and a failure).
+  UniqueFd OpenFramed(const Session& session) {
+    UniqueFd end;
+    const v1::AttachHostRegionReply reply = AttachChannel(session, /*framed=*/true, &end);
+    EXPECT_EQ(reply.code(), 0) << reply.message();
+    if (reply.code() != 0) end.reset();
+    return end;
+  }
+};
+
+TEST_F(HostRegionFramedTest, BatchesAreAnsweredOncePerBatchInOrder) {
+  Session session = Open();
+  auto buffer = session.Allocate(4096);  // through the front end
+  ASSERT_THAT(buffer, IsOk());
+  const uint64_t id = buffer->id();
+  UniqueFd channel = OpenFramed(session);
+  ASSERT_GE(channel.get(), 0);
+
+  const std::vector<uint8_t> random = RandomBytes(256, 7);
+  const std::string uploaded(random.begin(), random.end());
+  ASSERT_TRUE(SendBatch(channel.get(), Batch({MemsetCommand(1, id, 0, 0x5a, 4096),
+                                              UploadCommand(2, id, 100, uploaded), SyncCommand(3),
+                                              DownloadCommand(4, id, 0, 4096)})));
+  auto reply = ReadReply(channel.get());
+  ASSERT_THAT(reply, IsOk());
+  EXPECT_FALSE(reply->has_error()) << reply->error().message();
+  EXPECT_EQ(reply->processed_through_sequence(), 4u);
+  EXPECT_EQ(reply->skipped_from_sequence(), 0u);
+  std::string expected(4096, '\x5a');
+  expected.replace(100, uploaded.size(), uploaded);
+  ASSERT_EQ(reply->downloads_size(), 1);
+  EXPECT_EQ(reply->downloads(0).sequence(), 4u);
+  EXPECT_TRUE(reply->downloads(0).data() == expected);
+
+  // Two batches back to back, then their replies: in order, one each.
+  ASSERT_TRUE(SendBatch(
+      channel.get(), Batch({MemsetCommand(10, id, 0, 0x11, 16), DownloadCommand(11, id, 0, 16)})));
+  ASSERT_TRUE(SendBatch(
+      channel.get(), Batch({MemsetCommand(12, id, 0, 0x22, 8), DownloadCommand(13, id, 0, 16)})));
+  auto first = ReadReply(channel.get());
+  ASSERT_THAT(first, IsOk());
+  auto second = ReadReply(channel.get());
+  ASSERT_THAT(second, IsOk());
+  EXPECT_FALSE(first->has_error()) << first->error().message();
+  EXPECT_FALSE(second->has_error()) << second->error().message();
+  EXPECT_EQ(first->processed_through_sequence(), 11u);
+  EXPECT_EQ(second->processed_through_sequence(), 13u);
+  ASSERT_EQ(first->downloads_size(), 1);
+  ASSERT_EQ(second->downloads_size(), 1);
+  EXPECT_EQ(first->downloads(0).sequence(), 11u);
+  EXPECT_EQ(second->downloads(0).sequence(), 13u);
+  EXPECT_EQ(first->downloads(0).data(), std::string(16, '\x11'));
+  EXPECT_EQ(second->downloads(0).data(), std::string(8, '\x22') + std::string(8, '\x11'));
+
+  // An empty batch (a zero-length frame) is a batch too: it is answered, and says how far
+  // the channel got.
+  ASSERT_TRUE(SendFrame(channel.get(), ""));
+  auto empty = ReadReply(channel.get());
+  ASSERT_THAT(empty, IsOk());
+  EXPECT_FALSE(empty->has_error()) << empty->error().message();
+  EXPECT_EQ(empty->processed_through_sequence(), 13u);
+  EXPECT_EQ(empty->downloads_size(), 0);
+
+  // The front end sees the same memory, and the session goes on.
+  ASSERT_THAT(session.Synchronize(), IsOk());
+  auto downloaded = buffer->Download(0, 4096);
+  ASSERT_THAT(downloaded, IsOk());
+  expected.replace(0, 16, std::string(8, '\x22') + std::string(8, '\x11'));
+  EXPECT_TRUE(std::string(downloaded->begin(), downloaded->end()) == expected);
+  // Nothing more was sent: nothing more comes, and the channel stays open.
+  std::string extra;
+  EXPECT_THAT(ReadExactly(channel.get(), 1, absl::Now() + absl::Milliseconds(100), &extra),
+              StatusIs(absl::StatusCode::kDeadlineExceeded));
+}
+
+TEST_F(HostRegionFramedTest, CommandErrorsComeBackAndTheChannelGoesOn) {
+  Session session = Open();
+  auto buffer = session.Allocate(4096);
+  ASSERT_THAT(buffer, IsOk());
+  const uint64_t id = buffer->id();
+  UniqueFd channel = OpenFramed(session);
+  ASSERT_GE(channel.get(), 0);
+  ASSERT_TRUE(
+      SendBatch(channel.get(), Batch({MemsetCommand(1, id, 0, 0x01, 4096), SyncCommand(2)})));
+  auto reply = ReadReply(channel.get());
+  ASSERT_THAT(reply, IsOk());
+  ASSERT_FALSE(reply->has_error()) << reply->error().message();
+
+  // A buffer that does not exist: the error names the command, the rest of the batch is
+  // skipped.
+  ASSERT_TRUE(SendBatch(channel.get(), Batch({MemsetCommand(3, id + 1000, 0, 0x77, 16),
+                                              MemsetCommand(4, id, 0, 0x77, 16)})));
+  reply = ReadReply(channel.get());
+  ASSERT_THAT(reply, IsOk());
+  ASSERT_TRUE(reply->has_error());
+  EXPECT_EQ(reply->error().sequence(), 3u);
+  EXPECT_EQ(reply->error().code(), kNotFound) << reply->error().message();
+  EXPECT_EQ(reply->skipped_from_sequence(), 4u);
+  EXPECT_EQ(reply->processed_through_sequence(), 3u);
+
+  // A range outside the buffer, after a command that ran.
+  ASSERT_TRUE(SendBatch(channel.get(), Batch({MemsetCommand(5, id, 4000, 0x02, 16),
+                                              MemsetCommand(6, id, 4000, 0x03, 200)})));
+  reply = ReadReply(channel.get());
+  ASSERT_THAT(reply, IsOk());
+  ASSERT_TRUE(reply->has_error());
+  EXPECT_EQ(reply->error().sequence(), 6u);
+  EXPECT_EQ(reply->error().code(), kInvalidArgument) << reply->error().message();
+  EXPECT_THAT(reply->error().message(), HasSubstr("outside the buffer"));
+  EXPECT_EQ(reply->skipped_from_sequence(), 0u);
+  EXPECT_EQ(reply->processed_through_sequence(), 6u);
+
+  // The channel still works: the skipped memset did not run, the refused one wrote nothing,
+  // the one before it did.
+  ASSERT_TRUE(SendBatch(channel.get(), Batch({SyncCommand(7), DownloadCommand(8, id, 0, 4096)})));
+  reply = ReadReply(channel.get());
+  ASSERT_THAT(reply, IsOk());
+  EXPECT_FALSE(reply->has_error()) << reply->error().message();
+  EXPECT_EQ(reply->processed_through_sequence(), 8u);
+  ASSERT_EQ(reply->downloads_size(), 1);
+  std::string expected(4096, '\x01');
+  expected.replace(4000, 16, std::string(16, '\x02'));
+  EXPECT_TRUE(reply->downloads(0).data() == expected);
+}
+
+TEST_F(HostRegionFramedTest, HostileFramesEndTheChannelAndNotTheWorker) {
+  Session session = Open();
+  auto buffer = session.Allocate(4096);
+  ASSERT_THAT(buffer, IsOk());
+  const uint64_t id = buffer->id();
+
+  // Lengths above 80 MiB: one reply that says so, then the end.
+  for (const uint32_t length : {0xffffffffu, kMaxFrameBytes + 1}) {
+    SCOPED_TRACE(absl::StrCat("length ", length));
+    UniqueFd channel = OpenFramed(session);
+    ASSERT_GE(channel.get(), 0);
+    ASSERT_TRUE(SendBytes(channel.get(), FrameHeader(length)));
+    auto reply = ReadReply(channel.get());
+    ASSERT_THAT(reply, IsOk());
+    ASSERT_TRUE(reply->has_error());
+    EXPECT_EQ(reply->error().code(), kInvalidArgument);
+    EXPECT_THAT(reply->error().message(),
+                HasSubstr(absl::StrCat("message 1 announces ", length, " bytes")));
+    EXPECT_EQ(reply->processed_through_sequence(), 0u);
+    EXPECT_THAT(AwaitEnd(channel.get()), IsOk());
+  }
+  {
+    // Bytes that are not a CommandBatch (field 1 with wire type 7), after a good batch.
+    UniqueFd channel = OpenFramed(session);
+    ASSERT_GE(channel.get(), 0);
+    ASSERT_TRUE(SendBatch(channel.get(), Batch({SyncCommand(1)})));
+    ASSERT_TRUE(SendFrame(channel.get(), std::string("\x0f\x01garbage", 9)));
+    auto reply = ReadReply(channel.get());
+    ASSERT_THAT(reply, IsOk());
+    EXPECT_FALSE(reply->has_error()) << reply->error().message();
+    EXPECT_EQ(reply->processed_through_sequence(), 1u);
+    reply = ReadReply(channel.get());
+    ASSERT_THAT(reply, IsOk());
+    ASSERT_TRUE(reply->has_error());
+    EXPECT_EQ(reply->error().code(), kInvalidArgument);
+    EXPECT_THAT(reply->error().message(),
+                HasSubstr("message 2 (9 bytes) is not a gpurpc.v1.CommandBatch"));
+    EXPECT_THAT(AwaitEnd(channel.get()), IsOk());
+  }
+  {
+    // 64 MiB announced, a few bytes sent, then the client's end shut: no reply, the end.
+    UniqueFd channel = OpenFramed(session);
+    ASSERT_GE(channel.get(), 0);
+    ASSERT_TRUE(SendBytes(channel.get(), FrameHeader(64 * kMiB) + "\x0a\x02"));
+    ASSERT_EQ(shutdown(channel.get(), SHUT_WR), 0);
+    EXPECT_THAT(AwaitEnd(channel.get()), IsOk());
+  }
+  // The worker lives on: the session works through the front end and on a new channel.
+  EXPECT_THAT(session.Allocate(64), IsOk());
+  EXPECT_THAT(session.Synchronize(), IsOk());
+  UniqueFd channel = OpenFramed(session);
+  ASSERT_GE(channel.get(), 0);
+  ASSERT_TRUE(SendBatch(channel.get(), Batch({MemsetCommand(1, id, 0, 0x42, 8), SyncCommand(2),
+                                              DownloadCommand(3, id, 0, 8)})));
+  auto reply = ReadReply(channel.get());
+  ASSERT_THAT(reply, IsOk());
+  EXPECT_FALSE(reply->has_error()) << reply->error().message();
+  ASSERT_EQ(reply->downloads_size(), 1);
+  EXPECT_EQ(reply->downloads(0).data(), std::string(8, '\x42'));
+}
+
+TEST_F(HostRegionFramedTest, SequencesThatDoNotIncreaseEndTheChannelAndRunNothing) {
+  Session session = Open();
+  auto buffer = session.Allocate(4096);
+  ASSERT_THAT(buffer, IsOk());
+  const uint64_t id = buffer->id();
+  auto expect_refused = [](int fd, const std::string& message) {
+    auto reply = ReadReply(fd);
+    ASSERT_THAT(reply, IsOk());
+    ASSERT_TRUE(reply->has_error());
+    EXPECT_EQ(reply->error().code(), kInvalidArgument) << reply->error().message();
+    EXPECT_THAT(reply->error().message(), HasSubstr(message));
+    EXPECT_THAT(AwaitEnd(fd), IsOk());
+  };
+  {
+    // A number repeated inside a batch: nothing of the batch runs, not even its start.
+    UniqueFd channel = OpenFramed(session);
+    ASSERT_GE(channel.get(), 0);
+    ASSERT_TRUE(
+        SendBatch(channel.get(), Batch({MemsetCommand(1, id, 0, 0x01, 4096), SyncCommand(2)})));
+    auto reply = ReadReply(channel.get());
+    ASSERT_THAT(reply, IsOk());
+    ASSERT_FALSE(reply->has_error()) << reply->error().message();
+    ASSERT_TRUE(
+        SendBatch(channel.get(), Batch({MemsetCommand(3, id, 0, 0x33, 16), SyncCommand(3)})));
+    expect_refused(channel.get(), "sequence 3 does not increase (last was 3)");
+    ASSERT_THAT(session.Synchronize(), IsOk());
+    auto downloaded = buffer->Download(0, 16);
+    ASSERT_THAT(downloaded, IsOk());
+    EXPECT_EQ(*downloaded, std::vector<uint8_t>(16, 0x01));
+  }
+  {
+    // Each channel counts on its own (1 again is fine here), but not backwards.
+    UniqueFd channel = OpenFramed(session);
+    ASSERT_GE(channel.get(), 0);
+    ASSERT_TRUE(SendBatch(channel.get(), Batch({SyncCommand(1)})));
+    auto reply = ReadReply(channel.get());
+    ASSERT_THAT(reply, IsOk());
+    EXPECT_FALSE(reply->has_error()) << reply->error().message();
+    ASSERT_TRUE(SendBatch(channel.get(), Batch({SyncCommand(1)})));
+    expect_refused(channel.get(), "sequence 1 does not increase (last was 1)");
+  }
+  {
+    // Zero is not above the start.
+    UniqueFd channel = OpenFramed(session);
+    ASSERT_GE(channel.get(), 0);
+    ASSERT_TRUE(SendBatch(channel.get(), Batch({SyncCommand(0)})));
+    expect_refused(channel.get(), "sequence 0 does not increase (last was 0)");
+  }
+  {
+    // Skipped commands used their numbers up.
+    UniqueFd channel = OpenFramed(session);
+    ASSERT_GE(channel.get(), 0);
+    ASSERT_TRUE(SendBatch(channel.get(), Batch({MemsetCommand(1, id + 1000, 0, 0, 16),
+                                                SyncCommand(2), SyncCommand(5)})));
+    auto reply = ReadReply(channel.get());
+    ASSERT_THAT(reply, IsOk());
+    ASSERT_TRUE(reply->has_error());
+    EXPECT_EQ(reply->error().code(), kNotFound) << reply->error().message();
+    EXPECT_EQ(reply->skipped_from_sequence(), 2u);
+    ASSERT_TRUE(SendBatch(channel.get(), Batch({SyncCommand(4)})));
+    expect_refused(channel.get(), "sequence 4 does not increase (last was 5)");
+  }
+  EXPECT_THAT(session.Synchronize(), IsOk());
+}
+
+TEST_F(HostRegionFramedTest, FramedCommandsNeedADirectChannel) {
+  Session session = Open();
+  const v1::RegisterHostRegionResponse registered = Register(session, kMiB);
+  Memfd memfd(kMiB);
+  v1::AttachHostRegionRequest request;
+  request.set_session_id(session.id());
+  request.set_region_id(registered.region_id());
+  request.set_ticket(registered.attach_ticket());
+  request.set_framed_commands(true);
+  v1::AttachHostRegionReply reply =
+      SendAttach(registered.region_socket(), request.SerializeAsString(), {memfd.fd});
+  EXPECT_EQ(reply.code(), kInvalidArgument) << reply.message();
+  EXPECT_THAT(reply.message(), HasSubstr("framed_commands is for direct channels only"));
+  // The front end refuses the shape before it looks for the session: a session that does
+  // not exist is not what the answer is about.
+  v1::AttachHostRegionRequest nowhere = request;
+  nowhere.set_session_id(session.id() + 1000);
+  const v1::AttachHostRegionReply refused =
+      SendAttach(registered.region_socket(), nowhere.SerializeAsString(), {memfd.fd});
+  EXPECT_EQ(refused.code(), kInvalidArgument) << refused.message();
+  EXPECT_THAT(refused.message(), HasSubstr("direct_channel is not set"));
+  // Refused before the ticket was looked at: it still attaches the region.
+  request.set_framed_commands(false);
+  reply = SendAttach(registered.region_socket(), request.SerializeAsString(), {memfd.fd});
+  EXPECT_EQ(reply.code(), 0) << reply.message();
+}
+
+TEST_F(HostRegionFramedTest, FramedAndGrpcDirectChannelsShareTheBound) {
+  Session session = Open();
+  // One gRPC direct channel, in use.
+  UniqueFd grpc_end;
+  v1::AttachHostRegionReply reply = AttachChannel(session, /*framed=*/false, &grpc_end);
+  ASSERT_EQ(reply.code(), 0) << reply.message();
+  auto direct = DirectChannelFromFd(grpc_end.release());  // gRPC owns the descriptor
+  {
+    v1::ExecutionService::Stub stub(direct);
+    grpc::ClientContext context;
+    v1::CreateStreamResponse created;
+    const grpc::Status made = stub.CreateStream(&context, v1::CreateStreamRequest(), &created);
+    ASSERT_TRUE(made.ok()) << made.error_message();
+  }
+  // Framed ones: 7 more fit (8 in all), the rest are refused.
+  std::vector<UniqueFd> framed;
+  int exhausted = 0;
+  for (int i = 0; i < 10; ++i) {
+    UniqueFd end;
+    reply = AttachChannel(session, /*framed=*/true, &end);
+    if (reply.code() == 0) {
+      framed.push_back(std::move(end));
+    } else {
+      EXPECT_EQ(reply.code(), kResourceExhausted) << reply.message();
+      EXPECT_THAT(reply.message(), HasSubstr("8 direct channels"));
+      ++exhausted;
+    }
+  }
+  ASSERT_EQ(framed.size(), 7u);
+  EXPECT_EQ(exhausted, 3);
+  // Every admitted one is served.
+  for (const UniqueFd& end : framed) {
+    ASSERT_TRUE(SendBatch(end.get(), Batch({SyncCommand(1)})));
+    auto answered = ReadReply(end.get());
+    ASSERT_THAT(answered, IsOk());
+    EXPECT_FALSE(answered->has_error()) << answered->error().message();
+  }
+  // Closing a framed channel's end frees its place once the worker has seen it go.
+  framed.back().reset();
+  framed.pop_back();
+  UniqueFd replacement;
+  const absl::Time deadline = absl::Now() + absl::Seconds(5);
+  for (;;) {
+    reply = AttachChannel(session, /*framed=*/true, &replacement);
+    if (reply.code() != kResourceExhausted || absl::Now() > deadline) break;
+    absl::SleepFor(absl::Milliseconds(20));
+  }
+  ASSERT_EQ(reply.code(), 0) << reply.message();
+  ASSERT_TRUE(SendBatch(replacement.get(), Batch({SyncCommand(1)})));
+  auto answered = ReadReply(replacement.get());
+  ASSERT_THAT(answered, IsOk());
+  EXPECT_FALSE(answered->has_error()) << answered->error().message();
+  // And the bound holds again.
+  UniqueFd one_more;
+  reply = AttachChannel(session, /*framed=*/true, &one_more);
+  EXPECT_EQ(reply.code(), kResourceExhausted) << reply.message();
+  // The gRPC channel still works alongside.
+  v1::ExecutionService::Stub stub(direct);
+  grpc::ClientContext context;
+  v1::SynchronizeSessionResponse synced;
+  const grpc::Status status =
+      stub.SynchronizeSession(&context, v1::SynchronizeSessionRequest(), &synced);
+  EXPECT_TRUE(status.ok()) << status.error_message();
+}
+
+TEST_F(HostRegionFramedTest, ClosingTheSessionEndsItsFramedChannels) {
+  Session session = Open();
+  UniqueFd idle = OpenFramed(session);
+  ASSERT_GE(idle.get(), 0);
+  ASSERT_TRUE(SendBatch(idle.get(), Batch({SyncCommand(1)})));
+  auto reply = ReadReply(idle.get());
+  ASSERT_THAT(reply, IsOk());
+  EXPECT_FALSE(reply->has_error()) << reply->error().message();
+  // One waits in the middle of a message that never completes.
+  UniqueFd stalled = OpenFramed(session);
+  ASSERT_GE(stalled.get(), 0);
+  ASSERT_TRUE(SendBytes(stalled.get(), FrameHeader(64 * kMiB) + "\x0a\x02"));
+  // Still open before the close.
+  std::string bytes;
+  EXPECT_THAT(ReadExactly(idle.get(), 1, absl::Now() + absl::Milliseconds(100), &bytes),
+              StatusIs(absl::StatusCode::kDeadlineExceeded));
+  ASSERT_THAT(session.Close(), IsOk());
+  EXPECT_THAT(AwaitEnd(idle.get()), IsOk());
+  EXPECT_THAT(AwaitEnd(stalled.get()), IsOk());
+}
+
+TEST_F(HostRegionFramedTest, AStickyFaultIsReportedOnceAndEndsTheChannel) {
+  Session session = Open();
+  CompileOptions options;
+  options.source = testing::kFakeKernelsSource;
+  auto compiled = session.Compile(options);
+  ASSERT_THAT(compiled, IsOk());
+  ASSERT_TRUE(compiled->success()) << compiled->log();
+  auto fault = compiled->module.GetFunction("fault_illegal_address");
+  ASSERT_THAT(fault, IsOk());
+  UniqueFd channel = OpenFramed(session);
+  ASSERT_GE(channel.get(), 0);
+  v1::Command launch;
+  launch.set_sequence(1);
+  launch.mutable_launch()->set_function_id(fault->id());
+  for (v1::Dim3* dim :
+       {launch.mutable_launch()->mutable_grid(), launch.mutable_launch()->mutable_block()}) {
+    dim->set_x(1);
+    dim->set_y(1);
+    dim->set_z(1);
+  }
+  ASSERT_TRUE(SendBatch(channel.get(), Batch({launch, SyncCommand(2), SyncCommand(3)})));
+  auto reply = ReadReply(channel.get());
+  ASSERT_THAT(reply, IsOk());
+  ASSERT_TRUE(reply->has_error());
+  EXPECT_EQ(reply->error().code(), static_cast<int>(absl::StatusCode::kAborted))
+      << reply->error().message();
+  EXPECT_THAT(reply->error().message(), HasSubstr("CUDA_ERROR_ILLEGAL_ADDRESS"));
+  EXPECT_EQ(reply->processed_through_sequence(), reply->error().sequence());
+  EXPECT_EQ(reply->skipped_from_sequence(), reply->error().sequence() + 1);
+  EXPECT_THAT(AwaitEnd(channel.get()), IsOk());
 }
 
 }  // namespace

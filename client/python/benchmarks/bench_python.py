@@ -17,11 +17,12 @@ Measures, for both where they apply:
 * ``gpuarray.to_gpu``, ``GPUArray.set`` and ``.get()`` of 256 MiB (CuPy: ``cp.asarray``,
   ``ndarray.set``, ``cp.asnumpy``).
 
-The transfer rows run twice: in a context as it comes (on a Unix-socket daemon: same-host
-regions, pagelocked arrays backed by them and other arrays staged through one) and in a
-context with ``host_regions="off"`` (every byte through gRPC). The table prints both, their
-ratio, and the ratio gpurpc/CuPy (higher is better for gpurpc). The target is >= 50,000
-asynchronous launches per second from Python.
+The transfer and round-trip rows run twice: in a context as it comes (on a Unix-socket
+daemon: same-host regions, pagelocked arrays backed by them and other arrays staged through
+one, and commands on the framed channel straight to the worker) and in a context with
+``host_regions="off"`` (every byte and every batch through gRPC and the front end). The table
+prints both, their ratio, and the ratio gpurpc/CuPy (higher is better for gpurpc). The target
+is >= 50,000 asynchronous launches per second from Python.
 
 Usage (daemon at $GPURPC_ADDRESS or --address; CuPy optional)::
 
@@ -131,16 +132,8 @@ def bench_gpurpc(results: Dict[str, Result], args: argparse.Namespace) -> None:
     stream.synchronize()
     results["async_call"].gpurpc = n_call / (time.perf_counter() - t0)
 
-    # launch + synchronize round trips
+    bench_round_trips(results, args, "gpurpc")
     rounds = args.sync_launches
-    for _ in range(50):
-        prepared.prepared_async_call((1, 1), (32, 1, 1), stream, buf, 0)
-        stream.synchronize()
-    t0 = time.perf_counter()
-    for _ in range(rounds):
-        prepared.prepared_async_call((1, 1), (32, 1, 1), stream, buf, 0)
-        stream.synchronize()
-    results["sync"].gpurpc = rounds / (time.perf_counter() - t0)
 
     # 100 kernels + synchronize: one CUDA graph launch against 100 launches
     graph_rounds = max(rounds // 10, 20)
@@ -162,16 +155,32 @@ def bench_gpurpc(results: Dict[str, Result], args: argparse.Namespace) -> None:
         stream.synchronize()
     results["graph_separate"].gpurpc = graph_rounds / (time.perf_counter() - t0)
 
-    # gpuarray: a synchronising reduction and an elementwise expression of 1M floats
-    # (generated kernels: on the fake backend, which runs only its built-in kernels, they are
-    # refused and the rows say so)
+
+def bench_round_trips(results: Dict[str, Result], args: argparse.Namespace, column: str) -> None:
+    """The rows a round trip bounds, into ``column``: launch + synchronize, and gpuarray's
+    synchronising reduction and elementwise expression of 1M floats (generated kernels: on the
+    fake backend, which runs only its built-in kernels, they are refused and the rows say
+    so)."""
+    prepared = SourceModule(KERNELS).get_function("add_one_f32").prepare("PQ")
+    buf = cuda.mem_alloc(4096)
+    stream = cuda.Stream()
+    rounds = args.sync_launches
+    for _ in range(50):
+        prepared.prepared_async_call((1, 1), (32, 1, 1), stream, buf, 0)
+        stream.synchronize()
+    t0 = time.perf_counter()
+    for _ in range(rounds):
+        prepared.prepared_async_call((1, 1), (32, 1, 1), stream, buf, 0)
+        stream.synchronize()
+    setattr(results["sync"], column, rounds / (time.perf_counter() - t0))
+
     a = gpuarray.to_gpu(np.ones(GPUARRAY_ELEMENTS, np.float32))
     try:
         float(gpuarray.sum(a))
-        results["gpuarray_sum"].gpurpc = 1.0 / _median_time(
-            lambda: float(gpuarray.sum(a)), args.repeats * 10)
-        results["gpuarray_expr"].gpurpc = _expressions_per_s(
-            lambda: a * 2 + 1, cuda.Context.synchronize, args.repeats * 50)
+        setattr(results["gpuarray_sum"], column, 1.0 / _median_time(
+            lambda: float(gpuarray.sum(a)), args.repeats * 10))
+        setattr(results["gpuarray_expr"], column, _expressions_per_s(
+            lambda: a * 2 + 1, cuda.Context.synchronize, args.repeats * 50))
     except cuda.LogicError as e:
         for key in ("gpuarray_sum", "gpuarray_expr"):
             results[key].note = f"not run: {str(e)[:80]}..."
@@ -193,7 +202,7 @@ def bench_transfers(results: Dict[str, Result], args: argparse.Namespace, column
         a[:] = np.random.rand(count)
         b[:] = np.random.rand(count)
 
-        def in_out() -> None:
+        def in_out(a: np.ndarray = a, b: np.ndarray = b, dest: np.ndarray = dest) -> None:
             multiply(cuda.Out(dest), cuda.In(a), cuda.In(b), block=(256, 1, 1),
                      grid=(count // 256, 1))
 
@@ -214,9 +223,9 @@ def bench_transfers(results: Dict[str, Result], args: argparse.Namespace, column
         cuda.memcpy_dtoh(dest, device)
         if not np.array_equal(dest, src):
             raise SystemExit(f"gpurpc memcpy round trip is wrong ({column}, {suffix})")
-        put("htod" + suffix, size / _median_time(lambda: cuda.memcpy_htod(device, src),
+        put("htod" + suffix, size / _median_time(lambda s=src: cuda.memcpy_htod(device, s),
                                                  args.transfer_repeats) / 1e9)
-        put("dtoh" + suffix, size / _median_time(lambda: cuda.memcpy_dtoh(dest, device),
+        put("dtoh" + suffix, size / _median_time(lambda d=dest: cuda.memcpy_dtoh(d, device),
                                                  args.transfer_repeats) / 1e9)
         del src, dest
     device.free()
@@ -332,10 +341,10 @@ def bench_cupy(results: Dict[str, Result], args: argparse.Namespace) -> Optional
         host[:] = 7
         ptr = host.ctypes.data
         results["htod" + suffix].cupy = size / _median_time(
-            lambda: runtime.memcpy(device.data.ptr, ptr, size, runtime.memcpyHostToDevice),
+            lambda d=device, p=ptr: runtime.memcpy(d.data.ptr, p, size, runtime.memcpyHostToDevice),
             args.transfer_repeats) / 1e9
         results["dtoh" + suffix].cupy = size / _median_time(
-            lambda: runtime.memcpy(ptr, device.data.ptr, size, runtime.memcpyDeviceToHost),
+            lambda d=device, p=ptr: runtime.memcpy(p, d.data.ptr, size, runtime.memcpyDeviceToHost),
             args.transfer_repeats) / 1e9
         del host
     del device
@@ -468,23 +477,27 @@ def main() -> int:
         bench_gpurpc(results, args)
         bench_transfers(results, args, "gpurpc")
         regions = _regions_note(ctx)
+        channel = _channel_note(ctx)
     finally:
         cuda.Context.pop()
         ctx.detach()
     ctx = dev.make_context()
     try:
         ctx.host_regions = "off"
+        bench_round_trips(results, args, "grpc")
         bench_transfers(results, args, "grpc")
+        grpc_channel = _channel_note(ctx)
     finally:
         cuda.Context.pop()
         ctx.detach()
-    print(f"gpurpc column: {regions}; gRPC-only column: host_regions='off'")
+    print(f"gpurpc column: {regions}; commands {channel}")
+    print(f"gRPC-only column: host_regions='off'; commands {grpc_channel}")
     cpp = run_cpp_bench(args.cpp_bench, resolve(args.address)) if args.cpp_bench else None
     cupy_note = "skipped (--no-cupy)" if args.no_cupy else bench_cupy(results, args)
     print()
     print_table(results, cupy_note)
     if cpp is not None and results["sync"].gpurpc:
-        print_against_cpp(results["sync"].gpurpc, cpp)
+        print_against_cpp(results["sync"].gpurpc, results["sync"].grpc, cpp)
     return 0
 
 
@@ -506,7 +519,8 @@ def run_cpp_bench(path: str, address: str) -> Optional[Dict[str, float]]:
     return None
 
 
-def print_against_cpp(python_round_trips_per_s: float, cpp: Dict[str, float]) -> None:
+def print_against_cpp(python_round_trips_per_s: float, grpc_round_trips_per_s: Optional[float],
+                      cpp: Dict[str, float]) -> None:
     python_us = 1e6 / python_round_trips_per_s
     cpp_us = cpp["stream_round_trip_us"]
     print()
@@ -514,10 +528,21 @@ def print_against_cpp(python_round_trips_per_s: float, cpp: Dict[str, float]) ->
     print(f"  Python {python_us:.1f} us, C++ command stream through the relay {cpp_us:.1f} us "
           f"(bare ping {cpp['ping_us']:.1f} us): {python_us / cpp_us:.2f}x the C++ round trip "
           "(target <= 1.5x)")
+    if grpc_round_trips_per_s:
+        grpc_us = 1e6 / grpc_round_trips_per_s
+        print(f"  Python on the gRPC command stream (host_regions='off') {grpc_us:.1f} us: "
+              f"{grpc_us / cpp_us:.2f}x the C++ round trip")
     direct_us = cpp.get("direct_channel_round_trip_us", 0.0)
     if direct_us > 0:
-        print(f"  C++ on its direct channel {direct_us:.1f} us (the Python client uses the "
-              f"relay): Python is {python_us / direct_us:.2f}x that")
+        print(f"  C++ on its direct channel {direct_us:.1f} us: Python is "
+              f"{python_us / direct_us:.2f}x that")
+
+
+def _channel_note(ctx: "cuda.Context") -> str:
+    from gpurpc import _framed
+    if isinstance(ctx._core.commands._call, _framed.FramedCall):
+        return "on the framed channel straight to the worker"
+    return "on the gRPC command stream through the front end"
 
 
 def _regions_note(ctx: "cuda.Context") -> str:

@@ -40,7 +40,7 @@ from typing import Any, Callable, Deque, Dict, List, NamedTuple, Optional, Seque
 
 import grpc
 
-from . import debug
+from . import _framed, debug
 from ._errors import (
     CallTimeoutError,
     Error,
@@ -1056,7 +1056,7 @@ def copy_3d_command(destination: execution_service_pb2.Copy3DEndpoint,
 # ---------------------------------------------------------------------------------------------
 
 class _Batch:
-    __slots__ = ("first_seq", "labels", "sinks", "download_bytes", "done")
+    __slots__ = ("first_seq", "labels", "sinks", "download_bytes", "done", "call")
 
     def __init__(self, first_seq: int, labels: List[str], sinks: Dict[int, Callable],
                  download_bytes: int, done: List[Callable[[], None]]) -> None:
@@ -1065,6 +1065,9 @@ class _Batch:
         self.sinks = sinks
         self.download_bytes = download_bytes
         self.done = done  # run by the reader once the batch is answered without an error
+        # The stream it was sent on: a stream that ends answers or drops its own batches
+        # only, never those of the stream opened after it.
+        self.call: Any = None
 
     def label(self, seq: int) -> str:
         i = seq - self.first_seq
@@ -1146,8 +1149,11 @@ class CommandStream:
         # Reentrant: the garbage collector may run the session's finalizer (close()) on the
         # reader thread while that thread holds it.
         self._cv = threading.Condition(threading.RLock())
-        self._queue: Optional[_Outbox] = None
+        self._queue: Any = None  # the _Outbox of the gRPC stream, or the FramedCall
         self._call: Any = None
+        # Opens the session's framed command channel (a FramedCall, or None to stay on
+        # gRPC); set by the session when it may use same-host features, tried once.
+        self.framed_opener: Optional[Callable[[], Any]] = None
         self._broken = True  # no stream open yet
         self._seq = 0
         self._cmds: List[bytes] = []
@@ -1240,8 +1246,18 @@ class CommandStream:
     def _open(self) -> None:
         if self._queue is not None:
             self._queue.close()  # the broken stream's iterator ends
-        q = _Outbox()
-        call = self._client.command_stream(q, metadata=self._metadata + self._client.auth_metadata)
+        call: Any = None
+        if self.framed_opener is not None:
+            # The session's first stream tries the framed channel (_framed); its end, or a
+            # failure to open it, leaves the session on gRPC streams.
+            opener, self.framed_opener = self.framed_opener, None
+            call = opener()
+        if call is not None:
+            q: Any = call
+        else:
+            q = _Outbox()
+            call = self._client.command_stream(
+                q, metadata=self._metadata + self._client.auth_metadata)
         debug.count(debug.STREAM_OPEN)
         self._queue = q
         self._call = call
@@ -1281,6 +1297,7 @@ class CommandStream:
             self._download_bytes = 0
             if self._broken:
                 self._open()
+            batch.call = self._call
             self._inflight.append(batch)
             self.sent_batches += 1
             self._inflight_download_bytes += batch.download_bytes
@@ -1404,7 +1421,7 @@ class CommandStream:
                     # Popped only once its bytes are delivered: a drain that looks meanwhile
                     # must still see it in flight.
                     batch = self._inflight[0] if self._inflight else None
-                if batch is None:
+                if batch is None or batch.call is not call:
                     continue
                 if reply.device_output:
                     try:
@@ -1459,15 +1476,17 @@ class CommandStream:
         with self._cv:
             if self._call is call:
                 self._broken = True
-            if self._inflight:
+            dropped = 0
+            while self._inflight and self._inflight[0].call is call:
+                self._inflight_download_bytes -= self._inflight.popleft().download_bytes
+                dropped += 1
+            if dropped:
                 if end_error is None:
                     end_error = LaunchError(
                         "ExecutionService.CommandStream ended before answering every batch",
                         code=grpc.StatusCode.UNKNOWN, operation="ExecutionService.CommandStream")
                 self._record(end_error)
-                self.acked_batches += len(self._inflight)
-                self._inflight.clear()
-                self._inflight_download_bytes = 0
+                self.acked_batches += dropped
             self._cv.notify_all()
 
     def _send_left_behind(self) -> None:
@@ -1625,6 +1644,8 @@ class _SessionState:
         # What the watch reported: FAULTED (code and cause) or lost (the NOT_FOUND message).
         self.fault_code: Optional[grpc.StatusCode] = None
         self.fault_cause = ""
+        # "auto", "on" or "off" (SessionCore.host_regions).
+        self.host_regions = client.host_regions
         self.lost: Optional[str] = None
 
     def on_event(self, event: Any) -> None:
@@ -1769,15 +1790,19 @@ class SessionCore:
         self.fault: Dict[str, str] = {}
         self._releases: Deque[Tuple[str, int]] = collections.deque()
         self.caches: Dict[Any, Any] = {}  # per-session memo (compiled kernels, scratch, ...)
-        # "auto", "on" or "off": whether this session uses same-host regions (_regions).
-        self.host_regions: str = client.host_regions
         self.idle_timeout_ms: int = reply.idle_timeout_ms or 0
         self.grace_ms: int = reply.grace_ms or 0
         backoff_cap = min(max(self.grace_ms / 4000.0, 0.1), 2.0) if self.grace_ms else 2.0
         self._state = _SessionState(client, self.metadata, self.session_id, backoff_cap)
+        self.host_regions = client.host_regions
         self.commands = CommandStream(client, self.metadata, self.session_id, self.fault,
                                       self._state, self.lock)
         self._state.commands = self.commands
+        if _framed.SUPPORTED and _is_unix(client.target):
+            # Locals only: a reference to this object would keep the session open forever.
+            state, metadata, session_id = self._state, self.metadata, self.session_id
+            self.commands.framed_opener = lambda: None if state.host_regions == "off" else \
+                _framed.open_framed_call(client, metadata, session_id, state.timeout)
         self._finalizer = weakref.finalize(self, _close_session, self._state)
         threading.Thread(target=_watch_loop, args=(self._state,), daemon=True,
                          name=f"gpurpc-watch-{self.session_id}").start()
@@ -1790,6 +1815,16 @@ class SessionCore:
     def timeout(self) -> float:
         """The call timeout of this session's calls, seconds (``math.inf``: none)."""
         return self._state.timeout
+
+    @property
+    def host_regions(self) -> str:
+        """"auto", "on" or "off": whether this session uses same-host regions (_regions) and
+        the framed command channel (_framed; decided when its first stream opens)."""
+        return self._state.host_regions
+
+    @host_regions.setter
+    def host_regions(self, value: str) -> None:
+        self._state.host_regions = value
 
     @timeout.setter
     def timeout(self, value: Optional[float]) -> None:

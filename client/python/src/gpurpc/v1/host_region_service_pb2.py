@@ -15,7 +15,7 @@ _sym_db = _symbol_database.Default()
 from gpurpc.v1 import common_pb2 as gpurpc_dot_v1_dot_common__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n#gpurpc/v1/host_region_service.proto\x12\tgpurpc.v1\x1a\x16gpurpc/v1/common.proto\"\x1a\n\x18OpenDirectChannelRequest\"I\n\x19OpenDirectChannelResponse\x12\x15\n\rattach_ticket\x18\x01 \x01(\x0c\x12\x15\n\rregion_socket\x18\x02 \x01(\t\"5\n\x19RegisterHostRegionRequest\x12\x12\n\nsize_bytes\x18\x02 \x01(\x04J\x04\x08\x01\x10\x02\"]\n\x1aRegisterHostRegionResponse\x12\x11\n\tregion_id\x18\x01 \x01(\x04\x12\x15\n\rattach_ticket\x18\x02 \x01(\x0c\x12\x15\n\rregion_socket\x18\x03 \x01(\t\"0\n\x1bUnregisterHostRegionRequest\x12\x11\n\tregion_id\x18\x01 \x01(\x04\"\x1e\n\x1cUnregisterHostRegionResponse\"\xb1\x01\n\x15\x43opyHostRegionRequest\x12\x11\n\tregion_id\x18\x01 \x01(\x04\x12\x1b\n\x13region_offset_bytes\x18\x02 \x01(\x04\x12(\n\x06\x64\x65vice\x18\x07 \x01(\x0b\x32\x18.gpurpc.v1.DevicePointer\x12\x12\n\nsize_bytes\x18\x04 \x01(\x04\x12\x11\n\tto_device\x18\x05 \x01(\x08\x12\x11\n\tstream_id\x18\x06 \x01(\x04J\x04\x08\x03\x10\x04\"\x18\n\x16\x43opyHostRegionResponse\"h\n\x17\x41ttachHostRegionRequest\x12\x12\n\nsession_id\x18\x01 \x01(\x04\x12\x11\n\tregion_id\x18\x02 \x01(\x04\x12\x0e\n\x06ticket\x18\x03 \x01(\x0c\x12\x16\n\x0e\x64irect_channel\x18\x04 \x01(\x08\"6\n\x15\x41ttachHostRegionReply\x12\x0c\n\x04\x63ode\x18\x01 \x01(\x05\x12\x0f\n\x07message\x18\x02 \x01(\t2\x96\x03\n\x11HostRegionService\x12\x61\n\x12RegisterHostRegion\x12$.gpurpc.v1.RegisterHostRegionRequest\x1a%.gpurpc.v1.RegisterHostRegionResponse\x12g\n\x14UnregisterHostRegion\x12&.gpurpc.v1.UnregisterHostRegionRequest\x1a\'.gpurpc.v1.UnregisterHostRegionResponse\x12U\n\x0e\x43opyHostRegion\x12 .gpurpc.v1.CopyHostRegionRequest\x1a!.gpurpc.v1.CopyHostRegionResponse\x12^\n\x11OpenDirectChannel\x12#.gpurpc.v1.OpenDirectChannelRequest\x1a$.gpurpc.v1.OpenDirectChannelResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n#gpurpc/v1/host_region_service.proto\x12\tgpurpc.v1\x1a\x16gpurpc/v1/common.proto\"\x1a\n\x18OpenDirectChannelRequest\"I\n\x19OpenDirectChannelResponse\x12\x15\n\rattach_ticket\x18\x01 \x01(\x0c\x12\x15\n\rregion_socket\x18\x02 \x01(\t\"5\n\x19RegisterHostRegionRequest\x12\x12\n\nsize_bytes\x18\x02 \x01(\x04J\x04\x08\x01\x10\x02\"]\n\x1aRegisterHostRegionResponse\x12\x11\n\tregion_id\x18\x01 \x01(\x04\x12\x15\n\rattach_ticket\x18\x02 \x01(\x0c\x12\x15\n\rregion_socket\x18\x03 \x01(\t\"0\n\x1bUnregisterHostRegionRequest\x12\x11\n\tregion_id\x18\x01 \x01(\x04\"\x1e\n\x1cUnregisterHostRegionResponse\"\xb1\x01\n\x15\x43opyHostRegionRequest\x12\x11\n\tregion_id\x18\x01 \x01(\x04\x12\x1b\n\x13region_offset_bytes\x18\x02 \x01(\x04\x12(\n\x06\x64\x65vice\x18\x07 \x01(\x0b\x32\x18.gpurpc.v1.DevicePointer\x12\x12\n\nsize_bytes\x18\x04 \x01(\x04\x12\x11\n\tto_device\x18\x05 \x01(\x08\x12\x11\n\tstream_id\x18\x06 \x01(\x04J\x04\x08\x03\x10\x04\"\x18\n\x16\x43opyHostRegionResponse\"\x81\x01\n\x17\x41ttachHostRegionRequest\x12\x12\n\nsession_id\x18\x01 \x01(\x04\x12\x11\n\tregion_id\x18\x02 \x01(\x04\x12\x0e\n\x06ticket\x18\x03 \x01(\x0c\x12\x16\n\x0e\x64irect_channel\x18\x04 \x01(\x08\x12\x17\n\x0f\x66ramed_commands\x18\x05 \x01(\x08\"6\n\x15\x41ttachHostRegionReply\x12\x0c\n\x04\x63ode\x18\x01 \x01(\x05\x12\x0f\n\x07message\x18\x02 \x01(\t2\x96\x03\n\x11HostRegionService\x12\x61\n\x12RegisterHostRegion\x12$.gpurpc.v1.RegisterHostRegionRequest\x1a%.gpurpc.v1.RegisterHostRegionResponse\x12g\n\x14UnregisterHostRegion\x12&.gpurpc.v1.UnregisterHostRegionRequest\x1a\'.gpurpc.v1.UnregisterHostRegionResponse\x12U\n\x0e\x43opyHostRegion\x12 .gpurpc.v1.CopyHostRegionRequest\x1a!.gpurpc.v1.CopyHostRegionResponse\x12^\n\x11OpenDirectChannel\x12#.gpurpc.v1.OpenDirectChannelRequest\x1a$.gpurpc.v1.OpenDirectChannelResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -38,10 +38,10 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_COPYHOSTREGIONREQUEST']._serialized_end=587
   _globals['_COPYHOSTREGIONRESPONSE']._serialized_start=589
   _globals['_COPYHOSTREGIONRESPONSE']._serialized_end=613
-  _globals['_ATTACHHOSTREGIONREQUEST']._serialized_start=615
-  _globals['_ATTACHHOSTREGIONREQUEST']._serialized_end=719
-  _globals['_ATTACHHOSTREGIONREPLY']._serialized_start=721
-  _globals['_ATTACHHOSTREGIONREPLY']._serialized_end=775
-  _globals['_HOSTREGIONSERVICE']._serialized_start=778
-  _globals['_HOSTREGIONSERVICE']._serialized_end=1184
+  _globals['_ATTACHHOSTREGIONREQUEST']._serialized_start=616
+  _globals['_ATTACHHOSTREGIONREQUEST']._serialized_end=745
+  _globals['_ATTACHHOSTREGIONREPLY']._serialized_start=747
+  _globals['_ATTACHHOSTREGIONREPLY']._serialized_end=801
+  _globals['_HOSTREGIONSERVICE']._serialized_start=804
+  _globals['_HOSTREGIONSERVICE']._serialized_end=1210
 # @@protoc_insertion_point(module_scope)

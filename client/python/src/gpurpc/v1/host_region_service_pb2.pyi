@@ -64,16 +64,18 @@ class CopyHostRegionResponse(_message.Message):
     def __init__(self) -> None: ...
 
 class AttachHostRegionRequest(_message.Message):
-    __slots__ = ("session_id", "region_id", "ticket", "direct_channel")
+    __slots__ = ("session_id", "region_id", "ticket", "direct_channel", "framed_commands")
     SESSION_ID_FIELD_NUMBER: _ClassVar[int]
     REGION_ID_FIELD_NUMBER: _ClassVar[int]
     TICKET_FIELD_NUMBER: _ClassVar[int]
     DIRECT_CHANNEL_FIELD_NUMBER: _ClassVar[int]
+    FRAMED_COMMANDS_FIELD_NUMBER: _ClassVar[int]
     session_id: int
     region_id: int
     ticket: bytes
     direct_channel: bool
-    def __init__(self, session_id: _Optional[int] = ..., region_id: _Optional[int] = ..., ticket: _Optional[bytes] = ..., direct_channel: bool = ...) -> None: ...
+    framed_commands: bool
+    def __init__(self, session_id: _Optional[int] = ..., region_id: _Optional[int] = ..., ticket: _Optional[bytes] = ..., direct_channel: bool = ..., framed_commands: bool = ...) -> None: ...
 
 class AttachHostRegionReply(_message.Message):
     __slots__ = ("code", "message")

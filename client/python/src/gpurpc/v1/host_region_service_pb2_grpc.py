@@ -164,6 +164,19 @@ class HostRegionServiceServicer(object):
         The worker serves ExecutionService only on it (nothing that the front end accounts for:
         memory, modules and regions still go through the front end), for as long as the
         session lives. Calls on it carry no metadata: the channel is the session's.
+
+        With AttachHostRegionRequest.framed_commands set, the socket carries the command
+        stream alone, without gRPC (the framed command protocol: for clients whose gRPC costs
+        more per call than the round trip itself, such as Python's grpcio). Each message in
+        either direction is a 4-byte little-endian length followed by that many bytes: a
+        serialised CommandBatch from the client, a CommandReply from the worker, one reply per
+        batch in order, exactly as ExecutionService.CommandStream answers them. A length above
+        80 MiB (kMaxMessageBytes), bytes that are not a CommandBatch, or sequence numbers that
+        do not increase are answered by one last CommandReply whose `error` says what was
+        wrong (INVALID_ARGUMENT); a sticky fault by the reply that reports it (ABORTED). Either
+        way the worker then closes the socket, as CommandStream would end the call. A client
+        that closes its end ends the channel; batches it sent may or may not have run.
+
         Codes: OK; RESOURCE_EXHAUSTED when the session holds kMaxDirectChannelsPerSession
         channels or tickets; FAILED_PRECONDITION when the daemon serves no region socket.
         Retry: not idempotent (another ticket).

@@ -1,0 +1,158 @@
+#include "server/worker/framed_commands.h"
+
+#include <sys/socket.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <string>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "common/limits.h"
+#include "spdlog/spdlog.h"
+
+namespace gpurpc::worker {
+namespace {
+
+// A message is read in pieces of at most this many bytes.
+constexpr size_t kReadPieceBytes = 1 << 20;
+
+// Appends exactly `size` bytes read from `fd` to `out`. CANCELLED "closed" when the client
+// closed its end before the first byte of them, UNAVAILABLE for a short message or an error.
+absl::Status ReadExactly(int fd, size_t size, std::string* out) {
+  size_t read_so_far = 0;
+  while (read_so_far < size) {
+    const size_t old = out->size();
+    const size_t want = std::min(size - read_so_far, kReadPieceBytes);
+    out->resize(old + want);
+    const ssize_t n = recv(fd, out->data() + old, want, 0);
+    if (n < 0 && errno == EINTR) {
+      out->resize(old);
+      continue;
+    }
+    if (n <= 0) {
+      const int error = errno;
+      out->resize(old);
+      if (n == 0 && read_so_far == 0) return absl::CancelledError("closed");
+      return absl::UnavailableError(n == 0 ? std::string("the client closed mid-message")
+                                           : absl::StrCat("recv: ", std::strerror(error)));
+    }
+    out->resize(old + static_cast<size_t>(n));
+    read_so_far += static_cast<size_t>(n);
+  }
+  return absl::OkStatus();
+}
+
+absl::Status WriteAll(int fd, const std::string& bytes) {
+  size_t sent = 0;
+  while (sent < bytes.size()) {
+    const ssize_t n = send(fd, bytes.data() + sent, bytes.size() - sent, MSG_NOSIGNAL);
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      return absl::UnavailableError(absl::StrCat("send: ", std::strerror(errno)));
+    }
+    sent += static_cast<size_t>(n);
+  }
+  return absl::OkStatus();
+}
+
+// Frames `reply` (length prefix, then the message) and sends it.
+absl::Status SendReply(int fd, const v1::CommandReply& reply) {
+  std::string frame(kFrameHeaderBytes, '\0');
+  reply.AppendToString(&frame);
+  const size_t length = frame.size() - kFrameHeaderBytes;
+  for (size_t i = 0; i < kFrameHeaderBytes; ++i) {
+    frame[i] = static_cast<char>((length >> (8 * i)) & 0xff);
+  }
+  return WriteAll(fd, frame);
+}
+
+// The last reply of a channel the client broke: `error` says what was wrong.
+void SendProtocolError(int fd, const absl::Status& status) {
+  v1::CommandReply reply;
+  reply.mutable_error()->set_code(static_cast<int32_t>(status.code()));
+  reply.mutable_error()->set_message(std::string(status.message()));
+  (void)SendReply(fd, reply);  // the channel ends either way
+}
+
+void Serve(Session* session, int fd) {
+  uint64_t last_sequence = 0;
+  uint64_t index = 0;
+  std::string bytes;
+  v1::CommandBatch batch;
+  v1::CommandReply reply;
+  for (;;) {
+    bytes.clear();
+    if (absl::Status read = ReadExactly(fd, kFrameHeaderBytes, &bytes); !read.ok()) {
+      if (read.code() != absl::StatusCode::kCancelled) {
+        spdlog::debug("framed command channel: {}", std::string(read.message()));
+      }
+      return;
+    }
+    ++index;
+    uint64_t length = 0;
+    for (size_t i = 0; i < kFrameHeaderBytes; ++i) {
+      length |= static_cast<uint64_t>(static_cast<uint8_t>(bytes[i])) << (8 * i);
+    }
+    if (length > static_cast<uint64_t>(kMaxMessageBytes)) {
+      SendProtocolError(fd, absl::InvalidArgumentError(absl::StrFormat(
+                                "framed command channel: message %d announces %d bytes, more "
+                                "than the %d bytes a CommandBatch may have",
+                                index, length, kMaxMessageBytes)));
+      return;
+    }
+    bytes.clear();
+    if (absl::Status read = ReadExactly(fd, static_cast<size_t>(length), &bytes); !read.ok()) {
+      spdlog::debug("framed command channel: message {}: {}", index, std::string(read.message()));
+      return;
+    }
+    if (!batch.ParseFromString(bytes)) {
+      SendProtocolError(fd, absl::InvalidArgumentError(absl::StrFormat(
+                                "framed command channel: message %d (%d bytes) is not a "
+                                "gpurpc.v1.CommandBatch",
+                                index, length)));
+      return;
+    }
+    bytes.clear();
+    bytes.shrink_to_fit();  // a large upload's bytes are not kept while the channel idles
+    reply.Clear();
+    const absl::Status status = AnswerBatch(session, batch, &last_sequence, &reply);
+    if (!status.ok() && status.code() == absl::StatusCode::kInvalidArgument) {
+      SendProtocolError(fd, status);  // sequence numbers: nothing of the batch ran
+      return;
+    }
+    if (!status.ok() && !reply.has_error()) {
+      reply.mutable_error()->set_code(static_cast<int32_t>(status.code()));
+      reply.mutable_error()->set_message(std::string(status.message()));
+    }
+    if (absl::Status sent = SendReply(fd, reply); !sent.ok()) {
+      spdlog::debug("framed command channel: {}", std::string(sent.message()));
+      return;
+    }
+    if (!status.ok()) return;  // a sticky fault ends the stream, as on CommandStream
+  }
+}
+
+}  // namespace
+
+absl::Status AnswerBatch(Session* session, const v1::CommandBatch& batch, uint64_t* last_sequence,
+                         v1::CommandReply* reply) {
+  absl::Status status = session->RunBatch(batch, last_sequence, reply);
+  if (!status.ok() && status.code() == absl::StatusCode::kInvalidArgument) return status;
+  // A batch that synchronised carries the device printf output captured by then.
+  for (const v1::Command& command : batch.commands()) {
+    if (command.has_sync()) {
+      reply->set_device_output(session->TakeDeviceOutput());
+      break;
+    }
+  }
+  return status;
+}
+
+void ServeFramedCommands(Session* session, int fd) {
+  Serve(session, fd);
+  shutdown(fd, SHUT_RDWR);
+}
+
+}  // namespace gpurpc::worker

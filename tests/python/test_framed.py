@@ -1,0 +1,290 @@
+"""The framed command channel (gpurpc._framed): a same-host session's command stream on a
+socket straight to its worker, without gRPC.
+
+The transport is tested alone against a socketpair whose other end plays the worker (order,
+a peer that does not read, half-close, cancel, hostile replies), then through the driver
+against the session daemon (which channel a context uses, and that the gRPC stream takes over
+whenever the framed channel cannot be had or has ended).
+"""
+from __future__ import annotations
+
+import socket
+import struct
+import threading
+import time
+from typing import Iterator, List, Tuple
+
+import grpc
+import numpy as np
+import pytest
+
+import gpurpc.driver as cuda
+import gpurpc.gpuarray as gpuarray
+from gpurpc import _core, _framed, debug
+from gpurpc.compiler import SourceModule
+from gpurpc.v1 import execution_service_pb2 as ex
+
+from kernels import FAKE_KERNELS
+
+MiB = 1 << 20
+
+
+# -- the transport alone ----------------------------------------------------------------------
+
+@pytest.fixture
+def pair() -> Iterator[Tuple[_framed.FramedCall, socket.socket]]:
+    ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+    call = _framed.FramedCall(ours)
+    try:
+        yield call, theirs
+    finally:
+        call.cancel()
+        theirs.close()
+
+
+def read_exactly(sock: socket.socket, n: int) -> bytes:
+    data = bytearray()
+    while len(data) < n:
+        chunk = sock.recv(n - len(data))
+        if not chunk:
+            raise EOFError(f"EOF after {len(data)} of {n} bytes")
+        data += chunk
+    return bytes(data)
+
+
+def read_frame(sock: socket.socket) -> bytes:
+    (length,) = struct.unpack("<I", read_exactly(sock, 4))
+    return read_exactly(sock, length)
+
+
+def frame(message: bytes) -> bytes:
+    return struct.pack("<I", len(message)) + message
+
+
+def reply(seq: int, data: bytes = b"") -> bytes:
+    r = ex.CommandReply(processed_through_sequence=seq)
+    if data:
+        r.downloads.add(sequence=seq, data=data)
+    return r.SerializeToString()
+
+
+def test_batches_arrive_framed_and_in_order(pair) -> None:
+    call, worker = pair
+    payloads = [bytes([i]) * n for i, n in enumerate((0, 1, 5, 70_000, 3))]
+    for p in payloads:
+        call.put(p, None)
+    assert [read_frame(worker) for _ in payloads] == payloads
+
+
+def test_a_peer_that_does_not_read_never_blocks_the_sender(pair) -> None:
+    """Far more than the socket buffers: put() returns at once, the writer thread delivers
+    everything in order once the peer reads."""
+    call, worker = pair
+    payloads = [bytes([i]) * (4 * MiB) for i in range(8)] + [b"tail"]
+    started = time.monotonic()
+    for p in payloads:
+        call.put(p, None)
+    elapsed = time.monotonic() - started
+    assert elapsed < 30, "put() waited for the peer"  # generous: never a timing check
+    received = [read_frame(worker) for _ in payloads]
+    assert [len(r) for r in received] == [len(p) for p in payloads]
+    assert received == payloads
+
+
+def test_replies_are_read_whole_whatever_their_size_and_split(pair) -> None:
+    call, worker = pair
+    big = bytes(range(256)) * (3 * MiB // 256)  # larger than the reader's buffer
+    stream = frame(reply(1)) + frame(reply(2, big)) + frame(reply(3, b"xy"))
+    # Sent in awkward pieces: across headers and bodies.
+    def send() -> None:
+        for i in range(0, len(stream), 77_777):
+            worker.sendall(stream[i:i + 77_777])
+        worker.shutdown(socket.SHUT_WR)
+    sender = threading.Thread(target=send)
+    sender.start()
+    got = list(call)
+    sender.join()
+    assert [r.processed_through_sequence for r in got] == [1, 2, 3]
+    assert got[1].downloads[0].data == big
+    assert got[2].downloads[0].data == b"xy"
+
+
+def test_close_half_closes_after_what_was_sent(pair) -> None:
+    call, worker = pair
+    call.put(b"a" * (2 * MiB), None)
+    call.put(b"b", None)
+    call.close()
+    call.put(b"after close", None)  # dropped: the stream took no more batches
+    assert read_frame(worker) == b"a" * (2 * MiB)
+    assert read_frame(worker) == b"b"
+    assert worker.recv(1) == b""  # EOF: the worker answers what it has and ends
+    worker.sendall(frame(reply(7)))
+    worker.shutdown(socket.SHUT_WR)
+    assert [r.processed_through_sequence for r in call] == [7]
+
+
+def test_cancel_ends_the_reader_with_cancelled(pair) -> None:
+    call, worker = pair
+    errors: List[BaseException] = []
+
+    def read() -> None:
+        try:
+            for _ in call:
+                pass
+        except BaseException as e:  # noqa: BLE001
+            errors.append(e)
+
+    reader = threading.Thread(target=read)
+    reader.start()
+    call.cancel()
+    reader.join(10)
+    assert not reader.is_alive()
+    assert len(errors) == 1 and isinstance(errors[0], grpc.RpcError)
+    assert errors[0].code() == grpc.StatusCode.CANCELLED
+
+
+@pytest.mark.parametrize("stream, why", [
+    (struct.pack("<I", (80 << 20) + 1), "more than"),
+    (struct.pack("<I", 100) + b"short", "mid-message"),
+    (b"\x01\x00", "mid-message"),
+    (frame(b"\xff\xff\xff"), "no CommandReply"),
+])
+def test_a_broken_reply_stream_ends_with_unavailable(pair, stream: bytes, why: str) -> None:
+    call, worker = pair
+    worker.sendall(frame(reply(1)) + stream)
+    worker.shutdown(socket.SHUT_WR)
+    it = iter(call)
+    assert next(it).processed_through_sequence == 1
+    with pytest.raises(grpc.RpcError) as ended:
+        next(it)
+    assert ended.value.code() == grpc.StatusCode.UNAVAILABLE
+    assert why in ended.value.details()
+
+
+def test_a_peer_gone_while_sending_shuts_the_channel(pair) -> None:
+    call, worker = pair
+    worker.close()
+    for _ in range(3):
+        call.put(b"x" * MiB, None)  # never raises: the reader reports the end
+    with pytest.raises(grpc.RpcError) as ended:
+        list(call)
+    assert ended.value.code() in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.CANCELLED)
+
+
+# -- through the driver -----------------------------------------------------------------------
+
+@pytest.fixture
+def mod(ctx: cuda.Context) -> SourceModule:
+    return SourceModule(FAKE_KERNELS)
+
+
+def uses_framed(context: cuda.Context) -> bool:
+    return isinstance(context._core.commands._call, _framed.FramedCall)
+
+
+def test_a_same_host_context_sends_its_commands_framed(ctx: cuda.Context,
+                                                        mod: SourceModule) -> None:
+    if not _core._is_unix(ctx._core.client.target):
+        pytest.skip("the framed channel needs a Unix-socket daemon")
+    a = gpuarray.to_gpu(np.arange(1000, dtype=np.float32))
+    add_one = mod.get_function("add_one_f32")
+    debug.reset_rpc_counts()
+    add_one(a, np.uint64(a.size), block=(256, 1, 1), grid=(4, 1))
+    ctx.synchronize()
+    counts = debug.rpc_counts()
+    assert uses_framed(ctx)
+    # The launch and the synchronize: batches, no unary call.
+    assert set(counts) <= {debug.BATCH, debug.STREAM_OPEN}, counts
+    assert np.array_equal(a.get(), np.arange(1000, dtype=np.float32) + 1)
+    # Many asynchronous launches and a download, in order.
+    for _ in range(500):
+        add_one(a, np.uint64(a.size), block=(256, 1, 1), grid=(4, 1))
+    assert np.array_equal(a.get(), np.arange(1000, dtype=np.float32) + 501)
+    assert uses_framed(ctx)
+
+
+def test_host_regions_off_keeps_the_grpc_stream(daemon: str) -> None:
+    context = cuda.Device(0).make_context()
+    try:
+        context.host_regions = "off"
+        a = gpuarray.to_gpu(np.ones(64, np.float32))
+        context.synchronize()
+        assert not uses_framed(context)
+        assert context._core.commands._call is not None
+        assert np.array_equal(a.get(), np.ones(64, np.float32))
+    finally:
+        cuda.Context.pop()
+        context.detach()
+
+
+def test_a_refused_framed_channel_leaves_the_grpc_stream(ctx: cuda.Context,
+                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    """A ticket the worker does not know (as after any failure to open): the session goes
+    on over gRPC, without an error."""
+    original = _framed.open_framed_call
+    results: List[object] = []
+
+    def with_a_wrong_ticket(client, metadata, session_id, timeout):  # type: ignore[no-untyped-def]
+        method = client.method
+
+        def patched(name):  # type: ignore[no-untyped-def]
+            fn = method(name)
+            if name != "HostRegionService.OpenDirectChannel":
+                return fn
+
+            class Wrong:
+                def __call__(self, *args, **kwargs):  # type: ignore[no-untyped-def]
+                    r = fn(*args, **kwargs)
+                    r.attach_ticket = b"\x00" * len(r.attach_ticket)
+                    return r
+            return Wrong()
+
+        monkeypatch.setattr(client, "method", patched)
+        try:
+            result = original(client, metadata, session_id, timeout)
+        finally:
+            monkeypatch.setattr(client, "method", method)
+        results.append(result)
+        return result
+
+    ctx._core.commands.framed_opener = lambda: with_a_wrong_ticket(
+        ctx._core.client, ctx._core.metadata, ctx._core.session_id, ctx._core.timeout)
+    a = gpuarray.to_gpu(np.arange(16, dtype=np.int32))
+    assert np.array_equal(a.get(), np.arange(16))
+    assert results == [None]
+    assert not uses_framed(ctx)
+
+
+def test_after_a_fault_on_the_framed_channel_calls_name_the_cause(ctx: cuda.Context,
+                                                                  mod: SourceModule,
+                                                                  is_fake: bool) -> None:
+    if not _core._is_unix(ctx._core.client.target):
+        pytest.skip("the framed channel needs a Unix-socket daemon")
+    cuda.mem_alloc(64)
+    ctx.synchronize()
+    assert uses_framed(ctx)
+    mod.get_function("fault_illegal_address")(block=(1, 1, 1))
+    with pytest.raises(cuda.LaunchError) as first:
+        ctx.synchronize()
+    assert first.value.code == grpc.StatusCode.ABORTED
+    assert "ILLEGAL_ADDRESS" in str(first.value).upper().replace(" ", "_")
+    # The channel has ended; the next stream is a gRPC one, refused with the cause.
+    with pytest.raises(cuda.LaunchError) as later:
+        ctx.synchronize()
+    assert later.value.code in (grpc.StatusCode.FAILED_PRECONDITION, grpc.StatusCode.ABORTED)
+    assert "ILLEGAL_ADDRESS" in str(later.value).upper().replace(" ", "_")
+    assert not uses_framed(ctx)
+
+
+def test_detach_with_work_in_flight_on_the_framed_channel(daemon: str) -> None:
+    context = cuda.Device(0).make_context()
+    try:
+        spin = SourceModule(FAKE_KERNELS).get_function("spin_us")
+        spin(np.uint64(200_000), block=(1, 1, 1))
+        spin(np.uint64(200_000), block=(1, 1, 1))
+        assert context._core.commands.has_pending
+    finally:
+        cuda.Context.pop()
+        context.detach()
+    with pytest.raises(cuda.LogicError, match="detached"):
+        context.synchronize()
