@@ -594,6 +594,7 @@ class HostRegionLimitsTest : public HostRegionTest {
 
 TEST_F(HostRegionLimitsTest, TheSessionLimitHolds) {
   StartDaemon({"--max-host-region-bytes=8388608"});
+  if (IsSkipped() || HasFatalFailure()) return;  // GTEST_SKIP in StartDaemon returns from it only
   Session session = Open();
   auto first = session.CreateHostRegion(6 * kMiB);
   ASSERT_THAT(first, IsOk());
@@ -608,6 +609,7 @@ TEST_F(HostRegionLimitsTest, TheTenantQuotaHoldsOverSessions) {
   const std::string config = absl::StrCat(config_dir, "/host-region-quota.conf");
   { std::ofstream(config) << "default_quota { max_host_region_bytes: 6291456 }\n"; }
   StartDaemon({absl::StrCat("--config=", config)});
+  if (IsSkipped() || HasFatalFailure()) return;  // GTEST_SKIP in StartDaemon returns from it only
   Session a = Open();
   Session b = Open();
   auto held = a.CreateHostRegion(4 * kMiB);
@@ -624,6 +626,7 @@ TEST_F(HostRegionLimitsTest, TheTenantQuotaHoldsOverSessions) {
 
 TEST_F(HostRegionLimitsTest, NoRegionSocketMeansFailedPrecondition) {
   StartDaemon({"--region-socket="});
+  if (IsSkipped() || HasFatalFailure()) return;  // GTEST_SKIP in StartDaemon returns from it only
   Session session = Open();
   EXPECT_THAT(session.CreateHostRegion(kMiB),
               StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("no region socket")));
