@@ -288,3 +288,53 @@ def test_detach_with_work_in_flight_on_the_framed_channel(daemon: str) -> None:
         context.detach()
     with pytest.raises(cuda.LogicError, match="detached"):
         context.synchronize()
+
+
+def test_detach_while_the_framed_channel_opens_does_not_wait_for_it(daemon: str) -> None:
+    """The channel is opened by the first flush outside the stream's lock: a detach meanwhile
+    (say the daemon is slow to answer) returns at once, the flush raises that the context was
+    detached, and a channel opened too late is closed."""
+    context = cuda.Device(0).make_context()
+    cuda.Context.pop()
+    commands = context._core.commands
+    real = commands.framed_opener
+    assert real is not None
+    opening, release = threading.Event(), threading.Event()
+    opened: List[object] = []
+    errors: List[BaseException] = []
+
+    def slow() -> object:
+        opening.set()
+        release.wait(30)
+        call = real()
+        opened.append(call)
+        return call
+
+    commands.framed_opener = slow
+
+    def first_command() -> None:
+        context.push()
+        try:
+            cuda.mem_alloc(64)
+            cuda.Context.synchronize()
+        except BaseException as e:  # noqa: BLE001 - checked below
+            errors.append(e)
+        finally:
+            cuda.Context.pop()
+
+    worker = threading.Thread(target=first_command)
+    worker.start()
+    try:
+        assert opening.wait(30), "the first command did not open the framed channel"
+        started = time.monotonic()
+        context.detach()
+        assert time.monotonic() - started < 10, "detach waited for the channel's opening"
+    finally:
+        release.set()
+        worker.join(30)
+    assert not worker.is_alive()
+    assert len(errors) == 1 and isinstance(errors[0], cuda.LogicError), errors
+    assert "detached" in str(errors[0])
+    assert len(opened) == 1
+    if opened[0] is not None:  # opened after all: closed, never used
+        assert opened[0]._sock.fileno() == -1

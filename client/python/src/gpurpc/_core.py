@@ -1152,8 +1152,11 @@ class CommandStream:
         self._queue: Any = None  # the _Outbox of the gRPC stream, or the FramedCall
         self._call: Any = None
         # Opens the session's framed command channel (a FramedCall, or None to stay on
-        # gRPC); set by the session when it may use same-host features, tried once.
+        # gRPC); set by the session when it may use same-host features, tried once, by the
+        # first flush (outside _cv: opening makes calls, and close() must not wait for them).
+        # Its end, or a failure to open it, leaves the session on gRPC streams.
         self.framed_opener: Optional[Callable[[], Any]] = None
+        self._framed_call: Any = None  # opened, for _open
         self._broken = True  # no stream open yet
         self._seq = 0
         self._cmds: List[bytes] = []
@@ -1246,12 +1249,7 @@ class CommandStream:
     def _open(self) -> None:
         if self._queue is not None:
             self._queue.close()  # the broken stream's iterator ends
-        call: Any = None
-        if self.framed_opener is not None:
-            # The session's first stream tries the framed channel (_framed); its end, or a
-            # failure to open it, leaves the session on gRPC streams.
-            opener, self.framed_opener = self.framed_opener, None
-            call = opener()
+        call, self._framed_call = self._framed_call, None
         if call is not None:
             q: Any = call
         else:
@@ -1272,6 +1270,9 @@ class CommandStream:
         are unanswered)."""
         if not self._cmds:
             return
+        if self.framed_opener is not None and self._broken and not self._closed:
+            opener, self.framed_opener = self.framed_opener, None
+            self._framed_call = opener()
         limit = self._state.timeout if timeout is None else timeout
         deadline = time.monotonic() + limit
         with self._cv:
@@ -1284,6 +1285,9 @@ class CommandStream:
                                         "commands stay queued")
                 self._cv.wait(None if math.isinf(remaining) else remaining)
             if self._closed:
+                if self._framed_call is not None:  # opened while close() ran
+                    self._framed_call.discard()
+                    self._framed_call = None
                 raise LogicError(f"{label}: the context (session {self._session_id}) was "
                                  "detached; its memory, modules, streams and events are gone")
             batch = _Batch(self._first_seq, self._labels, self._sinks, self._download_bytes,

@@ -183,6 +183,11 @@ class FramedCall:
             self._shutdown(socket.SHUT_RDWR)
             self._cv.notify_all()
 
+    def discard(self) -> None:
+        """Ends and closes a channel that no reader ever iterated."""
+        self.cancel()
+        self._sock.close()
+
     # -- the receiving side (the command stream's reader) ----------------------------------
 
     def __iter__(self) -> "FramedCall":
