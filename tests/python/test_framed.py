@@ -338,3 +338,116 @@ def test_detach_while_the_framed_channel_opens_does_not_wait_for_it(daemon: str)
     assert len(opened) == 1
     if opened[0] is not None:  # opened after all: closed, never used
         assert opened[0]._sock.fileno() == -1
+
+
+# -- two streams in flight at once (a stream ended by a fault and the one opened after it) ------
+
+class _FaultingStream:
+    """A stream whose first reply reports a sticky fault and whose end is read late."""
+
+    def __init__(self) -> None:
+        self.sent = threading.Event()
+        self.end = threading.Event()
+
+    def put(self, payload: bytes, batch: object = None) -> None:
+        self.sent.set()
+
+    def close(self) -> None:
+        pass
+
+    def cancel(self) -> None:
+        self.end.set()
+
+    def extend_last(self, *args: object) -> bool:
+        return False
+
+    def __iter__(self) -> Iterator[ex.CommandReply]:
+        self.sent.wait(10)
+        reply = ex.CommandReply(processed_through_sequence=1)
+        reply.error.sequence, reply.error.code = 1, grpc.StatusCode.ABORTED.value[0]
+        reply.error.message = "sticky fault: CUDA_ERROR_ILLEGAL_ADDRESS"
+        yield reply
+        self.end.wait(10)
+
+
+class _RefusedStream(grpc.RpcError):
+    def code(self) -> grpc.StatusCode:
+        return grpc.StatusCode.FAILED_PRECONDITION
+
+    def details(self) -> str:
+        return "session 1 is FAULTED: CUDA_ERROR_ILLEGAL_ADDRESS"
+
+
+class _AnsweringStream:
+    """A gRPC stream stand-in: answers each batch, or refuses the call at once."""
+
+    def __init__(self, outbox: object, refuse: bool) -> None:
+        self.outbox, self.refuse = outbox, refuse
+
+    def __iter__(self) -> Iterator[ex.CommandReply]:
+        if self.refuse:
+            raise _RefusedStream()
+        for payload in self.outbox:  # type: ignore[attr-defined]
+            batch = ex.CommandBatch.FromString(payload)
+            last = batch.commands[-1]
+            reply = ex.CommandReply(processed_through_sequence=last.sequence)
+            reply.downloads.add(sequence=last.sequence, data=b"new stream")
+            yield reply
+
+    def cancel(self) -> None:
+        pass
+
+
+class _FakeClient:
+    target = "unix:/nowhere"
+    auth_metadata = ()
+
+    def __init__(self, refuse: bool) -> None:
+        self.refuse = refuse
+
+    def command_stream(self, outbox: object, metadata: object = ()) -> _AnsweringStream:
+        return _AnsweringStream(outbox, self.refuse)
+
+
+class _State:
+    timeout = 10.0
+
+
+@pytest.mark.parametrize("refuse", [True, False])
+def test_the_next_stream_settles_its_batches_before_the_old_one_has_ended(refuse: bool) -> None:
+    """A fault ends the framed stream after the reply that reports it; the batch sent behind
+    that reply goes to a new stream, which may answer or end before the old stream's end has
+    been read. Its batch must be settled by its own stream (answered with its bytes, or
+    dropped with that stream's error), and leave the queue once the old stream's are gone:
+    neither lost nor counted before the batches sent earlier."""
+    commands = _core.CommandStream(_FakeClient(refuse), (), 1, {}, _State(), threading.RLock())
+    old = _FaultingStream()
+    commands.framed_opener = lambda: old
+    memset = ex.MemsetCommand()
+    commands.add("memset #1", auto=False, memset=memset)
+    commands.flush()
+    commands.add("memset #2", auto=False, memset=memset)
+    commands.flush()  # in flight on the old stream, never answered
+    deadline = time.monotonic() + 10
+    while not commands._broken and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert commands._broken, "the fault's reply did not end the old stream"
+    got: List[bytes] = []
+    commands.add("download #3", auto=False, sink=got.append,
+                 download=ex.DownloadCommand(size_bytes=10))
+    commands.flush()  # the new stream
+    if refuse:
+        time.sleep(0.5)  # the refused stream ends first: the order this test is about
+    else:
+        deadline = time.monotonic() + 10
+        while not got and time.monotonic() < deadline:
+            time.sleep(0.01)
+    # Settled by its stream, but still in the queue behind the old stream's batch.
+    assert [b.first_seq for b in commands._inflight] == [2, 3]
+    assert commands.acked_batches == 1
+    assert got == ([] if refuse else [b"new stream"])
+    old.end.set()  # the old stream's end is read now
+    with pytest.raises(cuda.LaunchError) as raised:
+        commands.drain(timeout=10)
+    assert raised.value.code == grpc.StatusCode.ABORTED  # the first error: the fault
+    assert not commands._inflight and commands.acked_batches == 3

@@ -1056,7 +1056,7 @@ def copy_3d_command(destination: execution_service_pb2.Copy3DEndpoint,
 # ---------------------------------------------------------------------------------------------
 
 class _Batch:
-    __slots__ = ("first_seq", "labels", "sinks", "download_bytes", "done", "call")
+    __slots__ = ("first_seq", "labels", "sinks", "download_bytes", "done", "call", "settled")
 
     def __init__(self, first_seq: int, labels: List[str], sinks: Dict[int, Callable],
                  download_bytes: int, done: List[Callable[[], None]]) -> None:
@@ -1065,9 +1065,13 @@ class _Batch:
         self.sinks = sinks
         self.download_bytes = download_bytes
         self.done = done  # run by the reader once the batch is answered without an error
-        # The stream it was sent on: a stream that ends answers or drops its own batches
-        # only, never those of the stream opened after it.
+        # The stream it was sent on: a stream's replies answer its own batches, in order, and
+        # a stream that ends drops its own unanswered ones, never another stream's.
         self.call: Any = None
+        # Answered or dropped. Batches leave the in-flight queue in the order they were sent
+        # (acked_batches counts them so), once every batch before them has settled too: a
+        # newer stream may settle its batches before an older stream's end is read.
+        self.settled = False
 
     def label(self, seq: int) -> str:
         i = seq - self.first_seq
@@ -1424,8 +1428,8 @@ class CommandStream:
                 with self._cv:
                     # Popped only once its bytes are delivered: a drain that looks meanwhile
                     # must still see it in flight.
-                    batch = self._inflight[0] if self._inflight else None
-                if batch is None or batch.call is not call:
+                    batch = self._oldest_unsettled(call)
+                if batch is None:
                     continue
                 if reply.device_output:
                     try:
@@ -1462,10 +1466,8 @@ class CommandStream:
                             # A fault ends this stream; later batches must go to a new one
                             # (which the daemon refuses with the fault's cause).
                             self._broken = True
-                    if self._inflight and self._inflight[0] is batch:  # not dropped by close
-                        self._inflight.popleft()
-                        self._inflight_download_bytes -= batch.download_bytes
-                        self.acked_batches += 1
+                    batch.settled = True
+                    self._pop_settled()
                     self._cv.notify_all()
                     left_behind = not self._inflight and bool(self._cmds)
                 if left_behind:
@@ -1480,18 +1482,31 @@ class CommandStream:
         with self._cv:
             if self._call is call:
                 self._broken = True
-            dropped = 0
-            while self._inflight and self._inflight[0].call is call:
-                self._inflight_download_bytes -= self._inflight.popleft().download_bytes
-                dropped += 1
+            dropped = False
+            for batch in self._inflight:
+                if batch.call is call and not batch.settled:
+                    batch.settled = dropped = True
             if dropped:
                 if end_error is None:
                     end_error = LaunchError(
                         "ExecutionService.CommandStream ended before answering every batch",
                         code=grpc.StatusCode.UNKNOWN, operation="ExecutionService.CommandStream")
                 self._record(end_error)
-                self.acked_batches += dropped
+                self._pop_settled()
             self._cv.notify_all()
+
+    def _oldest_unsettled(self, call: Any) -> Optional[_Batch]:
+        """The batch that ``call``'s next reply answers. Caller holds _cv."""
+        for batch in self._inflight:
+            if batch.call is call and not batch.settled:
+                return batch
+        return None
+
+    def _pop_settled(self) -> None:
+        """Takes the settled batches off the front of the in-flight queue. Caller holds _cv."""
+        while self._inflight and self._inflight[0].settled:
+            self._inflight_download_bytes -= self._inflight.popleft().download_bytes
+            self.acked_batches += 1
 
     def _send_left_behind(self) -> None:
         """Sends, from the reader thread, the commands queued while the batch just answered
