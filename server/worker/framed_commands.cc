@@ -6,6 +6,7 @@
 #include <cerrno>
 #include <cstring>
 #include <string>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -15,30 +16,27 @@
 namespace gpurpc::worker {
 namespace {
 
-// A message is read in pieces of at most this many bytes.
+// A message is read in pieces of at most this many bytes (into a scratch buffer of the
+// channel, then appended: a client that trickles bytes costs a copy of what it sent, not a
+// fill of a whole piece per byte).
 constexpr size_t kReadPieceBytes = 1 << 20;
 
-// Appends exactly `size` bytes read from `fd` to `out`. CANCELLED "closed" when the client
-// closed its end before the first byte of them, UNAVAILABLE for a short message or an error.
-absl::Status ReadExactly(int fd, size_t size, std::string* out) {
+// Appends exactly `size` bytes read from `fd` to `out`, through `scratch`. CANCELLED "closed"
+// when the client closed its end before the first byte of them, UNAVAILABLE for a short
+// message or an error.
+absl::Status ReadExactly(int fd, size_t size, std::vector<char>* scratch, std::string* out) {
   size_t read_so_far = 0;
   while (read_so_far < size) {
-    const size_t old = out->size();
-    const size_t want = std::min(size - read_so_far, kReadPieceBytes);
-    out->resize(old + want);
-    const ssize_t n = recv(fd, out->data() + old, want, 0);
-    if (n < 0 && errno == EINTR) {
-      out->resize(old);
-      continue;
-    }
+    const size_t want = std::min(size - read_so_far, scratch->size());
+    const ssize_t n = recv(fd, scratch->data(), want, 0);
+    if (n < 0 && errno == EINTR) continue;
     if (n <= 0) {
       const int error = errno;
-      out->resize(old);
       if (n == 0 && read_so_far == 0) return absl::CancelledError("closed");
       return absl::UnavailableError(n == 0 ? std::string("the client closed mid-message")
                                            : absl::StrCat("recv: ", std::strerror(error)));
     }
-    out->resize(old + static_cast<size_t>(n));
+    out->append(scratch->data(), static_cast<size_t>(n));
     read_so_far += static_cast<size_t>(n);
   }
   return absl::OkStatus();
@@ -79,12 +77,11 @@ void SendProtocolError(int fd, const absl::Status& status) {
 void Serve(Session* session, int fd) {
   uint64_t last_sequence = 0;
   uint64_t index = 0;
+  std::vector<char> scratch(kReadPieceBytes);
   std::string bytes;
-  v1::CommandBatch batch;
-  v1::CommandReply reply;
   for (;;) {
     bytes.clear();
-    if (absl::Status read = ReadExactly(fd, kFrameHeaderBytes, &bytes); !read.ok()) {
+    if (absl::Status read = ReadExactly(fd, kFrameHeaderBytes, &scratch, &bytes); !read.ok()) {
       if (read.code() != absl::StatusCode::kCancelled) {
         spdlog::debug("framed command channel: {}", std::string(read.message()));
       }
@@ -103,10 +100,14 @@ void Serve(Session* session, int fd) {
       return;
     }
     bytes.clear();
-    if (absl::Status read = ReadExactly(fd, static_cast<size_t>(length), &bytes); !read.ok()) {
+    if (absl::Status read = ReadExactly(fd, static_cast<size_t>(length), &scratch, &bytes);
+        !read.ok()) {
       spdlog::debug("framed command channel: message {}: {}", index, std::string(read.message()));
       return;
     }
+    // Messages of this batch only: a large upload's or download's bytes are not kept while
+    // the channel idles.
+    v1::CommandBatch batch;
     if (!batch.ParseFromString(bytes)) {
       SendProtocolError(fd, absl::InvalidArgumentError(absl::StrFormat(
                                 "framed command channel: message %d (%d bytes) is not a "
@@ -114,9 +115,8 @@ void Serve(Session* session, int fd) {
                                 index, length)));
       return;
     }
-    bytes.clear();
-    bytes.shrink_to_fit();  // a large upload's bytes are not kept while the channel idles
-    reply.Clear();
+    std::string().swap(bytes);
+    v1::CommandReply reply;
     const absl::Status status = AnswerBatch(session, batch, &last_sequence, &reply);
     if (!status.ok() && status.code() == absl::StatusCode::kInvalidArgument) {
       SendProtocolError(fd, status);  // sequence numbers: nothing of the batch ran

@@ -10,6 +10,7 @@
 
 #include <cerrno>
 #include <cstring>
+#include <system_error>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -151,10 +152,17 @@ absl::Status DirectChannels::Admit(int fd, bool framed) {
     auto channel = std::make_unique<Framed>();
     channel->fd = mine;
     Framed* const raw = channel.get();
-    raw->thread = std::thread([this, raw] {
-      serve_framed_(raw->fd);
-      raw->done.store(true);
-    });
+    try {
+      raw->thread = std::thread([this, raw] {
+        serve_framed_(raw->fd);
+        raw->done.store(true);
+      });
+    } catch (const std::system_error& e) {
+      // The host's thread limit counts every tenant's workers: a refusal, not the worker's end.
+      close(mine);
+      return absl::ResourceExhaustedError(
+          absl::StrCat("cannot start the framed channel's thread: ", e.what()));
+    }
     framed_.push_back(std::move(channel));
     return absl::OkStatus();
   }

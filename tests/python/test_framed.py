@@ -102,8 +102,13 @@ def test_replies_are_read_whole_whatever_their_size_and_split(pair) -> None:
         worker.shutdown(socket.SHUT_WR)
     sender = threading.Thread(target=send)
     sender.start()
-    got = list(call)
+    got = []
+    with pytest.raises(grpc.RpcError) as ended:  # the worker ended the channel, unasked
+        for r in call:
+            got.append(r)
     sender.join()
+    assert ended.value.code() == grpc.StatusCode.UNAVAILABLE
+    assert "ended the framed command channel" in ended.value.details()
     assert [r.processed_through_sequence for r in got] == [1, 2, 3]
     assert got[1].downloads[0].data == big
     assert got[2].downloads[0].data == b"xy"
@@ -451,3 +456,56 @@ def test_the_next_stream_settles_its_batches_before_the_old_one_has_ended(refuse
         commands.drain(timeout=10)
     assert raised.value.code == grpc.StatusCode.ABORTED  # the first error: the fault
     assert not commands._inflight and commands.acked_batches == 3
+
+
+def test_an_interrupt_after_a_partial_send_ends_the_channel(pair) -> None:
+    """Half a message on the wire would make the worker read the next batch as its rest: an
+    interrupt between a partial send and queueing the rest ends the channel instead."""
+    call, worker = pair
+    worker.settimeout(10)
+    real = call._sock
+
+    class Interrupting:
+        def __getattr__(self, name: str) -> object:
+            return getattr(real, name)
+
+        def sendmsg(self, buffers: List[bytes], *args: object) -> int:
+            real.sendmsg([b"".join(buffers)[:3]])  # part of the header
+            raise KeyboardInterrupt
+
+    call._sock = Interrupting()
+    with pytest.raises(KeyboardInterrupt):
+        call.put(b"x" * 100, None)
+    call._sock = real
+    call.put(b"later", None)  # dropped: the channel is ending
+    with pytest.raises(grpc.RpcError) as ended:
+        list(call)
+    assert ended.value.code() == grpc.StatusCode.UNAVAILABLE
+    assert "interrupted by KeyboardInterrupt" in ended.value.details()
+    assert worker.recv(100) == b"\x64\x00\x00"  # the partial header, then the end
+    assert worker.recv(100) == b""
+
+
+def test_the_reader_ends_while_the_writer_thread_waits(pair) -> None:
+    """Once a batch too large for the socket's buffer started the writer thread, an end of the
+    channel that the client did not ask for must still end the reader (it joins the writer)."""
+    call, worker = pair
+    big = b"y" * (4 * MiB)
+    call.put(big, None)  # the writer thread takes what the socket cannot
+    assert read_frame(worker) == big
+    assert call._writer is not None
+    worker.sendall(frame(reply(1)))
+    worker.shutdown(socket.SHUT_RDWR)  # the worker ends the channel, unasked
+    done = threading.Event()
+    errors: List[BaseException] = []
+
+    def read() -> None:
+        try:
+            list(call)
+        except BaseException as e:  # noqa: BLE001 - checked below
+            errors.append(e)
+        done.set()
+
+    threading.Thread(target=read, daemon=True).start()
+    assert done.wait(10), "the reader hung joining the writer thread"
+    assert len(errors) == 1 and errors[0].code() == grpc.StatusCode.UNAVAILABLE

@@ -26,7 +26,7 @@ import pytest
 import gpurpc
 import gpurpc.admin
 import gpurpc.driver as cuda
-from gpurpc import _core, _devices
+from gpurpc import _core, _devices, _framed
 from gpurpc.compiler import SourceModule
 
 from conftest import CLIENT_SRC, REPO_ROOT, _wait_ready
@@ -547,3 +547,63 @@ def test_after_a_daemon_restart_the_context_is_lost_and_a_new_one_works(
         cuda.Context.pop()
     assert _timed(old.detach) < MUST_NOT_HANG_S  # prompt and harmless
     new.detach()
+
+
+# -- the framed command channel (a same-host context's commands, straight to its worker) -------
+
+@pytest.mark.parametrize("first", ["small", "large"])
+def test_the_kernel_watchdog_ends_a_framed_synchronize_with_its_cause(
+        daemons: Callable[..., Daemon], first: str) -> None:
+    """The watchdog kills the worker, which ends the framed channel without a reply: the
+    waiting synchronize raises the daemon's DEADLINE_EXCEEDED naming the kernel (the front end
+    tells the session's watch), at once and not after the call timeout -- also after batches
+    too large for the socket's buffer, which the channel's writer thread sends."""
+    daemon = daemons("--kernel-timeout=1s")
+    cuda.init(address=daemon.address, timeout=120)
+    ctx = _context()
+    ctx.push()
+    try:
+        spin = SourceModule(FAKE_KERNELS).get_function("spin_us")
+        buf = cuda.mem_alloc(1 << 20)
+        if first == "large":
+            for _ in range(8):  # inline uploads (below the staging size), queued into batches
+                cuda.memcpy_htod_async(buf, np.ones(250 << 10, np.uint8))
+        cuda.Context.synchronize()
+        assert isinstance(ctx._core.commands._call, _framed.FramedCall)
+        spin(np.uint64(30_000_000), block=(1, 1, 1), grid=(1, 1))
+        started = time.monotonic()
+        with pytest.raises(cuda.LaunchError, match="spin_us") as info:
+            cuda.Context.synchronize()
+        assert time.monotonic() - started < MUST_NOT_HANG_S
+        assert info.value.code.name == "DEADLINE_EXCEEDED"
+        assert not isinstance(info.value, gpurpc.CallTimeoutError)
+    finally:
+        cuda.Context.pop()
+        ctx.detach()
+
+
+def test_a_stopped_front_end_delays_the_first_command_by_the_open_bound_at_most(
+        daemons: Callable[..., Daemon]) -> None:
+    """Opening the framed channel asks the front end for a ticket: while it does not answer,
+    the session's first command waits at most the open's bound, then goes to the gRPC stream."""
+    daemon = daemons()
+    cuda.init(address=daemon.address, timeout=120)
+    ctx = _context()
+    ctx.push()
+    try:
+        buf = cuda.mem_alloc(1024)  # a unary call: no command yet
+        os.kill(daemon.proc.pid, signal.SIGSTOP)  # the front end only
+        try:
+            assert _eventually(lambda: _all_threads_stopped(daemon.proc.pid), 10)
+            started = time.monotonic()
+            cuda.memset_d32_async(buf, 7, 256)
+            assert time.monotonic() - started < _framed.OPEN_TIMEOUT_S + 5
+        finally:
+            os.kill(daemon.proc.pid, signal.SIGCONT)
+        out = np.empty(256, np.uint32)
+        cuda.memcpy_dtoh(out, buf)
+        assert (out == 7).all()
+        assert not isinstance(ctx._core.commands._call, _framed.FramedCall)
+    finally:
+        cuda.Context.pop()
+        ctx.detach()

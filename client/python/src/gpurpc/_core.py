@@ -80,6 +80,9 @@ LEFT_BEHIND_WAIT_S = 0.05
 # A synchronising call's small pending work (a download, a memset, a small upload) joins the
 # last batch when gRPC's sending thread has not taken it yet (CommandStream.drain): at most
 # this much, so that only small work waits behind the join.
+# How long the reader of a framed channel that the worker ended without a reply waits for the
+# session's watch to say why (the front end sees the worker's end within moments).
+FRAMED_CAUSE_WAIT_S = 2.0
 JOIN_MAX_BYTES = 64 << 10
 JOIN_MAX_DOWNLOAD_BYTES = 1 << 20
 STREAMED_TRANSFER_BYTES = 8 << 20    # synchronous transfers above this use Upload/DownloadStream
@@ -1479,6 +1482,14 @@ class CommandStream:
                 end_error = session_error(code, details, "ExecutionService.CommandStream",
                                           self._client.target, self._session_id)
                 note_fault(self._fault, code, details)
+        if (isinstance(call, _framed.FramedCall) and end_error is not None
+                and end_error.code == grpc.StatusCode.UNAVAILABLE):
+            # The worker ended the framed channel without a word: it died (a crash, the
+            # kernel watchdog, its daemon gone). The front end tells the session's watch why.
+            with self._cv:
+                waiting = self._error is None and self._oldest_unsettled(call) is not None
+            if waiting:
+                end_error = self._cause_from_watch() or end_error
         with self._cv:
             if self._call is call:
                 self._broken = True
@@ -1494,6 +1505,19 @@ class CommandStream:
                 self._record(end_error)
                 self._pop_settled()
             self._cv.notify_all()
+
+    def _cause_from_watch(self) -> Optional[Error]:
+        """The session's FAULTED or lost error once its watch has it, within
+        FRAMED_CAUSE_WAIT_S; None if it has not by then."""
+        unusable = getattr(self._state, "unusable_error", None)
+        if unusable is None:
+            return None
+        deadline = time.monotonic() + FRAMED_CAUSE_WAIT_S
+        while True:
+            error = unusable("ExecutionService.CommandStream")
+            if error is not None or time.monotonic() >= deadline or self._closed:
+                return error
+            time.sleep(0.02)
 
     def _oldest_unsettled(self, call: Any) -> Optional[_Batch]:
         """The batch that ``call``'s next reply answers. Caller holds _cv."""

@@ -29,6 +29,7 @@ import logging
 import socket
 import struct
 import threading
+import time
 from typing import Any, Callable, Deque, Optional
 
 import grpc
@@ -45,7 +46,7 @@ HEADER = struct.Struct("<I")
 MAX_REPLY_BYTES = 80 << 20
 _READ_BYTES = 256 << 10          # one recv of the reader (more than a small reply)
 _ATTACH_REPLY_MAX_BYTES = 4096
-ATTACH_TIMEOUT_S = 30.0         # the attach exchange (or the call timeout when shorter)
+OPEN_TIMEOUT_S = 2.0            # opening the channel (or the call timeout when shorter)
 
 SUPPORTED = hasattr(socket, "send_fds") and hasattr(socket, "AF_UNIX") \
     and hasattr(socket, "SOCK_SEQPACKET") and hasattr(socket, "MSG_DONTWAIT")
@@ -73,14 +74,16 @@ class FramedCall:
     def __init__(self, sock: socket.socket) -> None:
         sock.setblocking(True)
         self._sock = sock
-        self._lock = threading.Lock()
-        self._cv = threading.Condition(self._lock)
+        # Reentrant: the garbage collector may close a dropped session (and so this channel)
+        # on a thread that holds it.
+        self._cv = threading.Condition(threading.RLock())
         self._backlog: Deque[memoryview] = collections.deque()  # for the writer thread
         self._writing = False      # the writer thread holds bytes it has not sent yet
         self._writer: Optional[threading.Thread] = None
         self._half_closed = False  # close(): no more batches
         self._cancelled = False    # cancel(): the stream is abandoned
-        self._send_failed = ""    # why a send failed
+        self._ended = False        # the reader is done: nothing is sent any more
+        self._send_failed = ""     # why a send failed
         self._buffer = bytearray(_READ_BYTES)
         self._view = memoryview(self._buffer)
         self._start = 0
@@ -94,39 +97,48 @@ class FramedCall:
         more is shut down, so that the reader ends it and reports the batches in flight."""
         header = HEADER.pack(len(payload))
         with self._cv:
-            if self._half_closed or self._send_failed:
+            if self._half_closed or self._send_failed or self._ended:
                 return
-            if not self._backlog and not self._writing:
-                try:
-                    sent = self._sock.sendmsg([header, payload], (), socket.MSG_DONTWAIT)
-                except (BlockingIOError, InterruptedError):
-                    sent = 0
-                except OSError as e:
-                    self._fail_sending(e)
-                    return
-                if sent == len(header) + len(payload):
-                    return
-                if sent < len(header):
-                    self._backlog.append(memoryview(header)[sent:])
-                    self._backlog.append(memoryview(payload))
+            try:
+                if not self._backlog and not self._writing:
+                    try:
+                        sent = self._sock.sendmsg([header, payload], (), socket.MSG_DONTWAIT)
+                    except (BlockingIOError, InterruptedError):
+                        sent = 0
+                    except OSError as e:
+                        self._fail_sending(str(e))
+                        return
+                    if sent == len(header) + len(payload):
+                        return
+                    if sent < len(header):
+                        self._backlog.append(memoryview(header)[sent:])
+                        self._backlog.append(memoryview(payload))
+                    else:
+                        self._backlog.append(memoryview(payload)[sent - len(header):])
                 else:
-                    self._backlog.append(memoryview(payload)[sent - len(header):])
-            else:
-                self._backlog.append(memoryview(header))
-                self._backlog.append(memoryview(payload))
-            if self._writer is None:
-                self._writer = threading.Thread(target=self._write_loop, daemon=True,
-                                                name="gpurpc-framed-writer")
-                self._writer.start()
-            self._cv.notify_all()
+                    self._backlog.append(memoryview(header))
+                    self._backlog.append(memoryview(payload))
+                if self._writer is None:
+                    self._writer = threading.Thread(target=self._write_loop, daemon=True,
+                                                    name="gpurpc-framed-writer")
+                    self._writer.start()
+                self._cv.notify_all()
+            except Exception as e:  # noqa: BLE001 - e.g. a writer thread that cannot start
+                # Half a message may be on the wire: end the channel (the reader reports its
+                # batches; the session goes on over gRPC).
+                self._fail_sending(f"{type(e).__name__}: {e}")
+            except BaseException as e:
+                # An interrupt between a partial send and queueing the rest: the same.
+                self._fail_sending(f"interrupted by {type(e).__name__}")
+                raise
 
     def extend_last(self, batch: Any, payload: bytes, on_extend: Callable[[], None]) -> bool:
         """Batches are sent at once: the last one is never waiting to grow."""
         return False
 
-    def _fail_sending(self, error: OSError) -> None:
+    def _fail_sending(self, why: str) -> None:
         # Caller holds _cv.
-        self._send_failed = f"sending a batch on the framed command channel: {error}"
+        self._send_failed = f"sending a batch on the framed command channel: {why}"
         self._backlog.clear()
         try:
             self._sock.shutdown(socket.SHUT_RDWR)
@@ -138,7 +150,7 @@ class FramedCall:
         while True:
             with self._cv:
                 while not self._backlog and not (self._half_closed or self._send_failed
-                                                 or self._cancelled):
+                                                 or self._cancelled or self._ended):
                     self._cv.wait()
                 if not self._backlog:
                     if self._half_closed and not (self._send_failed or self._cancelled):
@@ -147,14 +159,14 @@ class FramedCall:
                     return
                 piece = self._backlog.popleft()
                 self._writing = True
-            failed: Optional[OSError] = None
+            failed = ""
             try:
                 self._sock.sendall(piece)
             except OSError as e:
-                failed = e
+                failed = str(e) or type(e).__name__
             with self._cv:
                 self._writing = False
-                if failed is not None:
+                if failed:
                     self._fail_sending(failed)
                 self._cv.notify_all()
 
@@ -213,15 +225,15 @@ class FramedCall:
             except InterruptedError:
                 continue
             except OSError as e:
-                raise self._ended(f"reading from the framed command channel: {e}") from None
+                raise self._end_error(f"reading from the framed command channel: {e}") from None
             if n == 0:
                 if self._end == self._start:
                     return False
-                raise self._ended("the daemon closed the framed command channel mid-message")
+                raise self._end_error("the daemon closed the framed command channel mid-message")
             self._end += n
         return True
 
-    def _ended(self, details: str) -> FramedEnd:
+    def _end_error(self, details: str) -> FramedEnd:
         if self._cancelled:
             return FramedEnd(grpc.StatusCode.CANCELLED, "the command stream was cancelled")
         return FramedEnd(grpc.StatusCode.UNAVAILABLE, details)
@@ -233,13 +245,18 @@ class FramedCall:
                     raise FramedEnd(grpc.StatusCode.CANCELLED, "the command stream was cancelled")
                 if self._send_failed:
                     raise FramedEnd(grpc.StatusCode.UNAVAILABLE, self._send_failed)
+                if not self._half_closed:
+                    # The worker ended the channel: after a reply that ended the stream, or
+                    # it is gone (the command stream asks the session's watch why).
+                    raise FramedEnd(grpc.StatusCode.UNAVAILABLE,
+                                    "the session's worker ended the framed command channel")
                 raise StopIteration
             (length,) = HEADER.unpack_from(self._buffer, self._start)
             if length > MAX_REPLY_BYTES:
-                raise self._ended(f"the daemon announced a reply of {length} bytes on the "
+                raise self._end_error(f"the daemon announced a reply of {length} bytes on the "
                                   f"framed command channel, more than {MAX_REPLY_BYTES}")
             if not self._fill(HEADER.size + length):
-                raise self._ended("the daemon closed the framed command channel mid-message")
+                raise self._end_error("the daemon closed the framed command channel mid-message")
             begin = self._start + HEADER.size
             data = self._view[begin:begin + length]
             try:
@@ -248,7 +265,7 @@ class FramedCall:
                 except TypeError:  # a protobuf that parses bytes only
                     message = execution_service_pb2.CommandReply.FromString(bytes(data))
             except Exception:  # noqa: BLE001 - protobuf's DecodeError differs between versions
-                raise self._ended(f"the daemon sent {length} bytes that are no CommandReply on "
+                raise self._end_error(f"the daemon sent {length} bytes that are no CommandReply on "
                                   "the framed command channel") from None
             finally:
                 data.release()
@@ -267,6 +284,7 @@ class FramedCall:
     def _finish(self) -> None:
         """The reader is done: ends the writer and closes the socket."""
         with self._cv:
+            self._ended = True
             self._backlog.clear()
             self._shutdown(socket.SHUT_RDWR)
             writer = self._writer
@@ -280,31 +298,31 @@ def open_framed_call(client: Any, metadata: Any, session_id: int,
                      timeout: float) -> Optional[FramedCall]:
     """Opens the framed command channel of session ``session_id``: a ticket from
     ``HostRegionService.OpenDirectChannel`` (on the session's gRPC channel), then one end of a
-    socketpair sent on the daemon's region socket. None, with the reason logged at debug
-    level, when any step fails: the session then keeps the gRPC stream."""
+    socketpair sent on the daemon's region socket, both within OPEN_TIMEOUT_S (or ``timeout``
+    when shorter): the first batch waits for this, and a daemon too slow to answer is better
+    left to the gRPC stream. None, with the reason logged at debug level, when any step
+    fails: the session then keeps the gRPC stream."""
     from ._core import _unary  # a late import: _core imports this module
+    deadline = time.monotonic() + min(timeout, OPEN_TIMEOUT_S)
+    ours: Optional[socket.socket] = None
     try:
         method = client.method("HostRegionService.OpenDirectChannel")
         opened = _unary(method, host_region_service_pb2.OpenDirectChannelRequest(),
-                        tuple(metadata) + tuple(client.auth_metadata), min(timeout, 30.0),
+                        tuple(metadata) + tuple(client.auth_metadata),
+                        max(deadline - time.monotonic(), 0.001),
                         "HostRegionService.OpenDirectChannel")
-    except grpc.RpcError as e:
-        log.debug("gpurpc: session %d keeps the gRPC command stream: OpenDirectChannel: %s",
-                  session_id, e.details() if hasattr(e, "details") else e)
-        return None
-    except Exception as e:  # noqa: BLE001 - any failure only costs the faster path
-        log.debug("gpurpc: session %d keeps the gRPC command stream: %s", session_id, e)
-        return None
-    ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
-    try:
-        request = host_region_service_pb2.AttachHostRegionRequest(
-            session_id=session_id, ticket=opened.attach_ticket, direct_channel=True,
-            framed_commands=True).SerializeToString()
-        with socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET) as attach:
-            attach.settimeout(min(timeout, ATTACH_TIMEOUT_S))
-            attach.connect(opened.region_socket)
-            socket.send_fds(attach, [request], [theirs.fileno()])
-            data = attach.recv(_ATTACH_REPLY_MAX_BYTES)
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            request = host_region_service_pb2.AttachHostRegionRequest(
+                session_id=session_id, ticket=opened.attach_ticket, direct_channel=True,
+                framed_commands=True).SerializeToString()
+            with socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET) as attach:
+                attach.settimeout(max(deadline - time.monotonic(), 0.001))
+                attach.connect(opened.region_socket)
+                socket.send_fds(attach, [request], [theirs.fileno()])
+                data = attach.recv(_ATTACH_REPLY_MAX_BYTES)
+        finally:
+            theirs.close()
         answer = host_region_service_pb2.AttachHostRegionReply.FromString(data)
         if not data or answer.code != 0:
             log.debug("gpurpc: session %d keeps the gRPC command stream: the framed channel "
@@ -313,10 +331,14 @@ def open_framed_call(client: Any, metadata: Any, session_id: int,
             ours.close()
             return None
     except Exception as e:  # noqa: BLE001 - any failure only costs the faster path
-        log.debug("gpurpc: session %d keeps the gRPC command stream: attaching the framed "
-                  "channel: %s", session_id, e)
-        ours.close()
+        why = e.details() if isinstance(e, grpc.RpcError) and hasattr(e, "details") else e
+        log.debug("gpurpc: session %d keeps the gRPC command stream: opening the framed "
+                  "channel: %s", session_id, why)
+        if ours is not None:
+            ours.close()
         return None
-    finally:
-        theirs.close()
+    except BaseException:  # an interrupt: nothing is left open
+        if ours is not None:
+            ours.close()
+        raise
     return FramedCall(ours)

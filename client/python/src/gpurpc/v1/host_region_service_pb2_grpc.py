@@ -174,8 +174,10 @@ class HostRegionServiceServicer(object):
         80 MiB (kMaxMessageBytes), bytes that are not a CommandBatch, or sequence numbers that
         do not increase are answered by one last CommandReply whose `error` says what was
         wrong (INVALID_ARGUMENT); a sticky fault by the reply that reports it (ABORTED). Either
-        way the worker then closes the socket, as CommandStream would end the call. A client
-        that closes its end ends the channel; batches it sent may or may not have run.
+        way the worker then shuts the socket down, as CommandStream would end the call. A worker
+        that dies (a crash, the kernel watchdog, its daemon gone) ends the channel without a
+        reply: the session's status (WatchSession) says why. A client that closes its end ends
+        the channel; batches it sent may or may not have run.
 
         Codes: OK; RESOURCE_EXHAUSTED when the session holds kMaxDirectChannelsPerSession
         channels or tickets; FAILED_PRECONDITION when the daemon serves no region socket.
