@@ -77,12 +77,12 @@ MAX_INFLIGHT_DOWNLOAD_BYTES = 256 << 20
 # Commands queued behind a batch in flight are sent by the reader thread once it is answered
 # (CommandStream._send_left_behind); it waits at most this long for the session lock.
 LEFT_BEHIND_WAIT_S = 0.05
-# A synchronising call's small pending work (a download, a memset, a small upload) joins the
-# last batch when gRPC's sending thread has not taken it yet (CommandStream.drain): at most
-# this much, so that only small work waits behind the join.
 # How long the reader of a framed channel that the worker ended without a reply waits for the
 # session's watch to say why (the front end sees the worker's end within moments).
 FRAMED_CAUSE_WAIT_S = 2.0
+# A synchronising call's small pending work (a download, a memset, a small upload) joins the
+# last batch when gRPC's sending thread has not taken it yet (CommandStream.drain): at most
+# this much, so that only small work waits behind the join.
 JOIN_MAX_BYTES = 64 << 10
 JOIN_MAX_DOWNLOAD_BYTES = 1 << 20
 STREAMED_TRANSFER_BYTES = 8 << 20    # synchronous transfers above this use Upload/DownloadStream
@@ -1859,6 +1859,10 @@ class SessionCore:
         """The call timeout of this session's calls, seconds (``math.inf``: none)."""
         return self._state.timeout
 
+    @timeout.setter
+    def timeout(self, value: Optional[float]) -> None:
+        self._state.timeout = resolve_timeout(value) if value is not None else self.client.timeout
+
     @property
     def host_regions(self) -> str:
         """"auto", "on" or "off": whether this session uses same-host regions (_regions) and
@@ -1868,10 +1872,6 @@ class SessionCore:
     @host_regions.setter
     def host_regions(self, value: str) -> None:
         self._state.host_regions = value
-
-    @timeout.setter
-    def timeout(self, value: Optional[float]) -> None:
-        self._state.timeout = resolve_timeout(value) if value is not None else self.client.timeout
 
     @property
     def health(self) -> str:
