@@ -4,12 +4,18 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <deque>
 #include <functional>
+#include <memory>
 #include <string>
+#include <system_error>
+#include <thread>
 #include <utility>
 #include <vector>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/strings/str_format.h"
+#include "absl/synchronization/mutex.h"
 #include "common/grpc_status.h"
 #include "common/limits.h"
 #include "google/protobuf/descriptor.h"
@@ -67,6 +73,80 @@ grpc::Status Answer(absl::StatusOr<T> result, Fill fill) {
   fill(*result);
   return grpc::Status::OK;
 }
+
+// The chunks of one DownloadStream, filled ahead of the writes: while the handler's thread
+// writes chunk k to the wire, a helper thread copies chunk k + 1 off the device (DMA, then
+// the host copy into the message), so that the device side overlaps the transport's. At
+// most kAhead filled chunk waits beside the one being written: a client that stops reading
+// holds two chunks of the worker's memory, not one. Chunks come out in order; an error comes
+// after the chunks filled before it.
+class ChunksAhead {
+ public:
+  // fill(offset, n, out) makes the message of bytes [offset, offset + n).
+  using Fill = std::function<absl::Status(uint64_t, uint64_t, grpc::ByteBuffer*)>;
+  static constexpr size_t kAhead = 1;
+
+  // Throws std::system_error when no thread can start (the caller fills inline instead).
+  ChunksAhead(uint64_t total, uint64_t chunk, Fill fill)
+      : total_(total), chunk_(chunk), fill_(std::move(fill)), thread_([this] { Run(); }) {}
+  ~ChunksAhead() {
+    {
+      absl::MutexLock lock(&mu_);
+      stopped_ = true;
+    }
+    thread_.join();
+  }
+  ChunksAhead(const ChunksAhead&) = delete;
+  ChunksAhead& operator=(const ChunksAhead&) = delete;
+
+  // Waits for the next chunk; its fill's error once the chunks before it are taken.
+  absl::Status Next(grpc::ByteBuffer* out) ABSL_LOCKS_EXCLUDED(mu_) {
+    absl::MutexLock lock(&mu_);
+    mu_.Await(absl::Condition(
+        +[](ChunksAhead* self) ABSL_EXCLUSIVE_LOCKS_REQUIRED(self->mu_) {
+          return !self->ready_.empty() || !self->error_.ok();
+        },
+        this));
+    if (ready_.empty()) return error_;
+    *out = std::move(ready_.front());
+    ready_.pop_front();
+    return absl::OkStatus();
+  }
+
+ private:
+  void Run() ABSL_LOCKS_EXCLUDED(mu_) {
+    for (uint64_t done = 0; done < total_;) {
+      {
+        absl::MutexLock lock(&mu_);
+        mu_.Await(absl::Condition(
+            +[](ChunksAhead* self) ABSL_EXCLUSIVE_LOCKS_REQUIRED(self->mu_) {
+              return self->stopped_ || self->ready_.size() < kAhead;
+            },
+            this));
+        if (stopped_) return;
+      }
+      const uint64_t n = std::min(chunk_, total_ - done);
+      grpc::ByteBuffer message;
+      absl::Status status = fill_(done, n, &message);
+      absl::MutexLock lock(&mu_);
+      if (!status.ok()) {
+        error_ = std::move(status);
+        return;
+      }
+      ready_.push_back(std::move(message));
+      done += n;
+    }
+  }
+
+  const uint64_t total_;
+  const uint64_t chunk_;
+  const Fill fill_;
+  absl::Mutex mu_;
+  std::deque<grpc::ByteBuffer> ready_ ABSL_GUARDED_BY(mu_);
+  absl::Status error_ ABSL_GUARDED_BY(mu_);
+  bool stopped_ ABSL_GUARDED_BY(mu_) = false;
+  std::thread thread_;  // last: it starts once the members above exist
+};
 
 // Only ListDevices: the front end asks the inventory worker once and answers every client's
 // DeviceService call from that inventory; no client call reaches a worker's DeviceService.
@@ -156,8 +236,8 @@ class MemoryServiceImpl final : public v1::MemoryService::Service {
     return ToGrpcStatus(status);
   }
 
-  // UploadStream (raw messages): each chunk goes to the device from the received bytes
-  // (gathered into one buffer first when they came in several pieces).
+  // UploadStream (raw messages): each chunk goes to the device from the received bytes,
+  // piece by piece when they came in several (the backend copies each into its staging).
   grpc::Status RawUploadStream(grpc::ServerContext*, RawStream* stream) {
     static constexpr char kType[] = "gpurpc.v1.UploadStreamRequest";
     grpc::ByteBuffer raw;
@@ -172,11 +252,12 @@ class MemoryServiceImpl final : public v1::MemoryService::Service {
       return NotParsed("/gpurpc.v1.MemoryService/UploadStream", index, kType);
     }
     const uint64_t total = first.total_size_bytes();
-    auto base = session_->Resolve(first.destination(), total, "UploadStream destination");
+    // A part of a larger transfer checks the rest of that transfer's range too.
+    auto base = session_->Resolve(first.destination(), std::max(total, first.checked_size_bytes()),
+                                  "UploadStream destination");
     if (!base.ok()) return ToGrpcStatus(base.status());
     const uint64_t stream_id = first.stream_id();
     uint64_t written = 0;
-    std::vector<uint8_t> gathered;
     v1::UploadStreamRequest later;  // the fields of later messages are not used
     for (;;) {
       if (chunk.size > kMaxTransferChunkBytes) {
@@ -190,20 +271,7 @@ class MemoryServiceImpl final : public v1::MemoryService::Service {
             grpc::StatusCode::INVALID_ARGUMENT,
             absl::StrFormat("UploadStream: more than the announced %d bytes arrived", total));
       }
-      static const uint8_t kNothing = 0;
-      const uint8_t* data = &kNothing;
-      if (chunk.pieces.size() == 1) {
-        data = chunk.pieces[0].data();
-      } else if (chunk.pieces.size() > 1) {
-        if (gathered.size() < chunk.size) gathered.resize(chunk.size);
-        uint8_t* to = gathered.data();
-        for (absl::Span<const uint8_t> piece : chunk.pieces) {
-          std::memcpy(to, piece.data(), piece.size());
-          to += piece.size();
-        }
-        data = gathered.data();
-      }
-      absl::Status status = session_->Upload(*base + written, data, chunk.size, stream_id);
+      absl::Status status = session_->Upload(*base + written, chunk.pieces, chunk.size, stream_id);
       if (!status.ok()) return ToGrpcStatus(status);
       written += chunk.size;
       if (!stream->Read(&raw)) break;
@@ -264,14 +332,28 @@ class MemoryServiceImpl final : public v1::MemoryService::Service {
     if (total == 0) {
       return ToGrpcStatus(session_->Download(*base, nullptr, 0, request.stream_id()));
     }
-    static const std::string kNoHeader;
+    const uint64_t stream_id = request.stream_id();
+    auto fill = [this, from = *base, stream_id](uint64_t offset, uint64_t n,
+                                                grpc::ByteBuffer* message) {
+      static const std::string kNoHeader;
+      return ChunkMessage(
+          kNoHeader, v1::DownloadResponse::kDataFieldNumber, n,
+          [&](uint8_t* to) { return session_->Download(from + offset, to, n, stream_id); },
+          message);
+    };
+    // More than one chunk: the next is filled while one is written.
+    std::unique_ptr<ChunksAhead> ahead;
+    if (total > chunk) {
+      try {
+        ahead = std::make_unique<ChunksAhead>(total, chunk, fill);
+      } catch (const std::system_error&) {
+        // No thread: every chunk is filled here, between the writes.
+      }
+    }
     for (uint64_t done = 0; done < total;) {
       const uint64_t n = std::min(chunk, total - done);
       grpc::ByteBuffer message;
-      absl::Status status = ChunkMessage(
-          kNoHeader, v1::DownloadResponse::kDataFieldNumber, n,
-          [&](uint8_t* to) { return session_->Download(*base + done, to, n, request.stream_id()); },
-          &message);
+      absl::Status status = ahead != nullptr ? ahead->Next(&message) : fill(done, n, &message);
       if (!status.ok()) return ToGrpcStatus(status);
       if (!stream->Write(message)) {
         return grpc::Status(grpc::StatusCode::CANCELLED, "DownloadStream: the client went away");

@@ -468,6 +468,16 @@ absl::Status Session::Upload(backend::DevicePtr address, const void* data, uint6
   return RecordFault(context_->Upload(address, data, size_bytes, stream.get()));
 }
 
+absl::Status Session::Upload(backend::DevicePtr address,
+                             absl::Span<const absl::Span<const uint8_t>> pieces,
+                             uint64_t size_bytes, uint64_t stream_id) {
+  GPURPC_RETURN_IF_ERROR(fault());
+  GPURPC_ASSIGN_OR_RETURN(auto stream, FindStream(stream_id));
+  if (size_bytes == 0) return absl::OkStatus();
+  GPURPC_RETURN_IF_ERROR(RefuseWhileCapturing(stream_id, "Upload"));
+  return RecordFault(context_->UploadPieces(address, pieces, stream.get()));
+}
+
 absl::Status Session::Download(backend::DevicePtr address, void* data, uint64_t size_bytes,
                                uint64_t stream_id) {
   GPURPC_RETURN_IF_ERROR(fault());

@@ -249,6 +249,44 @@ TYPED_TEST(BackendConformanceTest, UploadAndDownloadRoundTripOddSizesAtAnOffset)
   }
 }
 
+// A message that arrived in slices: the pieces land end to end, whatever their sizes (empty
+// ones too), also where a piece straddles the CUDA backend's 8 MiB staging slots, and the
+// pieces' memory may be reused at once.
+TYPED_TEST(BackendConformanceTest, UploadPiecesLandsThePiecesEndToEnd) {
+  constexpr uint64_t kOffset = 13;
+  constexpr uint64_t kMargin = 16;
+  const std::vector<std::vector<uint64_t>> layouts = {
+      {5},                                                     // one piece, small
+      {0, 3, 0, 4096, 1, 0},                                   // small total, empty pieces between
+      {16384, 16384, 16384, 16384, 7},                         // above the small-transfer size
+      {(uint64_t{8} << 20) - 5, 10, (uint64_t{1} << 20) + 3},  // one across the slot edge
+      {(uint64_t{20} << 20) + 1},                              // one piece over several slots
+  };
+  for (const std::vector<uint64_t>& layout : layouts) {
+    uint64_t size = 0;
+    for (uint64_t n : layout) size += n;
+    SCOPED_TRACE(absl::StrCat(layout.size(), " pieces, ", size, " bytes"));
+    const uint64_t total = kOffset + size + kMargin;
+    ASSERT_OK_AND_ASSIGN(const DevicePtr ptr, this->AllocFilled(total, 0xEE));
+    const std::vector<uint8_t> data = Pattern(size, static_cast<uint8_t>(layout.size()));
+    std::vector<std::vector<uint8_t>> copies;
+    std::vector<absl::Span<const uint8_t>> pieces;
+    for (uint64_t at = 0, i = 0; i < layout.size(); at += layout[i], ++i) {
+      copies.emplace_back(data.begin() + at, data.begin() + at + layout[i]);
+    }
+    for (const auto& copy : copies) pieces.emplace_back(copy.data(), copy.size());
+    ASSERT_OK(this->context().UploadPieces(ptr + kOffset, pieces, nullptr));
+    for (auto& copy : copies) std::fill(copy.begin(), copy.end(), 0x55);  // reused at once
+    ASSERT_OK_AND_ASSIGN(const std::vector<uint8_t> all, this->Read(ptr, total));
+    EXPECT_TRUE(std::equal(data.begin(), data.end(), all.begin() + kOffset)) << "bytes differ";
+    EXPECT_EQ(std::vector<uint8_t>(all.begin(), all.begin() + kOffset),
+              std::vector<uint8_t>(kOffset, 0xEE));
+    EXPECT_EQ(std::vector<uint8_t>(all.end() - kMargin, all.end()),
+              std::vector<uint8_t>(kMargin, 0xEE));
+    EXPECT_OK(this->context().Free(ptr));
+  }
+}
+
 TYPED_TEST(BackendConformanceTest, UploadAndDownloadRoundTripOnCreatedStreams) {
   for (const bool non_blocking : {false, true}) {
     SCOPED_TRACE(non_blocking ? "non-blocking" : "blocking");

@@ -266,6 +266,20 @@ class Context {
   // Host to device, ordered on `stream`. `src` may be reused as soon as this returns.
   virtual absl::Status Upload(DevicePtr dst, const void* src, uint64_t size_bytes,
                               Stream* stream) = 0;
+  // Upload of `pieces` laid end to end (a message that arrived in several slices), as one
+  // copy of their total size; the pieces may be reused as soon as this returns. The default
+  // gathers them into one buffer first; a backend that stages uploads anyway copies each
+  // piece straight into its staging memory instead.
+  virtual absl::Status UploadPieces(DevicePtr dst,
+                                    absl::Span<const absl::Span<const uint8_t>> pieces,
+                                    Stream* stream) {
+    if (pieces.size() == 1) return Upload(dst, pieces[0].data(), pieces[0].size(), stream);
+    std::vector<uint8_t> gathered;
+    for (absl::Span<const uint8_t> piece : pieces) {
+      gathered.insert(gathered.end(), piece.begin(), piece.end());
+    }
+    return Upload(dst, gathered.data(), gathered.size(), stream);
+  }
   // Device to host: waits for the work queued before it on `stream`, then fills `dst`.
   virtual absl::Status Download(void* dst, DevicePtr src, uint64_t size_bytes, Stream* stream) = 0;
   // Sets `count` elements of `element_size_bytes` (1, 2 or 4) to `value`, stream ordered.

@@ -208,6 +208,42 @@ class CudaContext final : public Context {
   // cuMemcpyHtoDAsync would still be reading after the return).
   absl::Status Upload(DevicePtr dst, const void* src, uint64_t size_bytes, Stream* stream)
       ABSL_LOCKS_EXCLUDED(staging_.mutex(), small_staging_.mutex()) override {
+    const auto* bytes = static_cast<const uint8_t*>(src);
+    return StagedUpload(dst, size_bytes, stream, [bytes](uint8_t* to, uint64_t offset, size_t n) {
+      std::memcpy(to, bytes + offset, n);
+    });
+  }
+
+  // Each piece is copied once, straight into the staging slots (no gathered copy first).
+  absl::Status UploadPieces(DevicePtr dst, absl::Span<const absl::Span<const uint8_t>> pieces,
+                            Stream* stream)
+      ABSL_LOCKS_EXCLUDED(staging_.mutex(), small_staging_.mutex()) override {
+    uint64_t size_bytes = 0;
+    for (absl::Span<const uint8_t> piece : pieces) size_bytes += piece.size();
+    // The slots are filled in order: a cursor walks the pieces once.
+    size_t piece = 0;
+    size_t within = 0;
+    return StagedUpload(dst, size_bytes, stream, [&](uint8_t* to, uint64_t, size_t n) {
+      while (n > 0) {
+        const size_t take = std::min(n, pieces[piece].size() - within);
+        std::memcpy(to, pieces[piece].data() + within, take);
+        to += take;
+        n -= take;
+        within += take;
+        if (within == pieces[piece].size()) {
+          ++piece;
+          within = 0;
+        }
+      }
+    });
+  }
+
+  // Copies `size_bytes` into pinned staging slots (fill(to, offset, n) writes bytes
+  // [offset, offset + n) of the source, called for increasing offsets) and queues each
+  // slot's DMA on `stream`.
+  template <typename Fill>
+  absl::Status StagedUpload(DevicePtr dst, uint64_t size_bytes, Stream* stream, Fill fill)
+      ABSL_LOCKS_EXCLUDED(staging_.mutex(), small_staging_.mutex()) {
     if (size_bytes == 0) return absl::OkStatus();
     GPURPC_RETURN_IF_ERROR(core_->MakeCurrent());
     const CUstream cu_stream = ToCuStream(stream);
@@ -215,13 +251,12 @@ class CudaContext final : public Context {
     StagingRing& ring = size_bytes <= kSmallTransferBytes ? small_staging_ : staging_;
     absl::MutexLock lock(&ring.mutex());
     GPURPC_RETURN_IF_ERROR(ring.EnsureAllocated(*core_));
-    const auto* bytes = static_cast<const uint8_t*>(src);
     for (uint64_t offset = 0; offset < size_bytes;) {
       const size_t chunk =
           static_cast<size_t>(std::min<uint64_t>(ring.slot_bytes(), size_bytes - offset));
       StagingRing::Slot& slot = ring.NextSlot();
       GPURPC_RETURN_IF_ERROR(ring.WaitIdle(*core_, slot));
-      std::memcpy(slot.host, bytes + offset, chunk);
+      fill(slot.host, offset, chunk);
       const CUresult result = api_.cuMemcpyHtoDAsync(static_cast<CUdeviceptr>(dst + offset),
                                                      slot.host, chunk, cu_stream);
       if (result != CUDA_SUCCESS) {
