@@ -283,6 +283,7 @@ int FrontendMain(const DaemonOptions& options, ReloadOptions reload) {
   builder.AddChannelArgument(GRPC_ARG_MAX_CONCURRENT_STREAMS, kMaxConcurrentStreamsPerConnection);
   builder.SetMaxReceiveMessageSize(kMaxMessageBytes);
   builder.SetMaxSendMessageSize(kMaxMessageBytes);
+  builder.AddChannelArgument(GRPC_ARG_HTTP2_MAX_FRAME_SIZE, kHttp2MaxFrameBytes);
   // Find clients that vanished without closing their connection (a command stream would
   // otherwise stay open on a dead TCP connection for hours), and accept clients' pings.
   builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_TIME_MS, 60 * 1000);

@@ -134,6 +134,7 @@ absl::StatusOr<std::unique_ptr<WorkerProcess>> WorkerProcess::Spawn(
   grpc::ChannelArguments channel_args;
   channel_args.SetMaxReceiveMessageSize(kMaxMessageBytes);
   channel_args.SetMaxSendMessageSize(kMaxMessageBytes);
+  channel_args.SetInt(GRPC_ARG_HTTP2_MAX_FRAME_SIZE, kHttp2MaxFrameBytes);
   auto channel =
       grpc::CreateCustomInsecureChannelFromFd(absl::StrCat("worker-", pid), fds[0], channel_args);
   auto worker = std::unique_ptr<WorkerProcess>(

@@ -1,6 +1,7 @@
 #include "server/worker/service.h"
 
 #include <algorithm>
+#include <atomic>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -79,14 +80,32 @@ grpc::Status Answer(absl::StatusOr<T> result, Fill fill) {
 // the host copy into the message), so that the device side overlaps the transport's. At
 // most kAhead filled chunk waits beside the one being written: a client that stops reading
 // holds two chunks of the worker's memory, not one. Chunks come out in order; an error comes
-// after the chunks filled before it.
+// after the chunks filled before it. At most kMaxHelpers run in a worker at once (their threads
+// and chunks are outside gRPC's thread and memory bounds); a download beyond that fills its
+// chunks between its writes, as without them.
 class ChunksAhead {
  public:
   // fill(offset, n, out) makes the message of bytes [offset, offset + n).
   using Fill = std::function<absl::Status(uint64_t, uint64_t, grpc::ByteBuffer*)>;
   static constexpr size_t kAhead = 1;
+  static constexpr int kMaxHelpers = 8;
 
-  // Throws std::system_error when no thread can start (the caller fills inline instead).
+  // A helper for a download of `total` bytes, or null when none may start (a slot or a
+  // thread missing).
+  static std::unique_ptr<ChunksAhead> Start(uint64_t total, uint64_t chunk, Fill fill) {
+    if (helpers_.fetch_add(1) >= kMaxHelpers) {
+      helpers_.fetch_sub(1);
+      return nullptr;
+    }
+    try {
+      return std::make_unique<ChunksAhead>(total, chunk, std::move(fill));
+    } catch (const std::system_error&) {
+      helpers_.fetch_sub(1);
+      return nullptr;
+    }
+  }
+
+  // Throws std::system_error when no thread can start (Start answers null then).
   ChunksAhead(uint64_t total, uint64_t chunk, Fill fill)
       : total_(total), chunk_(chunk), fill_(std::move(fill)), thread_([this] { Run(); }) {}
   ~ChunksAhead() {
@@ -95,6 +114,7 @@ class ChunksAhead {
       stopped_ = true;
     }
     thread_.join();
+    helpers_.fetch_sub(1);
   }
   ChunksAhead(const ChunksAhead&) = delete;
   ChunksAhead& operator=(const ChunksAhead&) = delete;
@@ -145,7 +165,8 @@ class ChunksAhead {
   std::deque<grpc::ByteBuffer> ready_ ABSL_GUARDED_BY(mu_);
   absl::Status error_ ABSL_GUARDED_BY(mu_);
   bool stopped_ ABSL_GUARDED_BY(mu_) = false;
-  std::thread thread_;  // last: it starts once the members above exist
+  std::thread thread_;                         // last: it starts once the members above exist
+  static inline std::atomic<int> helpers_{0};  // ChunksAhead alive in this worker
 };
 
 // Only ListDevices: the front end asks the inventory worker once and answers every client's
@@ -252,9 +273,7 @@ class MemoryServiceImpl final : public v1::MemoryService::Service {
       return NotParsed("/gpurpc.v1.MemoryService/UploadStream", index, kType);
     }
     const uint64_t total = first.total_size_bytes();
-    // A part of a larger transfer checks the rest of that transfer's range too.
-    auto base = session_->Resolve(first.destination(), std::max(total, first.checked_size_bytes()),
-                                  "UploadStream destination");
+    auto base = session_->Resolve(first.destination(), total, "UploadStream destination");
     if (!base.ok()) return ToGrpcStatus(base.status());
     const uint64_t stream_id = first.stream_id();
     uint64_t written = 0;
@@ -342,14 +361,9 @@ class MemoryServiceImpl final : public v1::MemoryService::Service {
           message);
     };
     // More than one chunk: the next is filled while one is written.
+    // (Without a helper every chunk is filled here, between the writes.)
     std::unique_ptr<ChunksAhead> ahead;
-    if (total > chunk) {
-      try {
-        ahead = std::make_unique<ChunksAhead>(total, chunk, fill);
-      } catch (const std::system_error&) {
-        // No thread: every chunk is filled here, between the writes.
-      }
-    }
+    if (total > chunk) ahead = ChunksAhead::Start(total, chunk, fill);
     for (uint64_t done = 0; done < total;) {
       const uint64_t n = std::min(chunk, total - done);
       grpc::ByteBuffer message;

@@ -254,6 +254,7 @@ int WorkerMain(const DaemonOptions& options) {
   builder.AddChannelArgument(GRPC_ARG_MAX_CONCURRENT_STREAMS, kWorkerMaxConcurrentStreams);
   builder.SetMaxReceiveMessageSize(kMaxMessageBytes);
   builder.SetMaxSendMessageSize(kMaxMessageBytes);
+  builder.AddChannelArgument(GRPC_ARG_HTTP2_MAX_FRAME_SIZE, kHttp2MaxFrameBytes);
   for (auto& service : services) builder.RegisterService(service.get());
   builder.experimental().SetInterceptorCreators(
       StatusInterceptors(/*mark_worker_answers=*/true, kWorkerMaxThreads));

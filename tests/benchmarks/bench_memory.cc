@@ -1,6 +1,5 @@
-// Moves 1 GiB up and down through gpurpcd (a same-host region; streamed over TCP and the unix
-// socket, as one stream and as the client's default 4 streams per transfer) and through direct
-// driver calls in the same process, and prints the bandwidths and their ratios.
+// Moves 1 GiB up and down through gpurpcd (TCP and unix socket) and through direct driver
+// calls in the same process, and prints the bandwidths and their ratios.
 #include <cstring>
 #include <vector>
 
@@ -49,15 +48,12 @@ Row MeasureRegion(const std::string& label, const std::string& address) {
   return row;
 }
 
-// Streamed transfers through the front end, one transfer split over `streams` streams at once
-// (Session::set_transfer_streams).
-Row MeasureDaemon(const std::string& label, const std::string& address, std::vector<uint8_t>& host,
-                  int streams) {
+Row MeasureDaemon(const std::string& label, const std::string& address,
+                  std::vector<uint8_t>& host) {
   auto client = Client::Connect(address);
   Check(client.status(), "connect");
   auto session = client->OpenSession(0, "bench_memory");
   Check(session.status(), "open session");
-  Check(session->set_transfer_streams(streams), "set_transfer_streams");
   auto buffer = session->Allocate(kBytes);
   Check(buffer.status(), "allocate 1 GiB");
   Row row{label};
@@ -114,22 +110,16 @@ int Main(int argc, char** argv) {
   if (!daemon.unix_address.empty()) {
     rows.push_back(MeasureRegion("gpurpcd same-host region (memfd, pinned)", daemon.unix_address));
   }
-  // The default (4 streams per transfer) and one stream, interleaved.
-  for (const int streams : {4, 1}) {
-    const std::string suffix = streams == 1 ? ", 1 stream" : ", 4 streams";
-    if (!daemon.unix_address.empty()) {
-      rows.push_back(MeasureDaemon("gpurpcd over a unix socket" + suffix, daemon.unix_address,
-                                   pageable, streams));
-    }
-    if (!daemon.tcp_address.empty()) {
-      rows.push_back(MeasureDaemon("gpurpcd over TCP loopback" + suffix, daemon.tcp_address,
-                                   pageable, streams));
-    }
+  if (!daemon.unix_address.empty()) {
+    rows.push_back(MeasureDaemon("gpurpcd over a unix socket", daemon.unix_address, pageable));
+  }
+  if (!daemon.tcp_address.empty()) {
+    rows.push_back(MeasureDaemon("gpurpcd over TCP loopback", daemon.tcp_address, pageable));
   }
 
   std::printf("\n1 GiB transfers, %s backend, best of %d (GB/s = 1e9 bytes/s)\n",
               daemon.backend.c_str(), kRepeats);
-  std::printf("%-46s %10s %10s %14s %14s %12s %12s\n", "path", "H2D GB/s", "D2H GB/s",
+  std::printf("%-40s %10s %10s %14s %14s %12s %12s\n", "path", "H2D GB/s", "D2H GB/s",
               "H2D vs pinned", "D2H vs pinned", "H2D/target", "D2H/target");
   for (size_t i = 0; i < rows.size(); ++i) {
     const Row& row = rows[i];
@@ -145,7 +135,7 @@ int Main(int argc, char** argv) {
       std::snprintf(vs_target[0], sizeof(vs_target[0]), "%.2fx", row.up_gbps / target);
       std::snprintf(vs_target[1], sizeof(vs_target[1]), "%.2fx", row.down_gbps / target);
     }
-    std::printf("%-46s %10.2f %10.2f %14s %14s %12s %12s\n", row.path.c_str(), row.up_gbps,
+    std::printf("%-40s %10.2f %10.2f %14s %14s %12s %12s\n", row.path.c_str(), row.up_gbps,
                 row.down_gbps, vs_pinned[0], vs_pinned[1], vs_target[0], vs_target[1]);
   }
   std::printf(

@@ -82,7 +82,7 @@ echo "== benchmarks (kernel watchdog off: --kernel-timeout=0)"
 timeout 150 $R/bin/gpurpc_bench_compute --daemon-arg=--kernel-timeout=0 > "$OUT/bench-compute-nowd.log" 2>&1; echo "rc=$?"
 grep -A6 "^Compute path" "$OUT/bench-compute-nowd.log"
 timeout 150 $R/bin/gpurpc_bench_memory > "$OUT/bench-memory.log" 2>&1; echo "rc=$?"
-grep -vE "^\[" "$OUT/bench-memory.log" | tail -20
+grep -vE "^\[" "$OUT/bench-memory.log" | tail -16
 echo "== Python benchmark on a same-host daemon (regions on), with the C++ client beside it"
 B=$(mktemp -d); chmod 755 "$B"
 $R/bin/gpurpcd --backend=cuda --unix-socket="$B/gpurpcd.sock" --cache-dir="$B/cache" --drain-timeout=0s > "$B/daemon.log" 2>&1 &

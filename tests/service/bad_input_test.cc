@@ -3013,20 +3013,6 @@ TEST_F(BadInputTest, StreamsWireAndFloodsAnswerTheirDocumentedCodes) {
                              {UploadFirst(Buf(mh_.buffer.buffer_id(), kU64Max - 1), 4, "wrap")});
        },
        Code::INVALID_ARGUMENT, "outside the buffer"},
-      {"UploadStream: checked_size_bytes of UINT64_MAX",
-       [&] {
-         v1::UploadStreamRequest first = UploadFirst(Buf(mh_.buffer.buffer_id()), 4, "part");
-         first.set_checked_size_bytes(kU64Max);
-         return UploadStream(m_, {first});
-       },
-       Code::INVALID_ARGUMENT, "outside the buffer"},
-      {"UploadStream: checked_size_bytes past the buffer, offset + checked wrapping",
-       [&] {
-         v1::UploadStreamRequest first = UploadFirst(Buf(mh_.buffer.buffer_id(), 2), 4, "part");
-         first.set_checked_size_bytes(kU64Max - 1);
-         return UploadStream(m_, {first});
-       },
-       Code::INVALID_ARGUMENT, "outside the buffer"},
       {"UploadStream: another tenant's buffer",
        [&] { return UploadStream(m_, {UploadFirst(Buf(bh_.buffer.buffer_id()), 4, "evil")}); },
        Code::NOT_FOUND, "no buffer"},

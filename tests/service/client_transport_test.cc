@@ -4,8 +4,7 @@
 //   call hand its answer over between threads), whatever the client does;
 // - streamed transfers on raw messages (chunks copied once, into pooled buffers, straight into
 //   the caller's memory on the way back) carry every byte of odd sizes and offsets, and a bad
-//   range or a buffer too small is refused; from 16 MiB, as parts on 4 streams at once, a
-//   range past the buffer's end writes nothing;
+//   range or a buffer too small is refused;
 // - several threads waiting on one session's command stream take turns driving it: all of them
 //   get their answers, and with a stopped daemon every one of them returns at its deadline.
 // No timing assertions: what must not hang has a generous bound.
@@ -19,7 +18,6 @@
 #include <functional>
 #include <string>
 #include <thread>
-#include <utility>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -161,51 +159,6 @@ TEST_F(ClientTransportTest, StreamedTransfersOfOddSizesCarryEveryByte) {
   // The session works on.
   ASSERT_OK_AND_ASSIGN(std::vector<uint8_t> start, buffer.Download(0, 16));
   EXPECT_EQ(start.size(), 16u);
-}
-
-// From 16 MiB the client sends a transfer as 4 streams at once, each a contiguous part: every
-// byte lands where it belongs, whatever the size's remainder, and a range that runs past the
-// buffer is refused by every part before any of them writes (checked_size_bytes).
-TEST_F(ClientTransportTest, PartedTransfersCarryEveryByteAndARangePastTheEndWritesNothing) {
-  ASSERT_OK_AND_ASSIGN(Client client, Connect(daemon_->address()));
-  ASSERT_OK_AND_ASSIGN(Session session, client.OpenSession());
-  constexpr uint64_t kSize = 48 * kMiB;
-  ASSERT_OK_AND_ASSIGN(Buffer buffer, session.Allocate(kSize));
-  EXPECT_EQ(session.transfer_streams(), 4);
-  EXPECT_THAT(session.set_transfer_streams(0), StatusIs(absl::StatusCode::kInvalidArgument));
-  EXPECT_THAT(session.set_transfer_streams(17), StatusIs(absl::StatusCode::kInvalidArgument));
-  EXPECT_EQ(session.transfer_streams(), 4);
-  for (const auto& [size, streams] : std::vector<std::pair<uint64_t, int>>{{16 * kMiB, 4},
-                                                                           {21 * kMiB + 7, 4},
-                                                                           {40 * kMiB + 3, 4},
-                                                                           {21 * kMiB + 7, 3},
-                                                                           {40 * kMiB + 3, 16},
-                                                                           {17 * kMiB, 1}}) {
-    ASSERT_OK(session.set_transfer_streams(streams));
-    for (uint64_t offset : {uint64_t{0}, uint64_t{13}}) {
-      SCOPED_TRACE(absl::StrCat(size, " bytes at ", offset, " on ", streams, " streams"));
-      const std::vector<uint8_t> data = Pattern(size, static_cast<uint8_t>(size + offset));
-      ASSERT_OK(buffer.Upload(data, offset));
-      ASSERT_OK_AND_ASSIGN(std::vector<uint8_t> back, buffer.Download(offset, size));
-      EXPECT_TRUE(back == data) << "the bytes differ";
-      std::vector<uint8_t> into(size + 5, 0xee);
-      ASSERT_OK(session.DownloadInto(buffer.at(offset), absl::MakeSpan(into).subspan(5, size)));
-      EXPECT_TRUE(std::equal(data.begin(), data.end(), into.begin() + 5)) << "the bytes differ";
-      EXPECT_EQ(into[0], 0xee);
-    }
-  }
-  ASSERT_OK(session.set_transfer_streams(4));
-  // The buffer holds a known pattern; an upload whose last part runs past the end is refused,
-  // and its first parts (well inside the buffer) wrote nothing either.
-  const std::vector<uint8_t> before = Pattern(kSize, 99);
-  ASSERT_OK(buffer.Upload(before));
-  const std::vector<uint8_t> too_far = Pattern(32 * kMiB, 5);
-  EXPECT_THAT(buffer.Upload(too_far, 20 * kMiB),
-              StatusIs(absl::StatusCode::kInvalidArgument, ::testing::HasSubstr("outside")));
-  ASSERT_OK_AND_ASSIGN(std::vector<uint8_t> after, buffer.Download(0, kSize));
-  EXPECT_TRUE(after == before) << "a refused parted upload wrote some of its bytes";
-  EXPECT_THAT(buffer.Download(20 * kMiB, 32 * kMiB).status(),
-              StatusIs(absl::StatusCode::kInvalidArgument));
 }
 
 TEST_F(ClientTransportTest, ThreadsWaitingOnOneCommandStreamTakeTurnsDrivingIt) {

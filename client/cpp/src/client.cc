@@ -3,8 +3,6 @@
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
-#include <system_error>
-#include <thread>
 #include <utility>
 
 #include "absl/strings/match.h"
@@ -99,56 +97,6 @@ absl::Status StreamStepTimeout(absl::string_view call, absl::Duration timeout, u
                       total));
 }
 
-// One UploadStream of `data` to `dst`; `checked_bytes` from `dst` must lie in the buffer.
-absl::Status UploadStreamed(SessionCore& core, const DeviceRef& dst, absl::Span<const uint8_t> data,
-                            uint64_t checked_bytes, uint64_t stream_id);
-// One DownloadStream of `request` into `out` (of request.size_bytes()).
-absl::Status DownloadStreamed(SessionCore& core, v1::DownloadRequest request,
-                              absl::Span<uint8_t> out);
-
-// A streamed transfer of at least kPartedTransferBytes goes as `parts` streams at once
-// (Session::transfer_streams), each a contiguous part (whole 1 MiB chunks but the last), from
-// threads of its own: one stream moves one message at a time through each hop, and a thread
-// that copies a chunk reads nothing meanwhile, so parts in parallel keep every hop busy
-// (DESIGN.md §7.3 has the H200's figures).
-constexpr uint64_t kPartedTransferBytes = 16 * kTransferChunkBytes;
-
-// Runs one(part_ref, part_span, bytes_to_end) for each part of `data` (one part below
-// kPartedTransferBytes); bytes_to_end counts from the part's start to the end of `data`.
-// Parts run on threads while the host gives them (the rest run here, after). The status is
-// that of the first part, in address order, that failed.
-template <typename Span, typename One>
-absl::Status InParts(uint64_t parts, const DeviceRef& ref, Span data, One one) {
-  if (parts <= 1 || data.size() < kPartedTransferBytes) return one(ref, data, data.size());
-  const uint64_t chunks = (data.size() + kTransferChunkBytes - 1) / kTransferChunkBytes;
-  const uint64_t step = (chunks + parts - 1) / parts * kTransferChunkBytes;
-  std::vector<absl::Status> results(parts);
-  auto run = [&](uint64_t i) {
-    const uint64_t at = std::min<uint64_t>(i * step, data.size());
-    const uint64_t n = std::min<uint64_t>(step, data.size() - at);
-    results[i] = n == 0
-                     ? absl::OkStatus()
-                     : one(DeviceRef{ref.buffer_id, ref.offset_bytes + at, ref.device_address + at},
-                           data.subspan(at, n), data.size() - at);
-  };
-  std::vector<std::thread> threads;
-  std::vector<uint64_t> inline_parts;
-  for (uint64_t i = 1; i < parts; ++i) {
-    try {
-      threads.emplace_back(run, i);
-    } catch (const std::system_error&) {
-      inline_parts.push_back(i);  // no thread: this part runs here
-    }
-  }
-  run(0);
-  for (uint64_t i : inline_parts) run(i);
-  for (std::thread& thread : threads) thread.join();
-  for (const absl::Status& result : results) {
-    if (!result.ok()) return result;
-  }
-  return absl::OkStatus();
-}
-
 absl::Status UploadImpl(SessionCore& core, const DeviceRef& dst, absl::Span<const uint8_t> data,
                         uint64_t stream_id) {
   if (absl::Status usable = core.CheckUsable(); !usable.ok()) return usable;
@@ -162,14 +110,6 @@ absl::Status UploadImpl(SessionCore& core, const DeviceRef& dst, absl::Span<cons
     return SessionCall(core, GPURPC_RPC(core.memory(), Upload), "Upload", std::move(request),
                        &response);
   }
-  return InParts(core.transfer_streams(), dst, data,
-                 [&](const DeviceRef& part_dst, absl::Span<const uint8_t> part, uint64_t to_end) {
-                   return UploadStreamed(core, part_dst, part, to_end, stream_id);
-                 });
-}
-
-absl::Status UploadStreamed(SessionCore& core, const DeviceRef& dst, absl::Span<const uint8_t> data,
-                            uint64_t checked_bytes, uint64_t stream_id) {
   // Streamed: raw messages (transport.h), each chunk copied once, into a pooled buffer.
   const absl::Duration timeout = core.call_timeout();
   internal::Background::Busy busy;
@@ -179,7 +119,6 @@ absl::Status UploadStreamed(SessionCore& core, const DeviceRef& dst, absl::Span<
   v1::UploadStreamRequest first;  // the first message names the destination and the size
   SetPointer(dst, first.mutable_destination());
   first.set_total_size_bytes(data.size());
-  if (checked_bytes > data.size()) first.set_checked_size_bytes(checked_bytes);
   first.set_stream_id(stream_id);
   std::string header = first.SerializeAsString();
   size_t done = 0;
@@ -228,17 +167,6 @@ absl::Status DownloadImpl(SessionCore& core, const DeviceRef& src, absl::Span<ui
     std::copy(response.data().begin(), response.data().end(), out.begin());
     return absl::OkStatus();
   }
-  return InParts(core.transfer_streams(), src, out,
-                 [&](const DeviceRef& part_src, absl::Span<uint8_t> part, uint64_t) {
-                   v1::DownloadRequest part_request = request;
-                   SetPointer(part_src, part_request.mutable_source());
-                   part_request.set_size_bytes(part.size());
-                   return DownloadStreamed(core, part_request, part);
-                 });
-}
-
-absl::Status DownloadStreamed(SessionCore& core, v1::DownloadRequest request,
-                              absl::Span<uint8_t> out) {
   // Streamed: raw messages (transport.h), each chunk's bytes copied once, straight into `out`;
   // the next chunk is read while one is copied.
   const absl::Duration timeout = core.call_timeout();
@@ -500,21 +428,6 @@ absl::Duration Session::call_timeout() const {
 
 void Session::set_call_timeout(absl::Duration timeout) {
   if (core_ != nullptr) core_->set_call_timeout(timeout);
-}
-
-int Session::transfer_streams() const {
-  return core_ == nullptr ? internal::kDefaultTransferStreams : core_->transfer_streams();
-}
-
-absl::Status Session::set_transfer_streams(int streams) {
-  if (streams < 1 || streams > internal::kMaxTransferStreams) {
-    return absl::InvalidArgumentError(
-        absl::StrFormat("Session::set_transfer_streams: %d streams; give 1 to %d", streams,
-                        internal::kMaxTransferStreams));
-  }
-  if (core_ == nullptr) return NoSession();
-  core_->set_transfer_streams(streams);
-  return absl::OkStatus();
 }
 
 void Session::SetDeviceOutputHandler(std::function<void(absl::string_view)> handler) {

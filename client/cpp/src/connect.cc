@@ -349,6 +349,7 @@ absl::StatusOr<Client> Client::Connect(const ConnectOptions& options) {
   internal::ChannelFactory factory;
   factory.args.SetMaxReceiveMessageSize(kMaxMessageBytes);
   factory.args.SetMaxSendMessageSize(kMaxMessageBytes);
+  factory.args.SetInt(GRPC_ARG_HTTP2_MAX_FRAME_SIZE, kHttp2MaxFrameBytes);
   // Reconnect soon after the daemon comes back (gRPC's default backoff grows to 120 s): a
   // session's watch must re-attach within the daemon's grace.
   factory.args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);

@@ -41,10 +41,6 @@ inline constexpr absl::Duration kKeepAliveTimeout = absl::Seconds(10);
 inline constexpr absl::Duration kCleanupTimeout = absl::Seconds(10);
 // How long a call that finds the channel disconnected waits for it to reconnect (once).
 inline constexpr absl::Duration kReconnectTimeout = absl::Seconds(10);
-// Streams one large transfer is split over, unless Session::set_transfer_streams says otherwise,
-// and the most it may say.
-inline constexpr int kDefaultTransferStreams = 4;
-inline constexpr int kMaxTransferStreams = 16;
 // The call timeout when neither ConnectOptions::call_timeout nor $GPURPC_TIMEOUT sets one.
 inline constexpr absl::Duration kDefaultCallTimeout = absl::Minutes(5);
 
@@ -136,11 +132,6 @@ class SessionCore {
 
   absl::Duration call_timeout() const;
   void set_call_timeout(absl::Duration timeout);
-  // Session::transfer_streams (checked there).
-  int transfer_streams() const { return transfer_streams_.load(std::memory_order_relaxed); }
-  void set_transfer_streams(int streams) {
-    transfer_streams_.store(streams, std::memory_order_relaxed);
-  }
 
   // Session::SetDeviceOutputHandler; DeliverDeviceOutput hands a synchronising answer's
   // device_output to the handler (nothing for an empty one).
@@ -240,7 +231,6 @@ class SessionCore {
   std::atomic<bool> closed_{false};
   // Nanoseconds; INT64_MAX = no deadline.
   std::atomic<int64_t> call_timeout_ns_;
-  std::atomic<int> transfer_streams_{kDefaultTransferStreams};
 
   // What the watch reported (see CheckUsable).
   mutable absl::Mutex health_mu_;

@@ -787,10 +787,6 @@ class Session {
                            uint64_t height = 1, uint64_t depth = 1,
                            const Stream* stream = nullptr) const;
   absl::StatusOr<MemInfo> GetMemInfo() const;
-  // Uploads and downloads of any size. Above 1 MiB they are streamed in 1 MiB chunks; from
-  // 16 MiB one transfer goes as transfer_streams() streams at once, each a contiguous part
-  // (every part is checked against the whole range first, so a range past the buffer writes
-  // nothing). A download that fails may have filled part of its output.
   absl::Status Upload(const DeviceRef& dst, absl::Span<const uint8_t> data,
                       const Stream* stream = nullptr) const;
   absl::StatusOr<std::vector<uint8_t>> Download(const DeviceRef& src, uint64_t size_bytes,
@@ -886,11 +882,6 @@ class Session {
   // calls made afterwards, from any thread. absl::InfiniteDuration(): none.
   absl::Duration call_timeout() const;
   void set_call_timeout(absl::Duration timeout);
-  // How many streams one transfer of 16 MiB or more is split over (default 4; 1: one
-  // stream), for transfers started afterwards, from any thread. Outside 1..16 it is
-  // INVALID_ARGUMENT and nothing changes.
-  int transfer_streams() const;
-  absl::Status set_transfer_streams(int streams);
 
   // Where the device printf output of this session's kernels goes. The daemon returns it
   // with the answer of each synchronisation (Session/Stream/Event::Synchronize, and the

@@ -122,18 +122,16 @@ class UploadResponse(_message.Message):
     def __init__(self, bytes_written: _Optional[int] = ...) -> None: ...
 
 class UploadStreamRequest(_message.Message):
-    __slots__ = ("destination", "total_size_bytes", "stream_id", "data", "checked_size_bytes")
+    __slots__ = ("destination", "total_size_bytes", "stream_id", "data")
     DESTINATION_FIELD_NUMBER: _ClassVar[int]
     TOTAL_SIZE_BYTES_FIELD_NUMBER: _ClassVar[int]
     STREAM_ID_FIELD_NUMBER: _ClassVar[int]
     DATA_FIELD_NUMBER: _ClassVar[int]
-    CHECKED_SIZE_BYTES_FIELD_NUMBER: _ClassVar[int]
     destination: _common_pb2.DevicePointer
     total_size_bytes: int
     stream_id: int
     data: bytes
-    checked_size_bytes: int
-    def __init__(self, destination: _Optional[_Union[_common_pb2.DevicePointer, _Mapping]] = ..., total_size_bytes: _Optional[int] = ..., stream_id: _Optional[int] = ..., data: _Optional[bytes] = ..., checked_size_bytes: _Optional[int] = ...) -> None: ...
+    def __init__(self, destination: _Optional[_Union[_common_pb2.DevicePointer, _Mapping]] = ..., total_size_bytes: _Optional[int] = ..., stream_id: _Optional[int] = ..., data: _Optional[bytes] = ...) -> None: ...
 
 class DownloadRequest(_message.Message):
     __slots__ = ("source", "size_bytes", "stream_id", "chunk_size_bytes")
