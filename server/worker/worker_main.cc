@@ -61,7 +61,9 @@ constexpr std::chrono::milliseconds kFaultExitDelay{300};
 // this worker (CUDA's and gRPC's threads) because of what other tenants' workers do, and
 // bound nothing of this worker's own. What bounds this worker's threads and processes
 // instead: gRPC's threads (kWorkerMaxThreads), one thread per framed command channel (at
-// most kMaxDirectChannelsPerSession), CUDA's own fixed few, and compile helpers,
+// most kMaxDirectChannelsPerSession), a download's fill-ahead helper (at most 8, each with
+// one chunk of at most 4 MiB beside gRPC's memory bound; ChunksAhead in service.cc), CUDA's
+// own fixed few, and compile helpers,
 // the only processes a worker starts, one per compile that misses the cache: at most
 // kMaxConcurrentCompiles (or the tenant's max_concurrent_compiles) per session at once
 // (Session::Compile), each unable to fork (its seccomp filter, compiler/sandbox.cc) and
