@@ -45,7 +45,7 @@ HEADER = struct.Struct("<I")
 # announcement ends the channel.
 MAX_REPLY_BYTES = 80 << 20
 _READ_BYTES = 256 << 10          # one recv of the reader (more than a small reply)
-_ATTACH_REPLY_MAX_BYTES = 4096
+_ATTACH_REPLY_MAX_BYTES = 4096  # an AttachHostRegionReply datagram
 OPEN_TIMEOUT_S = 2.0            # opening the channel (or the call timeout when shorter)
 
 SUPPORTED = hasattr(socket, "send_fds") and hasattr(socket, "AF_UNIX") \
@@ -294,6 +294,19 @@ class FramedCall:
         self._sock.close()
 
 
+def send_attach(path: str, request: bytes, fd: int, timeout: float) -> bytes:
+    """The attach exchange of host_region_service.proto on the region socket at ``path``: one
+    datagram of ``request`` (a serialised AttachHostRegionRequest) with ``fd`` attached, then
+    the answer's bytes (empty when the daemon closed without one). Shared by regions
+    (_regions._attach) and the framed channel; each reads the answer its own way. Raises
+    OSError (socket.timeout after ``timeout`` seconds) as the socket does."""
+    with socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET) as sock:
+        sock.settimeout(timeout)
+        sock.connect(path)
+        socket.send_fds(sock, [request], [fd])
+        return sock.recv(_ATTACH_REPLY_MAX_BYTES)
+
+
 def open_framed_call(client: Any, metadata: Any, session_id: int,
                      timeout: float) -> Optional[FramedCall]:
     """Opens the framed command channel of session ``session_id``: a ticket from
@@ -316,11 +329,8 @@ def open_framed_call(client: Any, metadata: Any, session_id: int,
             request = host_region_service_pb2.AttachHostRegionRequest(
                 session_id=session_id, ticket=opened.attach_ticket, direct_channel=True,
                 framed_commands=True).SerializeToString()
-            with socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET) as attach:
-                attach.settimeout(max(deadline - time.monotonic(), 0.001))
-                attach.connect(opened.region_socket)
-                socket.send_fds(attach, [request], [theirs.fileno()])
-                data = attach.recv(_ATTACH_REPLY_MAX_BYTES)
+            data = send_attach(opened.region_socket, request, theirs.fileno(),
+                               max(deadline - time.monotonic(), 0.001))
         finally:
             theirs.close()
         answer = host_region_service_pb2.AttachHostRegionReply.FromString(data)

@@ -72,6 +72,7 @@ import numpy as np
 
 from . import _progress, debug
 from ._core import CLEANUP_TIMEOUT_S, SessionCore, _is_unix, device_pointer
+from ._framed import send_attach
 from ._errors import (
     Error,
     LogicError,
@@ -106,7 +107,6 @@ ATTACH_TIMEOUT_S = 30.0         # the attach exchange (or the call timeout when 
 ATTACH_COUNTER = "HostRegionService/attach"  # gpurpc.debug counter of attach exchanges
 PAGE_BYTES = mmap.PAGESIZE
 _KEY = "host_regions"           # SessionCore.caches key of the context's _Manager
-_REPLY_MAX_BYTES = 4096
 
 
 def _missing_support() -> Optional[str]:
@@ -407,11 +407,7 @@ def _attach(core: SessionCore, reply: Any, fd: int, label: str) -> None:
     timeout = min(core.timeout, ATTACH_TIMEOUT_S)
     debug.count(ATTACH_COUNTER)
     try:
-        with socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET) as sock:
-            sock.settimeout(timeout)
-            sock.connect(path)
-            socket.send_fds(sock, [request], [fd])
-            data = sock.recv(_REPLY_MAX_BYTES)
+        data = send_attach(path, request, fd, timeout)
     except socket.timeout:
         raise timeout_error(op, timeout, "the daemon did not answer on its region "
                             "socket") from None
