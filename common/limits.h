@@ -17,8 +17,8 @@ inline constexpr uint64_t kMaxTransferChunkBytes = 4ull << 20;
 // The HTTP/2 frame size every gpurpc party accepts (SETTINGS_MAX_FRAME_SIZE, set with
 // GRPC_ARG_HTTP2_MAX_FRAME_SIZE on the front end's server, its channel to each worker, the
 // worker's server and the C++ client): a 1 MiB chunk crosses a hop as one DATA frame instead
-// of 64 of gRPC's default 16 KiB. On the H200 it lifted 1 GiB downloads over TCP loopback
-// from 2.3-3.5 to 3.3-4.0 GB/s (DESIGN.md §7.3).
+// of 64 of gRPC's default 16 KiB. On the H200, 1 GiB downloads over TCP loopback measured
+// 2.2-4.0 GB/s over six runs with it, 2.3-3.5 over six without (DESIGN.md §7.3).
 inline constexpr int kHttp2MaxFrameBytes = 4 << 20;
 // Metadata key carrying the session id (decimal) on session-scoped calls.
 inline constexpr char kSessionMetadataKey[] = "gpurpc-session";
