@@ -460,18 +460,15 @@ absl::StatusOr<backend::DevicePtr> Session::ResolveLocked(const v1::DevicePointe
 
 absl::Status Session::Upload(backend::DevicePtr address, const void* data, uint64_t size_bytes,
                              uint64_t stream_id) {
-  GPURPC_RETURN_IF_ERROR(fault());
-  // The stream is checked even when there is nothing to copy: an unknown id is NOT_FOUND.
-  GPURPC_ASSIGN_OR_RETURN(auto stream, FindStream(stream_id));
-  if (size_bytes == 0) return absl::OkStatus();
-  GPURPC_RETURN_IF_ERROR(RefuseWhileCapturing(stream_id, "Upload"));
-  return RecordFault(context_->Upload(address, data, size_bytes, stream.get()));
+  const absl::Span<const uint8_t> piece(static_cast<const uint8_t*>(data), size_bytes);
+  return Upload(address, absl::MakeConstSpan(&piece, 1), size_bytes, stream_id);
 }
 
 absl::Status Session::Upload(backend::DevicePtr address,
                              absl::Span<const absl::Span<const uint8_t>> pieces,
                              uint64_t size_bytes, uint64_t stream_id) {
   GPURPC_RETURN_IF_ERROR(fault());
+  // The stream is checked even when there is nothing to copy: an unknown id is NOT_FOUND.
   GPURPC_ASSIGN_OR_RETURN(auto stream, FindStream(stream_id));
   if (size_bytes == 0) return absl::OkStatus();
   GPURPC_RETURN_IF_ERROR(RefuseWhileCapturing(stream_id, "Upload"));

@@ -180,7 +180,8 @@ class Session {
                                              const char* what);
   absl::Status Upload(backend::DevicePtr address, const void* data, uint64_t size_bytes,
                       uint64_t stream_id);
-  // The same for bytes that arrived in several pieces, laid end to end (Backend::UploadPieces).
+  // The same for bytes that arrived in several pieces, laid end to end (Backend::UploadPieces);
+  // the single-buffer form above is one piece of this.
   absl::Status Upload(backend::DevicePtr address,
                       absl::Span<const absl::Span<const uint8_t>> pieces, uint64_t size_bytes,
                       uint64_t stream_id);

@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cstring>
+#include <memory>
 #include <random>
 #include <string>
 #include <thread>
@@ -188,6 +189,41 @@ TEST_F(MemoryContractTest, ADownloadStreamAbandonedMidwayLeavesTheSessionServing
     ASSERT_THAT(back, IsOk());
     EXPECT_TRUE(*back == data) << "the download after an abandoned one differs";
   }
+}
+
+// A flood of downloads that are never read: more than the worker's 8 fill-ahead helpers, so
+// the later ones fill inline. While they stall, the session still downloads every byte, and
+// once they are cancelled it still does.
+TEST_F(MemoryContractTest, ManyStalledDownloadStreamsLeaveTheSessionServing) {
+  Session session = Open();
+  const uint64_t size = 16 * kMiB + 3;
+  auto buffer = session.Allocate(size);
+  ASSERT_THAT(buffer, IsOk());
+  const std::vector<uint8_t> data = RandomBytes(size, 78);
+  ASSERT_THAT(buffer->Upload(data), IsOk());
+  auto stub = v1::MemoryService::NewStub(client_->channel());
+  constexpr int kStalled = 12;
+  std::vector<std::unique_ptr<grpc::ClientContext>> contexts;
+  std::vector<std::unique_ptr<grpc::ClientReader<v1::DownloadResponse>>> readers;
+  for (int i = 0; i < kStalled; ++i) {
+    contexts.push_back(std::make_unique<grpc::ClientContext>());
+    contexts.back()->AddMetadata(kSessionMetadataKey, std::to_string(session.id()));
+    v1::DownloadRequest request;
+    request.mutable_source()->mutable_buffer()->set_buffer_id(buffer->id());
+    request.set_size_bytes(size);
+    readers.push_back(stub->DownloadStream(contexts.back().get(), request));
+  }
+  auto during = buffer->Download(0, size);
+  ASSERT_THAT(during, IsOk());
+  EXPECT_TRUE(*during == data) << "a download beside stalled ones differs";
+  for (int i = 0; i < kStalled; ++i) {
+    contexts[i]->TryCancel();
+    const grpc::StatusCode code = readers[i]->Finish().error_code();
+    EXPECT_TRUE(code == grpc::StatusCode::CANCELLED || code == grpc::StatusCode::OK) << code;
+  }
+  auto after = buffer->Download(0, size);
+  ASSERT_THAT(after, IsOk());
+  EXPECT_TRUE(*after == data) << "a download after the stalled ones differs";
 }
 
 TEST_F(MemoryContractTest, ZeroByteTransferAtTheEndIsAllowed) {
