@@ -54,13 +54,24 @@ def _current_context(what: str) -> "Context":
         if not ctx._core._state.closed:
             return ctx
     stack = _stack()
+    inherited: Optional[SessionCore] = None  # a forked parent's context (_core._inherited)
     while stack and stack[-1]._core.closed:
+        inherited = inherited or _forked_parents(stack[-1]._core)
         stack.pop()
     ctx = stack[-1] if stack else (_last_context() if _last_context is not None else None)
     if ctx is None or ctx._core.closed:
+        inherited = inherited or (_forked_parents(ctx._core) if ctx is not None else None)
+        if inherited is not None:
+            raise _core.inherited_session_error(inherited.session_id,
+                                                inherited._state.inherited_from or 0, what)
         raise LogicError(f"{what} failed: no current context; create one with "
                          "gpurpc.driver.Device(0).make_context() or `import gpurpc.autoinit`")
     return ctx
+
+
+def _forked_parents(core: SessionCore) -> Optional[SessionCore]:
+    """``core`` when it is a session this forked process inherited from its parent."""
+    return core if core._state.inherited_from is not None else None
 
 
 def _current_core(what: str) -> SessionCore:

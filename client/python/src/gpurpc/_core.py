@@ -474,6 +474,46 @@ def _finish(future: Any, operation: str, timeout: float) -> Any:
 _TRUE = ("1", "true", "yes")
 
 
+# fork(): a child inherits its parent's clients and sessions, but not their threads, and
+# their connections and sockets are the parent's. Nothing inherited may be used or closed in
+# the child (a CloseSession or a stray message would end or corrupt the parent's session), so
+# the child marks them inherited (_after_fork_in_child) and its own calls open anew (CUDA
+# has the same rule: a context does not survive fork).
+_live_clients: "weakref.WeakSet[Client]" = weakref.WeakSet()
+_live_sessions: "weakref.WeakSet[SessionCore]" = weakref.WeakSet()
+# What a child inherited, kept for the life of the process: a channel that is garbage
+# collected would shut its parent's connection down.
+_inherited: List[Any] = []
+
+
+def inherited_client_error(client: "Client", operation: str) -> LogicError:
+    return LogicError(
+        f"{operation}: this connection to {client.target} belongs to process "
+        f"{client.inherited_from}, the parent of this forked process, and cannot be used "
+        "here; call gpurpc.driver.init() (or make a new Client) in this process",
+        operation=operation)
+
+
+def inherited_session_error(session_id: int, parent: int, operation: str) -> LogicError:
+    return LogicError(
+        f"{operation}: the context (session {session_id}) belongs to process {parent}, the "
+        "parent of this forked process; a context does not survive fork() (as in CUDA): make "
+        "a new one in this process (gpurpc.driver.Device(n).make_context()), or start "
+        "worker processes with multiprocessing's 'spawn' method", operation=operation)
+
+
+def _after_fork_in_child() -> None:
+    parent = os.getppid()
+    for client in list(_live_clients):
+        client.inherited_from = parent
+        _inherited.append(client)
+    _live_clients.clear()
+    for core in list(_live_sessions):
+        core.inherit_after_fork(parent)
+        _inherited.append(core)
+    _live_sessions.clear()
+
+
 class Client:
     """One gRPC channel to a gpurpcd, with its stubs; or the daemons of an address list.
     Thread-safe.
@@ -520,6 +560,10 @@ class Client:
       Unix-socket target (the daemon serves it plain); parameters are.
     """
 
+    # The pid of the process that made this client, when this process is a child of fork()
+    # that inherited it (_after_fork_in_child): its channel's connection is the parent's.
+    inherited_from: Optional[int] = None
+
     def __init__(self, address: Optional[str] = None, *, token: Optional[str] = None,
                  root_certificates: Optional[bytes] = None, tls: Optional[bool] = None,
                  certificate_chain: Optional[bytes] = None, private_key: Optional[bytes] = None,
@@ -527,6 +571,7 @@ class Client:
                  host_regions: Optional[str] = None) -> None:
         self.target = resolve_address(address)
         self.specs: List[TargetSpec] = parse_targets(self.target)
+        _live_clients.add(self)
         # Shared with the per-daemon clients of a client of several daemons.
         self._settings = _Settings(resolve_timeout(timeout), resolve_host_regions(host_regions))
         # What was asked for explicitly (driver.init reuses a client asked for the same).
@@ -632,6 +677,7 @@ class Client:
         return creds, options, bool(tls), certificate_chain is not None
 
     def _open_channel(self, target: str, tls_name: Optional[str]) -> None:
+        _live_clients.add(self)
         creds, options, tls, has_cert = self._channel_settings(target, tls_name)
         self.tls = tls
         if creds is not None:
@@ -799,6 +845,8 @@ class Client:
 
     def method(self, name: str) -> Callable:
         """The gRPC callable of ``Service.Method`` (with several daemons: of :meth:`primary`)."""
+        if self.inherited_from is not None:
+            raise inherited_client_error(self, name)
         if self.multi_daemon:
             return self.primary().method(name)
         fn = self._methods.get(name)
@@ -873,6 +921,10 @@ class Client:
                          admin_service_pb2.AdminCloseSessionRequest(session_id=int(session_id)))
 
     def close(self) -> None:
+        """Closes the channel (and those of a client of several daemons). In a child of fork()
+        a client it inherited is left alone: closing it would end its parent's connection."""
+        if self.inherited_from is not None:
+            return
         with self._lock:
             members = list(self._members.values())
         for member in members:
@@ -1567,6 +1619,24 @@ class CommandStream:
             if time.monotonic() >= give_up:
                 return
 
+    def inherit_after_fork(self, session_lock: Any) -> None:
+        """In a child of fork(): forgets the parent's stream without touching it (its socket
+        and call are the parent's; a cancel or shutdown here would end them there too)."""
+        self._session_lock = session_lock
+        self._cv = threading.Condition(threading.RLock())
+        self._closed = True
+        self._broken = True
+        self.framed_opener = None
+        # Kept: a gRPC call garbage collected here would be cancelled on the parent's
+        # connection.
+        _inherited.extend(x for x in (self._queue, self._call, self._framed_call) if x)
+        self._queue = self._call = self._framed_call = None
+        self._cmds = []
+        self._labels = []
+        self._sinks = {}
+        self._inflight.clear()
+        self._done = []
+
     def close(self) -> None:
         """Ends the stream at once (never waits: closing the session frees everything, so
         what is still queued is dropped), and wakes every waiter."""
@@ -1690,6 +1760,8 @@ class _SessionState:
         # "auto", "on" or "off" (SessionCore.host_regions).
         self.host_regions = client.host_regions
         self.lost: Optional[str] = None
+        # The parent's pid, in a child of fork() that inherited this session (closed there).
+        self.inherited_from: Optional[int] = None
 
     def on_event(self, event: Any) -> None:
         if event.state != session_service_pb2.SESSION_STATE_FAULTED:
@@ -1847,6 +1919,7 @@ class SessionCore:
             self.commands.framed_opener = lambda: None if state.host_regions == "off" else \
                 _framed.open_framed_call(client, metadata, session_id, state.timeout)
         self._finalizer = weakref.finalize(self, _close_session, self._state)
+        _live_sessions.add(self)
         threading.Thread(target=_watch_loop, args=(self._state,), daemon=True,
                          name=f"gpurpc-watch-{self.session_id}").start()
 
@@ -1887,8 +1960,26 @@ class SessionCore:
         not take the session lock, so it also ends a call that another thread waits on)."""
         self._finalizer()
 
+    def inherit_after_fork(self, parent: int) -> None:
+        """In a child of fork(): this session is the parent's. It is closed here without a
+        word to the daemon (the parent goes on using it), its releases are dropped, and its
+        locks are new (a parent's thread may have held them at the fork)."""
+        self._finalizer.detach()
+        state = self._state
+        state.lock = threading.Lock()
+        state.stop = threading.Event()
+        state.stop.set()
+        state.watch_call = None
+        state.inherited_from = parent
+        state.closed = True
+        self.lock = threading.RLock()
+        self._releases.clear()
+        self.commands.inherit_after_fork(self.lock)
+
     def check_attached(self, what: str = "this call") -> None:
-        """Raises when the session is detached."""
+        """Raises when the session is detached (or is a forked parent's)."""
+        if self._state.inherited_from is not None:
+            raise inherited_session_error(self.session_id, self._state.inherited_from, what)
         if self._state.closed:
             raise LogicError(f"{what}: the context (session {self.session_id}) was detached; "
                              "its memory, modules, streams and events are gone")
@@ -1982,3 +2073,7 @@ class SessionCore:
     @property
     def has_releases(self) -> bool:
         return bool(self._releases)
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork_in_child)

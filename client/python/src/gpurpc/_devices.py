@@ -92,6 +92,33 @@ def init(flags: int = 0, address: Optional[str] = None, *, token: Optional[str] 
         _default_client = client
 
 
+def _after_fork_in_child() -> None:
+    """A child of fork() connects anew: the parent's connection is not its to use
+    (``_core._after_fork_in_child``)."""
+    global _client_lock, _default_client
+    _client_lock = threading.Lock()  # a parent's thread may have held it at the fork
+    _default_client = None
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
+def _reconnected(inherited: Client) -> Client:
+    """This process's connection to the daemon of a client it inherited over fork (the
+    process's connection when it goes there; else a new one, made by :func:`init` with the
+    same target and explicit settings)."""
+    fresh = _default_client
+    if fresh is None or fresh.target != inherited.target:
+        token, roots, tls, chain, key, name = inherited.explicit_credentials
+        init(address=inherited.target, token=token, root_certificates=roots, tls=tls,
+             certificate_chain=chain, private_key=key, server_name=name,
+             timeout=inherited.timeout, host_regions=inherited.host_regions)
+        fresh = _default_client
+    assert fresh is not None
+    return fresh
+
+
 def _client() -> Client:
     if _default_client is None:
         init()
@@ -295,6 +322,8 @@ class Device:
         """Opens a session on this device without pushing it."""
         from ._context import Context  # the layer above this one
         label = f"python gpurpc on {socket.gethostname()} pid {os.getpid()}"
+        if self._client.inherited_from is not None:
+            self._client = _reconnected(self._client)
         core = SessionCore(self._client, self._ordinal, label)
         return Context(core, self)
 
