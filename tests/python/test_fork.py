@@ -137,3 +137,44 @@ def test_an_inherited_connection_refuses_calls(daemon: str) -> None:
             raise AssertionError("the parent's connection answered in the child")
         inherited.close()  # leaves the parent's channel open
         """)
+
+
+_POOL_PROGRAM = """
+import multiprocessing, sys
+import numpy as np
+import gpurpc.driver as cuda
+import gpurpc.gpuarray as gpuarray
+
+def work(i):
+    # A new Device in the child: its connection goes where the parent's init() went.
+    ctx = cuda.Device(0).make_context()
+    try:
+        return float(gpuarray.to_gpu(np.full(256, i, np.float32)).get().sum())
+    finally:
+        ctx.pop()
+        ctx.detach()
+
+if __name__ == "__main__":
+    cuda.init(address=sys.argv[1])
+    ctx = cuda.Device(0).make_context()
+    kept = gpuarray.to_gpu(np.arange(64, dtype=np.float32))
+    with multiprocessing.get_context("fork").Pool(3) as pool:
+        sums = pool.map(work, range(6))
+    assert sums == [256.0 * i for i in range(6)], sums
+    assert np.array_equal(kept.get(), np.arange(64, dtype=np.float32))
+    assert ctx.state == "active", ctx.state
+    print("PARENT OK", flush=True)
+"""
+
+
+def test_a_fork_pool_works_beside_the_parents_context(daemon: str) -> None:
+    """multiprocessing with fork: an address given to init() (not in the environment) is
+    where the children connect; the parent's context is untouched by their exits."""
+    env = dict(os.environ,
+               PYTHONPATH=os.pathsep.join([str(CLIENT_SRC), os.environ.get("PYTHONPATH", "")]))
+    env.pop("GPURPC_ADDRESS", None)
+    env.pop("GPURPC_DEVICE", None)
+    result = subprocess.run([sys.executable, "-c", _POOL_PROGRAM, daemon], env=env,
+                            capture_output=True, text=True, timeout=180)
+    assert result.returncode == 0 and "PARENT OK" in result.stdout, (
+        f"exit status {result.returncode}\nstdout:\n{result.stdout}\nstderr:\n{result.stderr}")

@@ -26,6 +26,9 @@ __all__ = ["init", "get_version", "get_driver_version", "Device", "pick_device"]
 
 _client_lock = threading.Lock()
 _default_client: Optional[Client] = None
+# In a child of fork(): the connection the parent had (inherited, never used here); the
+# child's first connection goes to the same daemon with the same settings.
+_parents_client: Optional[Client] = None
 
 
 def init(flags: int = 0, address: Optional[str] = None, *, token: Optional[str] = None,
@@ -95,8 +98,9 @@ def init(flags: int = 0, address: Optional[str] = None, *, token: Optional[str] 
 def _after_fork_in_child() -> None:
     """A child of fork() connects anew: the parent's connection is not its to use
     (``_core._after_fork_in_child``)."""
-    global _client_lock, _default_client
+    global _client_lock, _default_client, _parents_client
     _client_lock = threading.Lock()  # a parent's thread may have held it at the fork
+    _parents_client = _default_client or _parents_client
     _default_client = None
 
 
@@ -121,6 +125,8 @@ def _reconnected(inherited: Client) -> Client:
 
 def _client() -> Client:
     if _default_client is None:
+        if _parents_client is not None:
+            return _reconnected(_parents_client)
         init()
     assert _default_client is not None
     return _default_client
