@@ -311,26 +311,75 @@ def test_equal_pitches_are_one_command(ctx: cuda.Context, kinds: List[str]) -> N
     assert np.array_equal(device_bytes(dst, h * w), host)
 
 
-def test_pitched_rows_are_one_command_each_in_one_batch(ctx: cuda.Context,
-                                                        kinds: List[str]) -> None:
-    h, w, pitch = 50, 100, 512
-    src = cuda.mem_alloc(pitch * h)
-    dst = cuda.mem_alloc(pitch * h)
+def test_pitched_device_rows_are_one_3d_copy(ctx: cuda.Context, kinds: List[str]) -> None:
+    h, w, pitch, dst_pitch = 50, 100, 512, 256
+    src_data = random_bytes(pitch * h)
+    src = cuda.to_device(src_data)
+    dst = cuda.mem_alloc(dst_pitch * h)
+    cuda.memset_d8(dst, 9, dst_pitch * h)
     copy = cuda.Memcpy2D()
     copy.set_src_device(src)
     copy.set_dst_device(dst)
-    copy.src_pitch = copy.dst_pitch = pitch
+    copy.src_pitch, copy.dst_pitch = pitch, dst_pitch
     copy.width_in_bytes, copy.height = w, h
     kinds.clear()
     debug.reset_rpc_counts()
     copy()
-    assert kinds == ["copy"] * h
+    assert kinds == ["copy_3d"]
     assert debug.rpc_counts().get(debug.BATCH) == 1 and debug.round_trips() == 1
-    # Height 1: one row, one command whatever the pitches.
+    want = np.full((h, dst_pitch), 9, np.uint8)
+    want[:, :w] = src_data.reshape(h, pitch)[:, :w]
+    assert np.array_equal(device_bytes(dst, dst_pitch * h).reshape(h, dst_pitch), want)
+    # Height 1: one row, one plain copy whatever the pitches.
     copy.height, copy.src_pitch, copy.dst_pitch = 1, 0, 0
     kinds.clear()
     copy()
     assert kinds == ["copy"]
+
+
+def test_memcpy3d_between_device_volumes_is_one_3d_copy(ctx: cuda.Context,
+                                                        kinds: List[str]) -> None:
+    d, h, pitch = 4, 6, 48  # the source: 4 slices of 6 rows of 48 bytes
+    src_data = random_bytes(d * h * pitch)
+    src = cuda.to_device(src_data)
+    dst_pitch, dst_rows, dst_d = 64, 9, 5
+    dst = cuda.mem_alloc(dst_pitch * dst_rows * dst_d)
+    cuda.memset_d8(dst, 0, dst_pitch * dst_rows * dst_d)
+    copy = cuda.Memcpy3D()
+    copy.set_src_device(src)
+    copy.set_dst_device(dst)
+    copy.src_x_in_bytes, copy.src_y, copy.src_z = 4, 1, 1
+    copy.src_pitch, copy.src_height = pitch, h
+    copy.dst_x_in_bytes, copy.dst_y, copy.dst_z = 16, 2, 1
+    copy.dst_pitch, copy.dst_height = dst_pitch, dst_rows
+    copy.width_in_bytes, copy.height, copy.depth = 40, 4, 3
+    kinds.clear()
+    copy()
+    assert kinds == ["copy_3d"]
+    raw = device_bytes(dst, dst_pitch * dst_rows * dst_d).reshape(dst_d, dst_rows, dst_pitch)
+    want = np.zeros_like(raw)
+    want[1:4, 2:6, 16:56] = src_data.reshape(d, h, pitch)[1:4, 1:5, 4:44]
+    assert np.array_equal(raw, want)
+    # Asynchronous on a stream: the same one command, ordered on that stream.
+    stream = cuda.Stream()
+    cuda.memset_d8(dst, 0, dst_pitch * dst_rows * dst_d)
+    kinds.clear()
+    copy(stream)
+    stream.synchronize()
+    assert kinds == ["copy_3d", "sync"]
+    assert np.array_equal(
+        device_bytes(dst, dst_pitch * dst_rows * dst_d).reshape(dst_d, dst_rows, dst_pitch), want)
+
+
+def test_pitches_a_3d_copy_cannot_express_go_row_by_row(ctx: cuda.Context) -> None:
+    from gpurpc import _driver_extras as extras
+    flat = extras._Geometry(8, 2, 1, 0, 16, 0, 0, 16, 0)
+    assert extras._pitched_endpoint(0x1000, 16, 0, flat) is not None
+    assert extras._pitched_endpoint(0x1000, extras._MAX_COPY_3D_PITCH + 1, 0, flat) is None
+    deep = extras._Geometry(8, 2, 3, 0, 16, 40, 0, 16, 48)
+    assert extras._pitched_endpoint(0x1000, 16, 40, deep) is None  # 2.5 rows per slice
+    endpoint = extras._pitched_endpoint(0x1000, 16, 48, deep)
+    assert endpoint is not None and endpoint.height == 3 and endpoint.pitch_bytes == 16
 
 
 def test_pitched_upload_from_a_region_backed_array_uses_region_copies(

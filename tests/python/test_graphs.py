@@ -94,6 +94,38 @@ def test_memsets_and_copies_are_captured_too(mod: SourceModule) -> None:
     assert (read(b, dtype=np.uint32) == 7).all()
 
 
+def test_a_pitched_copy_on_a_capturing_stream_is_captured_row_by_row(
+        mod: SourceModule) -> None:
+    """A graph takes plain copies only: a Memcpy2D between device pitches, one 3D copy
+    elsewhere, becomes one copy node per row while its stream captures, and the graph's
+    replay copies the rows."""
+    h, w, pitch = 6, 12, 32
+    src = cuda.to_device(np.arange(h * pitch, dtype=np.uint8))
+    dst = cuda.to_device(np.zeros(h * pitch, np.uint8))
+    copy = cuda.Memcpy2D()
+    copy.set_src_device(src)
+    copy.set_dst_device(dst)
+    copy.src_pitch = copy.dst_pitch = pitch
+    copy.width_in_bytes, copy.height = w, h
+    stream = cuda.Stream()
+    stream.begin_capture(cuda.capture_mode.RELAXED)
+    copy(stream)
+    graph = stream.end_capture()
+    assert [n.type for n in graph.get_nodes()] == ["memcpy"] * h
+    assert not read(dst, h * pitch, np.uint8).any()  # captured, not run
+    exe = graph.instantiate()
+    exe.launch(stream)
+    stream.synchronize()
+    want = np.zeros((h, pitch), np.uint8)
+    want[:, :w] = np.arange(h * pitch, dtype=np.uint8).reshape(h, pitch)[:, :w]
+    assert np.array_equal(read(dst, h * pitch, np.uint8).reshape(h, pitch), want)
+    # After the capture the same copy is one 3D copy again, and runs at once.
+    cuda.memset_d8(dst, 0, h * pitch)
+    copy(stream)
+    stream.synchronize()
+    assert np.array_equal(read(dst, h * pitch, np.uint8).reshape(h, pitch), want)
+
+
 def test_a_non_blocking_capture_leaves_the_default_stream_usable(mod: SourceModule) -> None:
     fill = mod.get_function("fill_u32")
     stream = cuda.Stream(cuda.stream_flags.NON_BLOCKING)

@@ -10,11 +10,13 @@
 * :func:`aligned_empty`, :func:`aligned_zeros`, :func:`aligned_empty_like`,
   :func:`aligned_zeros_like`, which honour ``alignment``.
 
-A 2D or 3D copy of linear memory is sent as one copy (upload, download, device-to-device
-copy or region copy) per run of contiguous bytes, queued in order on the session's command
-stream: rows that touch on both sides merge, so a copy whose pitches equal ``width_in_bytes``
-is one command. A synchronous call drains the stream once at the end, so all its rows travel
-in as few batches as their size allows. A copy with a CUDA array on one side
+A 2D or 3D copy between linear device memory is one ``Copy3DCommand`` (``cuMemcpy3DAsync``)
+when its rows or slices lie apart, except on a stream that captures a graph, which takes
+plain copies only. Other copies of linear memory are sent as one copy (upload, download,
+device-to-device copy or region copy) per run of contiguous bytes, queued in order on the
+session's command stream: rows that touch on both sides merge, so a copy whose pitches equal
+``width_in_bytes`` is one command. A synchronous call drains the stream once at the end, so
+all its rows travel in as few batches as their size allows. A copy with a CUDA array on one side
 (``set_src_array``/``set_dst_array``) is one ``Copy3DCommand`` (through a temporary device
 buffer when the other side is host memory); ``gpurpc._arrays`` runs it.
 
@@ -29,6 +31,7 @@ from __future__ import annotations
 
 import enum
 import functools
+import itertools
 import mmap
 import operator
 from typing import TYPE_CHECKING, Any, Iterator, Optional, Tuple
@@ -60,6 +63,9 @@ PITCH_ALIGNMENT_BYTES = 512
 
 _ACCESS_SIZES = (4, 8, 16)
 _INVALID = grpc.StatusCode.INVALID_ARGUMENT
+# The largest linear pitch and rows per slice of a Copy3DCommand (kMaxCopy3DPitchBytes in
+# common/array_shape.h, the driver's largest pitch).
+_MAX_COPY_3D_PITCH = (1 << 31) - 1
 
 
 class pointer_attribute(enum.IntEnum):  # noqa: N801 - PyCUDA's name
@@ -728,15 +734,45 @@ def _region_of_view(core: SessionCore, view: memoryview, lo: int,
     return None if found is None else (found[0].region_id, found[1])
 
 
+def _pitched_endpoint(address: int, pitch: int, slice_pitch: int,
+                      geometry: _Geometry) -> Optional[_ex.Copy3DEndpoint]:
+    """Linear device memory at ``address`` as a Copy3DCommand side, or None when the daemon's
+    3D copy cannot express it (a pitch over its largest, slices that are not whole rows)."""
+    if not geometry.w <= pitch <= _MAX_COPY_3D_PITCH:
+        return None
+    rows = geometry.h
+    if geometry.d > 1:
+        if slice_pitch % pitch:
+            return None
+        rows = slice_pitch // pitch
+        if not geometry.h <= rows <= _MAX_COPY_3D_PITCH:
+            return None
+    return _ex.Copy3DEndpoint(device=device_pointer(address), pitch_bytes=pitch, height=rows)
+
+
 def _copy_dtod(core: SessionCore, geometry: _Geometry, src: int, dst: int, stream_id: int,
                sync: bool, label: str) -> None:
     with core.lock:
         core.check_open(label)
         add = core.commands.add
-        for s, d, n in geometry.runs():
-            add(label, auto=not sync, copy=_ex.CopyCommand(
-                destination=device_pointer(dst + d), source=device_pointer(src + s),
-                size_bytes=n, stream_id=stream_id))
+        runs = None if geometry.single else list(itertools.islice(geometry.runs(), 2))
+        ends = None
+        # Rows or slices apart: one 3D copy (cuMemcpy3DAsync), except on a capturing stream,
+        # whose graph takes plain copies only (the daemon refuses a 3D copy there).
+        if runs is not None and len(runs) > 1 and \
+                stream_id not in _streams.capturing_streams(core):
+            ends = (_pitched_endpoint(dst + geometry.dst, geometry.dst_pitch, geometry.dst_slice,
+                                      geometry),
+                    _pitched_endpoint(src + geometry.src, geometry.src_pitch, geometry.src_slice,
+                                      geometry))
+        if ends is not None and ends[0] is not None and ends[1] is not None:
+            add(label, auto=not sync, copy_3d=_core.copy_3d_command(
+                ends[0], ends[1], geometry.w, geometry.h, geometry.d, stream_id))
+        else:
+            for s, d, n in geometry.runs():
+                add(label, auto=not sync, copy=_ex.CopyCommand(
+                    destination=device_pointer(dst + d), source=device_pointer(src + s),
+                    size_bytes=n, stream_id=stream_id))
         if sync:
             core.commands.drain(label=label)
 

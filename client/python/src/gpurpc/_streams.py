@@ -22,6 +22,16 @@ if TYPE_CHECKING:  # pragma: no cover
 
 __all__ = ["Stream", "Event"]
 
+# The session cache key of the ids of streams that capture a graph (between this client's
+# begin_capture and end_capture).
+_CAPTURING = "capturing_streams"
+
+
+def capturing_streams(core: SessionCore) -> "set[int]":
+    """The ids of the session's streams that capture a graph now, as far as this client knows
+    (it begins and ends every capture)."""
+    return core.caches.get(_CAPTURING, set())
+
 
 class Stream:
     """A stream of the session (``pycuda.driver.Stream``); ``handle`` is its id."""
@@ -87,6 +97,7 @@ class Stream:
             core.call("ExecutionService.BeginCapture",
                       _ex.BeginCaptureRequest(stream_id=self.handle, mode=mode),
                       op="Stream.begin_capture")
+            core.caches.setdefault(_CAPTURING, set()).add(self.handle)
 
     def end_capture(self) -> "Graph":
         """Ends the capture (``cuStreamEndCapture``) and returns the :class:`Graph` of what it
@@ -95,9 +106,13 @@ class Stream:
         with core.lock:
             core.check_open("Stream.end_capture")
             core.drain()
-            reply = core.call("ExecutionService.EndCapture",
-                              _ex.EndCaptureRequest(stream_id=self.handle),
-                              op="Stream.end_capture")
+            try:
+                reply = core.call("ExecutionService.EndCapture",
+                                  _ex.EndCaptureRequest(stream_id=self.handle),
+                                  op="Stream.end_capture")
+            finally:
+                # Over either way: cuStreamEndCapture ends a capture that it reports failed.
+                core.caches.get(_CAPTURING, set()).discard(self.handle)
         from ._graphs import Graph  # the layer above this one
         return Graph(core, reply.graph_id, reply.node_count)
 
