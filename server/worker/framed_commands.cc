@@ -74,7 +74,22 @@ void SendProtocolError(int fd, const absl::Status& status) {
   (void)SendReply(fd, reply);  // the channel ends either way
 }
 
-void Serve(Session* session, int fd) {
+// Holds bytes taken from a FramedMemory and gives them back when it goes.
+class MemoryHold {
+ public:
+  MemoryHold(FramedMemory* memory, size_t bytes) : memory_(memory), bytes_(bytes) {
+    memory_->Take(bytes_);
+  }
+  ~MemoryHold() { memory_->Give(bytes_); }
+  MemoryHold(const MemoryHold&) = delete;
+  MemoryHold& operator=(const MemoryHold&) = delete;
+
+ private:
+  FramedMemory* const memory_;
+  const size_t bytes_;
+};
+
+void Serve(Session* session, int fd, FramedMemory* memory) {
   uint64_t last_sequence = 0;
   uint64_t index = 0;
   std::vector<char> scratch(kReadPieceBytes);
@@ -100,6 +115,9 @@ void Serve(Session* session, int fd) {
       return;
     }
     bytes.clear();
+    // The message's bytes, then its parsed batch: taken before a byte is read, given back
+    // once the reply is out.
+    const MemoryHold hold(memory, 2 * static_cast<size_t>(length));
     if (absl::Status read = ReadExactly(fd, static_cast<size_t>(length), &scratch, &bytes);
         !read.ok()) {
       spdlog::debug("framed command channel: message {}: {}", index, std::string(read.message()));
@@ -150,8 +168,31 @@ absl::Status AnswerBatch(Session* session, const v1::CommandBatch& batch, uint64
   return status;
 }
 
-void ServeFramedCommands(Session* session, int fd) {
-  Serve(session, fd);
+void FramedMemory::Take(size_t bytes) {
+  const size_t want = Clamp(bytes);
+  absl::MutexLock lock(&mu_);
+  struct Room {
+    const size_t* free;
+    size_t want;
+    bool operator()() const { return *free >= want; }
+  };
+  const Room room{&free_, want};
+  mu_.Await(absl::Condition(&room));
+  free_ -= want;
+}
+
+void FramedMemory::Give(size_t bytes) {
+  absl::MutexLock lock(&mu_);
+  free_ += Clamp(bytes);
+}
+
+size_t FramedMemory::free() const {
+  absl::MutexLock lock(&mu_);
+  return free_;
+}
+
+void ServeFramedCommands(Session* session, int fd, FramedMemory* memory) {
+  Serve(session, fd, memory);
   shutdown(fd, SHUT_RDWR);
 }
 

@@ -61,7 +61,8 @@ constexpr std::chrono::milliseconds kFaultExitDelay{300};
 // this worker (CUDA's and gRPC's threads) because of what other tenants' workers do, and
 // bound nothing of this worker's own. What bounds this worker's threads and processes
 // instead: gRPC's threads (kWorkerMaxThreads), one thread per framed command channel (at
-// most kMaxDirectChannelsPerSession), a download's fill-ahead helper (at most 8, each with
+// most kMaxDirectChannelsPerSession; their messages share kFramedMemoryBytes, beside gRPC's
+// memory bound, and each holds one reply), a download's fill-ahead helper (at most 8, each with
 // one chunk of at most 4 MiB beside gRPC's memory bound; ChunksAhead in service.cc), CUDA's
 // own fixed few, and compile helpers,
 // the only processes a worker starts, one per compile that misses the cache: at most
@@ -269,6 +270,8 @@ int WorkerMain(const DaemonOptions& options) {
   // server with ExecutionService only, bounded like the first.
   std::vector<std::unique_ptr<grpc::Service>> direct_services;
   std::unique_ptr<grpc::Server> direct_server;
+  // The messages of every framed channel together (framed_commands.h); outlives the channels.
+  FramedMemory framed_memory_budget(kFramedMemoryBytes);
   std::unique_ptr<DirectChannels> direct_channels;
   std::unique_ptr<RegionChannel> region_channel;
   if (session != nullptr && options.worker_region_fd >= 0) {
@@ -290,8 +293,10 @@ int WorkerMain(const DaemonOptions& options) {
       return kWorkerExitServerFailed;
     }
     Session* const served = session.get();
+    FramedMemory* const framed_memory = &framed_memory_budget;
     direct_channels = std::make_unique<DirectChannels>(
-        direct_server.get(), [served](int fd) { ServeFramedCommands(served, fd); });
+        direct_server.get(),
+        [served, framed_memory](int fd) { ServeFramedCommands(served, fd, framed_memory); });
     // Regions' memfds and direct channels' sockets arrive from the front end on their own
     // channel (gRPC carries no fds).
     Session* const target = session.get();

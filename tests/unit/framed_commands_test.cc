@@ -1,0 +1,236 @@
+// The framed command protocol's worker half (server/worker/framed_commands.h) over the fake
+// backend, in process, on socketpairs: the memory budget its channels share (a message is
+// charged before its bytes are read; one that does not fit waits for the others), and what
+// a channel answers.
+#include "server/worker/framed_commands.h"
+
+#include <poll.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cstdint>
+#include <deque>
+#include <memory>
+#include <string>
+#include <thread>
+
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "server/worker/backend/backend.h"
+#include "server/worker/session.h"
+#include "tests/testing/status_matchers.h"
+
+namespace gpurpc::worker {
+namespace {
+
+using ::gpurpc::testing::IsOk;
+
+TEST(FramedMemoryTest, TakesAndGivesBack) {
+  FramedMemory memory(100);
+  memory.Take(60);
+  EXPECT_EQ(memory.free(), 40u);
+  memory.Take(40);
+  EXPECT_EQ(memory.free(), 0u);
+  memory.Give(60);
+  memory.Give(40);
+  EXPECT_EQ(memory.free(), 100u);
+  // More than the capacity is the whole capacity, given back whole.
+  memory.Take(1000);
+  EXPECT_EQ(memory.free(), 0u);
+  memory.Give(1000);
+  EXPECT_EQ(memory.free(), 100u);
+}
+
+TEST(FramedMemoryTest, ATakeThatDoesNotFitWaitsForAGive) {
+  FramedMemory memory(100);
+  memory.Take(70);
+  std::atomic<bool> taken{false};
+  std::thread waiter([&] {
+    memory.Take(50);
+    taken = true;
+  });
+  // It cannot take 50 of the 30 free; it takes them once 70 come back.
+  absl::SleepFor(absl::Milliseconds(200));
+  EXPECT_FALSE(taken.load());
+  memory.Give(70);
+  waiter.join();
+  EXPECT_TRUE(taken.load());
+  EXPECT_EQ(memory.free(), 50u);
+}
+
+// A session over the fake backend and framed channels served on socketpairs.
+class FramedChannelTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    backend_ = backend::MakeFakeBackend(64ull << 20);
+    auto context = backend_->OpenContext(0);
+    ASSERT_THAT(context, IsOk());
+    session_ = std::make_unique<Session>(std::move(*context), nullptr,
+                                         absl::UnavailableError("no NVRTC in this test"));
+    auto buffer = session_->Allocate(1 << 20);
+    ASSERT_THAT(buffer, IsOk());
+    buffer_ = buffer->buffer_id();
+  }
+
+  void TearDown() override {
+    for (Channel& channel : channels_) {
+      if (channel.client >= 0) close(channel.client);
+      if (channel.server.joinable()) channel.server.join();
+      close(channel.worker);
+    }
+  }
+
+  struct Channel {
+    int client = -1;
+    int worker = -1;
+    std::thread server;
+  };
+
+  // A channel served by ServeFramedCommands on its own thread; returns its index.
+  size_t Open(FramedMemory* memory) {
+    int fds[2];
+    EXPECT_EQ(socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, fds), 0);
+    Channel& channel = channels_.emplace_back();
+    channel.client = fds[0];
+    channel.worker = fds[1];
+    Session* session = session_.get();
+    const int worker = fds[1];
+    channel.server =
+        std::thread([session, worker, memory] { ServeFramedCommands(session, worker, memory); });
+    return channels_.size() - 1;
+  }
+
+  static std::string Frame(const v1::CommandBatch& batch) {
+    const std::string body = batch.SerializeAsString();
+    std::string frame(kFrameHeaderBytes, '\0');
+    for (size_t i = 0; i < kFrameHeaderBytes; ++i) {
+      frame[i] = static_cast<char>((body.size() >> (8 * i)) & 0xff);
+    }
+    return frame + body;
+  }
+
+  // A batch with an upload of `bytes` bytes into the buffer, then a sync.
+  v1::CommandBatch UploadBatch(size_t bytes, uint64_t first_sequence) const {
+    v1::CommandBatch batch;
+    v1::Command* upload = batch.add_commands();
+    upload->set_sequence(first_sequence);
+    upload->mutable_upload()->mutable_destination()->mutable_buffer()->set_buffer_id(buffer_);
+    upload->mutable_upload()->set_data(std::string(bytes, 'x'));
+    v1::Command* sync = batch.add_commands();
+    sync->set_sequence(first_sequence + 1);
+    sync->mutable_sync();
+    return batch;
+  }
+
+  void Send(size_t channel, const std::string& bytes) {
+    ASSERT_EQ(send(channels_[channel].client, bytes.data(), bytes.size(), MSG_NOSIGNAL),
+              static_cast<ssize_t>(bytes.size()));
+  }
+
+  // Whether a reply starts to arrive on `channel` within `wait`.
+  bool Answered(size_t channel, absl::Duration wait) {
+    pollfd entry{channels_[channel].client, POLLIN, 0};
+    return poll(&entry, 1, static_cast<int>(absl::ToInt64Milliseconds(wait))) == 1;
+  }
+
+  // Reads one reply.
+  v1::CommandReply Reply(size_t channel) {
+    v1::CommandReply reply;
+    std::string header = ReadExactly(channel, kFrameHeaderBytes);
+    size_t length = 0;
+    for (size_t i = 0; i < kFrameHeaderBytes; ++i) {
+      length |= static_cast<size_t>(static_cast<uint8_t>(header[i])) << (8 * i);
+    }
+    EXPECT_TRUE(reply.ParseFromString(ReadExactly(channel, length)));
+    return reply;
+  }
+
+  std::string ReadExactly(size_t channel, size_t size) {
+    std::string out(size, '\0');
+    size_t got = 0;
+    while (got < size) {
+      const ssize_t n = recv(channels_[channel].client, out.data() + got, size - got, 0);
+      if (n <= 0) break;
+      got += static_cast<size_t>(n);
+    }
+    EXPECT_EQ(got, size);
+    return out;
+  }
+
+  std::unique_ptr<backend::Backend> backend_;
+  std::unique_ptr<Session> session_;
+  uint64_t buffer_ = 0;
+  std::deque<Channel> channels_;
+};
+
+TEST_F(FramedChannelTest, AChannelAnswersItsBatchesAndGivesTheMemoryBack) {
+  FramedMemory memory(kFramedMemoryBytes);
+  const size_t channel = Open(&memory);
+  for (uint64_t round = 0; round < 3; ++round) {
+    Send(channel, Frame(UploadBatch(4096, 1 + 2 * round)));
+    const v1::CommandReply reply = Reply(channel);
+    EXPECT_FALSE(reply.has_error()) << reply.error().message();
+    EXPECT_EQ(reply.processed_through_sequence(), 2 + 2 * round);
+  }
+  // Given back once each reply is out.
+  for (int i = 0; i < 200 && memory.free() != kFramedMemoryBytes; ++i) {
+    absl::SleepFor(absl::Milliseconds(5));
+  }
+  EXPECT_EQ(memory.free(), kFramedMemoryBytes);
+}
+
+TEST_F(FramedChannelTest, AMessageThatDoesNotFitWaitsForTheChannelThatHoldsTheMemory) {
+  const std::string big = Frame(UploadBatch(64 << 10, 1));
+  const std::string small = Frame(UploadBatch(16, 1));
+  const size_t big_body = big.size() - kFrameHeaderBytes;
+  const size_t small_body = small.size() - kFrameHeaderBytes;
+  // Room for the big message or the small one, not both.
+  FramedMemory memory(2 * big_body + 2 * small_body - 1);
+  const size_t holder = Open(&memory);
+  const size_t waiter = Open(&memory);
+
+  // The holder announces its message and sends half of it: its length is charged already.
+  Send(holder, big.substr(0, big.size() / 2));
+  for (int i = 0; i < 200 && memory.free() != 2 * small_body - 1; ++i) {
+    absl::SleepFor(absl::Milliseconds(5));
+  }
+  ASSERT_EQ(memory.free(), 2 * small_body - 1);
+
+  // The other channel's whole message waits, unanswered, for that memory.
+  Send(waiter, small);
+  EXPECT_FALSE(Answered(waiter, absl::Milliseconds(300)));
+
+  // The rest of the big message: it is answered, gives the memory back, and the small one
+  // goes on.
+  Send(holder, big.substr(big.size() / 2));
+  const v1::CommandReply big_reply = Reply(holder);
+  EXPECT_FALSE(big_reply.has_error()) << big_reply.error().message();
+  const v1::CommandReply small_reply = Reply(waiter);
+  EXPECT_FALSE(small_reply.has_error()) << small_reply.error().message();
+  EXPECT_EQ(small_reply.processed_through_sequence(), 2u);
+  for (int i = 0; i < 200 && memory.free() != 2 * big_body + 2 * small_body - 1; ++i) {
+    absl::SleepFor(absl::Milliseconds(5));
+  }
+  EXPECT_EQ(memory.free(), 2 * big_body + 2 * small_body - 1);
+}
+
+TEST_F(FramedChannelTest, AChannelThatEndsMidMessageGivesItsMemoryBack) {
+  FramedMemory memory(kFramedMemoryBytes);
+  const size_t channel = Open(&memory);
+  const std::string big = Frame(UploadBatch(64 << 10, 1));
+  Send(channel, big.substr(0, 100));
+  for (int i = 0; i < 200 && memory.free() == kFramedMemoryBytes; ++i) {
+    absl::SleepFor(absl::Milliseconds(5));
+  }
+  EXPECT_LT(memory.free(), kFramedMemoryBytes);
+  close(channels_[channel].client);  // the client goes away mid-message
+  channels_[channel].client = -1;
+  channels_[channel].server.join();
+  EXPECT_EQ(memory.free(), kFramedMemoryBytes);
+}
+
+}  // namespace
+}  // namespace gpurpc::worker
