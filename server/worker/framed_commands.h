@@ -12,9 +12,11 @@
 // Memory: gRPC's resource quota does not see these sockets, so the worker's framed channels
 // share a FramedMemory. A message's announced length is taken twice from it (the bytes, then
 // the parsed batch) before its bytes are read, and given back once its reply is sent; a
-// channel whose message does not fit waits until others give back. What a worker's framed
-// channels hold at once is therefore at most kFramedMemoryBytes of messages, plus one reply
-// per channel (a batch's downloads are at most 64 MiB, Session::RunBatch). Every channel of a
+// channel whose message does not fit waits until others give back. This bounds the wire
+// bytes a worker's framed channels hold at once (kFramedMemoryBytes), plus one reply per
+// channel (a batch's downloads are at most 64 MiB, Session::RunBatch). It does not bound
+// what parsing makes of them: a batch of many tiny commands parses to many times its wire
+// size (also on CommandStream); a cap on commands per batch would (not done yet). Every channel of a
 // worker is its session's, so a channel that holds the memory (a message announced and never
 // sent) stalls only its own session's other channels.
 #ifndef GPURPC_SERVER_WORKER_FRAMED_COMMANDS_H_

@@ -77,11 +77,15 @@ print("PARENT OK", flush=True)
 """
 
 
-def _run(daemon: str, child: str) -> subprocess.CompletedProcess:
+def _run(daemon: str, child: str, fork_support: bool = False) -> subprocess.CompletedProcess:
     program = _PROGRAM.replace("{child}", textwrap.indent(textwrap.dedent(child), " " * 8))
     env = dict(os.environ, GPURPC_ADDRESS=daemon,
                PYTHONPATH=os.pathsep.join([str(CLIENT_SRC), os.environ.get("PYTHONPATH", "")]))
     env.pop("GPURPC_DEVICE", None)
+    if fork_support:
+        # gRPC's rule: a child makes connections of its own reliably only with this set
+        # before grpc is imported (without it they fail now and then).
+        env["GRPC_ENABLE_FORK_SUPPORT"] = "1"
     result = subprocess.run([sys.executable, "-c", program], env=env, capture_output=True,
                             text=True, timeout=120)
     assert result.returncode == 0 and "PARENT OK" in result.stdout, (
@@ -122,7 +126,7 @@ def test_a_child_makes_contexts_of_its_own(daemon: str) -> None:
         other.detach()
         own.pop()
         own.detach()
-        """)
+        """, fork_support=True)
 
 
 def test_an_inherited_connection_refuses_calls(daemon: str) -> None:
@@ -174,6 +178,7 @@ def test_a_fork_pool_works_beside_the_parents_context(daemon: str) -> None:
                PYTHONPATH=os.pathsep.join([str(CLIENT_SRC), os.environ.get("PYTHONPATH", "")]))
     env.pop("GPURPC_ADDRESS", None)
     env.pop("GPURPC_DEVICE", None)
+    env["GRPC_ENABLE_FORK_SUPPORT"] = "1"  # gRPC's rule for connections made in a child
     result = subprocess.run([sys.executable, "-c", _POOL_PROGRAM, daemon], env=env,
                             capture_output=True, text=True, timeout=180)
     assert result.returncode == 0 and "PARENT OK" in result.stdout, (

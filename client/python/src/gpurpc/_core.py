@@ -1969,6 +1969,8 @@ class SessionCore:
         state.lock = threading.Lock()
         state.stop = threading.Event()
         state.stop.set()
+        if state.watch_call is not None:
+            _inherited.append(state.watch_call)  # collected, it would cancel on the parent's
         state.watch_call = None
         state.inherited_from = parent
         state.closed = True
