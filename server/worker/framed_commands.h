@@ -16,8 +16,8 @@
 // bytes a worker's framed channels hold at once (kFramedMemoryBytes), plus one reply per
 // channel (a batch's downloads are at most 64 MiB, Session::RunBatch). It does not bound
 // what parsing makes of them: a batch of many tiny commands parses to many times its wire
-// size (also on CommandStream); a cap on commands per batch would (not done yet). Every channel of a
-// worker is its session's, so a channel that holds the memory (a message announced and never
+// size (also on CommandStream); a cap on commands per batch would (not done yet). Every channel of
+// a worker is its session's, so a channel that holds the memory (a message announced and never
 // sent) stalls only its own session's other channels.
 #ifndef GPURPC_SERVER_WORKER_FRAMED_COMMANDS_H_
 #define GPURPC_SERVER_WORKER_FRAMED_COMMANDS_H_
