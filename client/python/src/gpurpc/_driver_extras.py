@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import enum
 import functools
-import itertools
 import mmap
 import operator
 from typing import TYPE_CHECKING, Any, Iterator, Optional, Tuple
@@ -755,17 +754,15 @@ def _copy_dtod(core: SessionCore, geometry: _Geometry, src: int, dst: int, strea
     with core.lock:
         core.check_open(label)
         add = core.commands.add
-        runs = None if geometry.single else list(itertools.islice(geometry.runs(), 2))
-        ends = None
-        # Rows or slices apart: one 3D copy (cuMemcpy3DAsync), except on a capturing stream,
-        # whose graph takes plain copies only (the daemon refuses a 3D copy there).
-        if runs is not None and len(runs) > 1 and \
-                stream_id not in _streams.capturing_streams(core):
+        # Rows or slices apart (not one run): one 3D copy (cuMemcpy3DAsync), except on a
+        # capturing stream, whose graph takes plain copies only (the daemon refuses it there).
+        ends = (None, None)
+        if not geometry.single and stream_id not in _streams.capturing_streams(core):
             ends = (_pitched_endpoint(dst + geometry.dst, geometry.dst_pitch, geometry.dst_slice,
                                       geometry),
                     _pitched_endpoint(src + geometry.src, geometry.src_pitch, geometry.src_slice,
                                       geometry))
-        if ends is not None and ends[0] is not None and ends[1] is not None:
+        if ends[0] is not None and ends[1] is not None:
             add(label, auto=not sync, copy_3d=_core.copy_3d_command(
                 ends[0], ends[1], geometry.w, geometry.h, geometry.d, stream_id))
         else:
