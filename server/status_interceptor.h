@@ -1,5 +1,6 @@
 // A server interceptor for both halves of the daemon, applied to every call:
-// - A request that does not parse as its protobuf type (or a unary call with no request) is
+// - A request that does not parse as its protobuf type (or a unary call with no request, or
+//   one a callback method refused as too large to parse: server/parse_checked_service.h) is
 //   answered by gRPC with INTERNAL or UNIMPLEMENTED and no message; the interceptor turns
 //   that into INVALID_ARGUMENT naming the method, as every other bad argument is answered.
 //   (gpurpc's own statuses always carry a message.) A method the server does not serve at

@@ -33,6 +33,7 @@
 #include "server/frontend/unix_listener.h"
 #include "server/log_format.h"
 #include "server/metrics/http_server.h"
+#include "server/parse_checked_service.h"
 #include "server/status_interceptor.h"
 #include "spdlog/spdlog.h"
 
@@ -294,9 +295,16 @@ int FrontendMain(const DaemonOptions& options, ReloadOptions reload) {
   if (!options.listen.empty()) {
     builder.AddListeningPort(options.listen, *tcp_credentials, &tcp_port);
   }
-  builder.RegisterService(&device_service);
-  builder.RegisterService(&session_service);
-  builder.RegisterService(&admin_service);
+  // Their requests are checked before gRPC parses them, even before the caller is
+  // authenticated (server/parse_checked_service.h); the relay checks the session services'.
+  ParseCheckedService checked_device_service(&device_service,
+                                             v1::DeviceService::service_full_name());
+  ParseCheckedService checked_session_service(&session_service,
+                                              v1::SessionService::service_full_name());
+  ParseCheckedService checked_admin_service(&admin_service, v1::AdminService::service_full_name());
+  builder.RegisterService(&checked_device_service);
+  builder.RegisterService(&checked_session_service);
+  builder.RegisterService(&checked_admin_service);
   builder.RegisterCallbackGenericService(&proxy);
   builder.experimental().SetInterceptorCreators(
       StatusInterceptors(/*mark_worker_answers=*/false, kFrontendMaxThreads, &metrics));

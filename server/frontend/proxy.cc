@@ -21,6 +21,7 @@
 #include "gpurpc/v1/module_service.grpc.pb.h"
 #include "grpcpp/impl/codegen/proto_utils.h"
 #include "grpcpp/support/byte_buffer.h"
+#include "server/parse_limit.h"
 #include "spdlog/spdlog.h"
 
 namespace gpurpc::frontend {
@@ -35,10 +36,11 @@ constexpr const char* kSessionServices[] = {
 };
 
 // Whether a method's client and server stream (unary and server-streaming methods take
-// exactly one request message).
+// exactly one request message), and its request type.
 struct MethodShape {
   bool client_streaming;
   bool server_streaming;
+  const google::protobuf::Descriptor* request;
 };
 
 // Every method of the session services, by its exact path ("/package.Service/Method"),
@@ -58,7 +60,8 @@ const absl::flat_hash_map<std::string, MethodShape>& SessionMethods() {
       for (int i = 0; i < service->method_count(); ++i) {
         const google::protobuf::MethodDescriptor* method = service->method(i);
         methods->emplace(absl::StrCat("/", name, "/", method->name()),
-                         MethodShape{method->client_streaming(), method->server_streaming()});
+                         MethodShape{method->client_streaming(), method->server_streaming(),
+                                     method->input_type()});
       }
     }
     return methods;
@@ -180,6 +183,9 @@ class RelayReactor final : public grpc::ServerGenericBidiReactor {
         ledger_(ledger),
         client_streaming_(shape.client_streaming),
         unary_(!shape.client_streaming && !shape.server_streaming),
+        // The worker checks each command batch itself (its direct server has no front end in
+        // front of it); every other message is checked here.
+        parse_checked_(context->method() == kCommandStreamMethod ? nullptr : shape.request),
         worker_half_(this) {
     // Callbacks may fire on other threads before the constructor is done.
     absl::MutexLock lock(&mu_);
@@ -240,7 +246,7 @@ class RelayReactor final : public grpc::ServerGenericBidiReactor {
         return false;
       }
       // The one message, then the half-close.
-      if (!LedgerBeforeWorkerLocked()) {
+      if (!ParseLimitLocked() || !LedgerBeforeWorkerLocked()) {
         RefuseLocked();
         return false;
       }
@@ -254,7 +260,7 @@ class RelayReactor final : public grpc::ServerGenericBidiReactor {
     }
     // The messages of a client-streaming call go on as they are: the worker parses them itself
     // and refuses one that does not parse, naming it (server/worker/raw_messages.h).
-    if (ok && !LedgerBeforeWorkerLocked()) {
+    if (ok && (!ParseLimitLocked() || !LedgerBeforeWorkerLocked())) {
       // Refused: the worker never sees the request.
       RefuseLocked();
       return false;
@@ -510,6 +516,22 @@ class RelayReactor final : public grpc::ServerGenericBidiReactor {
     return trailers.find(kWorkerAnswerMetadataKey) != trailers.end();
   }
 
+  // Refuses a client's message (in from_client_) whose parse would take more memory than
+  // kMaxParsedMessageBytes (server/parse_limit.h), before anything parses it: the ledger
+  // here, the worker there. False when refused (refusal_ says why).
+  bool ParseLimitLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    if (parse_checked_ == nullptr) return true;
+    const uint64_t index = ++messages_from_client_;
+    absl::Status size = CheckParsedBytes(*parse_checked_, from_client_, [this, index] {
+      return client_streaming_
+                 ? absl::StrFormat("%s: message %d of the stream", context_->method(), index)
+                 : absl::StrFormat("%s: the request", context_->method());
+    });
+    if (size.ok()) return true;
+    refusal_ = ToGrpcStatus(size);
+    return false;
+  }
+
   // Reads the client's request of a ledger call before it goes on to the worker. False when
   // the call is refused (refusal_ says why).
   bool LedgerBeforeWorkerLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
@@ -759,6 +781,8 @@ class RelayReactor final : public grpc::ServerGenericBidiReactor {
   const Ledger ledger_;
   const bool client_streaming_;
   const bool unary_;  // neither side streams: relayed as a unary worker call
+  // The request type whose messages ParseLimitLocked checks (null: none).
+  const google::protobuf::Descriptor* const parse_checked_;
   // Guards the relay's state: the ledger's view of the call, both pumps and their buffers,
   // and how far each half has got. gRPC's callbacks take it (never while calling out to
   // something that may wait; see Translate).
@@ -776,6 +800,8 @@ class RelayReactor final : public grpc::ServerGenericBidiReactor {
   uint64_t released_id_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t unloaded_module_ ABSL_GUARDED_BY(mu_) = 0;
   grpc::Status refusal_ ABSL_GUARDED_BY(mu_);
+  // Messages of the client checked by ParseLimitLocked.
+  uint64_t messages_from_client_ ABSL_GUARDED_BY(mu_) = 0;
   // Not guarded: gRPC's ClientContext is thread-safe for TryCancel (OnCancel) and is read
   // unlocked for the worker's trailers (Translate).
   grpc::ClientContext worker_context_;

@@ -16,6 +16,7 @@ namespace gpurpc::frontend {
 
 class DeviceServiceImpl final : public v1::DeviceService::CallbackService {
  public:
+  using grpc::Service::GetHandler;  // served through a ParseCheckedService
   DeviceServiceImpl(SessionManager* sessions, const Authenticator* auth)
       : sessions_(sessions), auth_(auth) {}
   grpc::ServerUnaryReactor* ListDevices(grpc::CallbackServerContext* context,
@@ -35,6 +36,7 @@ class DeviceServiceImpl final : public v1::DeviceService::CallbackService {
 
 class SessionServiceImpl final : public v1::SessionService::CallbackService {
  public:
+  using grpc::Service::GetHandler;  // served through a ParseCheckedService
   SessionServiceImpl(SessionManager* sessions, const Authenticator* auth)
       : sessions_(sessions), auth_(auth) {}
   grpc::ServerUnaryReactor* OpenSession(grpc::CallbackServerContext* context,
@@ -71,6 +73,7 @@ class SessionServiceImpl final : public v1::SessionService::CallbackService {
 // Admin tenants only (DaemonOptions::admin_tenants); everyone else PERMISSION_DENIED.
 class AdminServiceImpl final : public v1::AdminService::CallbackService {
  public:
+  using grpc::Service::GetHandler;  // served through a ParseCheckedService
   AdminServiceImpl(SessionManager* sessions, const Authenticator* auth)
       : sessions_(sessions), auth_(auth) {}
   grpc::ServerUnaryReactor* ListSessions(grpc::CallbackServerContext* context,

@@ -77,16 +77,21 @@ void SendProtocolError(int fd, const absl::Status& status) {
 // Holds bytes taken from a FramedMemory and gives them back when it goes.
 class MemoryHold {
  public:
-  MemoryHold(FramedMemory* memory, size_t bytes) : memory_(memory), bytes_(bytes) {
-    memory_->Take(bytes_);
-  }
-  ~MemoryHold() { memory_->Give(bytes_); }
+  MemoryHold(FramedMemory* memory, size_t bytes) : memory_(memory), taken_(memory->Take(bytes)) {}
+  ~MemoryHold() { memory_->Give(taken_); }
   MemoryHold(const MemoryHold&) = delete;
   MemoryHold& operator=(const MemoryHold&) = delete;
 
+  // Gives back what it holds above `bytes`.
+  void ShrinkTo(size_t bytes) {
+    if (bytes >= taken_) return;
+    memory_->Give(taken_ - bytes);
+    taken_ = bytes;
+  }
+
  private:
   FramedMemory* const memory_;
-  const size_t bytes_;
+  size_t taken_;
 };
 
 void Serve(Session* session, int fd, FramedMemory* memory) {
@@ -115,14 +120,27 @@ void Serve(Session* session, int fd, FramedMemory* memory) {
       return;
     }
     bytes.clear();
-    // The message's bytes, then its parsed batch: taken before a byte is read, given back
-    // once the reply is out.
-    const MemoryHold hold(memory, 2 * static_cast<size_t>(length));
+    // The message's bytes and what parsing them may take, taken before a byte is read;
+    // once they are read, only what the walk bounds their parse to is kept; all given back
+    // once the reply is out (framed_commands.h).
+    const google::protobuf::Descriptor& type = *v1::CommandBatch::descriptor();
+    MemoryHold hold(memory,
+                    static_cast<size_t>(length) +
+                        std::min(kMaxParsedMessageBytes,
+                                 ParsedBytesBoundFromSize(type, static_cast<size_t>(length))));
     if (absl::Status read = ReadExactly(fd, static_cast<size_t>(length), &scratch, &bytes);
         !read.ok()) {
       spdlog::debug("framed command channel: message {}: {}", index, std::string(read.message()));
       return;
     }
+    const size_t parsed_bound = ParsedBytesBound(type, bytes);
+    if (parsed_bound > kMaxParsedMessageBytes) {
+      SendProtocolError(fd, CheckParsedBytes(type, bytes, [&] {
+                          return absl::StrFormat("framed command channel: message %d", index);
+                        }));
+      return;
+    }
+    hold.ShrinkTo(static_cast<size_t>(length) + parsed_bound);
     // Messages of this batch only: a large upload's or download's bytes are not kept while
     // the channel idles.
     v1::CommandBatch batch;
@@ -168,7 +186,7 @@ absl::Status AnswerBatch(Session* session, const v1::CommandBatch& batch, uint64
   return status;
 }
 
-void FramedMemory::Take(size_t bytes) {
+size_t FramedMemory::Take(size_t bytes) {
   const size_t want = Clamp(bytes);
   absl::MutexLock lock(&mu_);
   struct Room {
@@ -179,11 +197,12 @@ void FramedMemory::Take(size_t bytes) {
   const Room room{&free_, want};
   mu_.Await(absl::Condition(&room));
   free_ -= want;
+  return want;
 }
 
 void FramedMemory::Give(size_t bytes) {
   absl::MutexLock lock(&mu_);
-  free_ += Clamp(bytes);
+  free_ += bytes;
 }
 
 size_t FramedMemory::free() const {

@@ -10,15 +10,19 @@
 // holds no more memory than what arrived.
 //
 // Memory: gRPC's resource quota does not see these sockets, so the worker's framed channels
-// share a FramedMemory. A message's announced length is taken twice from it (the bytes, then
-// the parsed batch) before its bytes are read, and given back once its reply is sent; a
-// channel whose message does not fit waits until others give back. This bounds the wire
-// bytes a worker's framed channels hold at once (kFramedMemoryBytes), plus one reply per
-// channel (a batch's downloads are at most 64 MiB, Session::RunBatch). It does not bound
-// what parsing makes of them: a batch of many tiny commands parses to many times its wire
-// size (also on CommandStream); a cap on commands per batch would (not done yet). Every channel of
-// a worker is its session's, so a channel that holds the memory (a message announced and never
-// sent) stalls only its own session's other channels.
+// share a FramedMemory. Before a message's bytes are read, its announced length is taken
+// from it, with what parsing that many bytes may take as far as their number tells
+// (ParsedBytesBoundFromSize, server/parse_limit.h; up to kMaxParsedMessageBytes); once
+// they are read, the walk's closer bound is kept and the rest given back at once, and a
+// message whose bound is above kMaxParsedMessageBytes (a batch of very many small
+// commands) is answered as a protocol error without being parsed. The rest is given back
+// once the reply is sent. One take per message, before anything is held: a channel whose
+// message does not fit waits until others give back, and no channel waits while holding
+// memory, so channels cannot wait on each other in a circle. This bounds what a worker's
+// framed channels hold at once (kFramedMemoryBytes), plus one reply per channel (a batch's
+// downloads are at most 64 MiB, Session::RunBatch). Every channel of a worker is its
+// session's, so a channel that holds the memory (a message announced and never sent) stalls
+// only its own session's other channels.
 #ifndef GPURPC_SERVER_WORKER_FRAMED_COMMANDS_H_
 #define GPURPC_SERVER_WORKER_FRAMED_COMMANDS_H_
 
@@ -28,7 +32,9 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
 #include "absl/synchronization/mutex.h"
+#include "common/limits.h"
 #include "gpurpc/v1/execution_service.pb.h"
+#include "server/parse_limit.h"
 #include "server/worker/session.h"
 
 namespace gpurpc::worker {
@@ -37,8 +43,10 @@ namespace gpurpc::worker {
 inline constexpr size_t kFrameHeaderBytes = 4;
 
 // What a worker's framed channels may hold of messages at once (FramedMemory): room for
-// one message of the largest size (twice kMaxMessageBytes) and then some.
+// one message of the largest size and its largest parse (kMaxMessageBytes plus
+// kMaxParsedMessageBytes).
 inline constexpr size_t kFramedMemoryBytes = size_t{256} << 20;
+static_assert(kFramedMemoryBytes >= static_cast<size_t>(kMaxMessageBytes) + kMaxParsedMessageBytes);
 
 // A budget of bytes shared by a worker's framed channels. Thread-safe.
 class FramedMemory {
@@ -48,9 +56,10 @@ class FramedMemory {
   FramedMemory& operator=(const FramedMemory&) = delete;
 
   // Waits until `bytes` are free and takes them; `bytes` above the capacity is taken as
-  // the whole capacity (so it waits until every other taker gave back).
-  void Take(size_t bytes) ABSL_LOCKS_EXCLUDED(mu_);
-  // Gives back what Take took (the same `bytes`).
+  // the whole capacity (so it waits until every other taker gave back). Returns what it
+  // took.
+  size_t Take(size_t bytes) ABSL_LOCKS_EXCLUDED(mu_);
+  // Gives back `bytes` of what Take took (all of it, or some first and the rest later).
   void Give(size_t bytes) ABSL_LOCKS_EXCLUDED(mu_);
   size_t free() const ABSL_LOCKS_EXCLUDED(mu_);
 

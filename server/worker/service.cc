@@ -27,6 +27,8 @@
 #include "gpurpc/v1/memory_service.grpc.pb.h"
 #include "gpurpc/v1/module_service.grpc.pb.h"
 #include "grpcpp/impl/codegen/method_handler.h"
+#include "server/parse_checked_service.h"
+#include "server/parse_limit.h"
 #include "server/worker/framed_commands.h"
 #include "server/worker/raw_messages.h"
 
@@ -510,6 +512,7 @@ class ModuleServiceImpl final : public v1::ModuleService::Service {
 
 class ExecutionServiceImpl final : public v1::ExecutionService::Service {
  public:
+  using grpc::Service::GetHandler;  // for ParseCheckedService
   explicit ExecutionServiceImpl(Session* session) : session_(session) {
     // Raw messages: a batch that does not parse is refused naming it (raw_messages.h).
     MarkMethodStreamed(
@@ -638,6 +641,14 @@ class ExecutionServiceImpl final : public v1::ExecutionService::Service {
     uint64_t index = 0;
     while (stream->Read(&raw)) {
       ++index;
+      // What the batch would take once parsed, before it is (server/parse_limit.h): the
+      // direct server has no front end in front of it to check.
+      if (absl::Status size =
+              CheckParsedBytes(*v1::CommandBatch::descriptor(), raw,
+                               [&] { return absl::StrFormat("CommandStream message %d", index); });
+          !size.ok()) {
+        return ToGrpcStatus(size);
+      }
       if (!ParseRaw(raw, &batch)) {
         return NotParsed("/gpurpc.v1.ExecutionService/CommandStream", index,
                          "gpurpc.v1.CommandBatch");
@@ -768,7 +779,10 @@ void ToProto(const backend::DeviceInfo& info, v1::DeviceInfo* out) {
 
 std::vector<std::unique_ptr<grpc::Service>> MakeDirectServices(Session* session) {
   std::vector<std::unique_ptr<grpc::Service>> services;
-  services.push_back(std::make_unique<ExecutionServiceImpl>(session));
+  // No front end relays these calls, so the requests are checked here before gRPC parses
+  // them (server/parse_checked_service.h).
+  services.push_back(std::make_unique<ParseCheckedService>(
+      std::make_unique<ExecutionServiceImpl>(session), v1::ExecutionService::service_full_name()));
   return services;
 }
 

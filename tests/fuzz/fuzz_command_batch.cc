@@ -42,6 +42,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/string_view.h"
 #include "gpurpc/v1/execution_service.pb.h"
+#include "server/parse_limit.h"
 #include "server/worker/backend/backend.h"
 #include "server/worker/session.h"
 #include "tests/fuzz/fuzz_check.h"
@@ -306,9 +307,25 @@ void CheckFaultContract(Fixture& fixture, const absl::Status& status) {
 
 // ------------------------------------------------------------- mode 0: command batches
 
+// 400 KB of an unknown length-delimited field (number 15): before a batch's bytes, it makes
+// the parse bound walk them rather than bound them from their size.
+const std::string& Walked() {
+  static const std::string* const prefix =
+      new std::string(std::string("\x7a\x80\xb5\x18", 4) + std::string(400000, 'w'));
+  return *prefix;
+}
+
 void FuzzBatch(Fixture& fixture, absl::string_view bytes) {
   v1::CommandBatch batch;
   if (!batch.ParseFromArray(bytes.data(), static_cast<int>(bytes.size()))) return;
+  // The parse bound the server checks before parsing (server/parse_limit.h) covers what
+  // the parse took, from the size alone and walked.
+  const size_t used = batch.SpaceUsedLong();
+  FUZZ_CHECK(ParsedBytesBound(*v1::CommandBatch::descriptor(), bytes, SIZE_MAX) >= used,
+             "the parse bound is below the ", used, " bytes the batch takes");
+  FUZZ_CHECK(ParsedBytesBound(*v1::CommandBatch::descriptor(),
+                              std::string(Walked()) + std::string(bytes), SIZE_MAX) >= used,
+             "the walked parse bound is below the ", used, " bytes the batch takes");
   for (v1::Command& command : *batch.mutable_commands()) fixture.MapCommand(&command);
 
   uint64_t last_sequence = 0;

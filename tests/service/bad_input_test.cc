@@ -63,6 +63,8 @@
 #include "common/limits.h"
 #include "common/status_macros.h"
 #include "gmock/gmock.h"
+#include "google/protobuf/io/coded_stream.h"
+#include "google/protobuf/io/zero_copy_stream_impl_lite.h"
 #include "gpurpc/v1/admin_service.grpc.pb.h"
 #include "gpurpc/v1/device_service.grpc.pb.h"
 #include "gpurpc/v1/execution_service.grpc.pb.h"
@@ -160,6 +162,14 @@ std::string Describe(const Outcome& outcome) {
 }
 
 // A failed outcome the test itself produced (a precondition of a case did not hold).
+// `count` copies of `element` (wire bytes made by hand).
+std::string Repeated(const std::string& element, size_t count) {
+  std::string out;
+  out.reserve(element.size() * count);
+  for (size_t i = 0; i < count; ++i) out += element;
+  return out;
+}
+
 Outcome Broken(const std::string& what) {
   return {Code::UNKNOWN, absl::StrCat("[test precondition failed] ", what)};
 }
@@ -3251,6 +3261,69 @@ TEST_F(BadInputTest, StreamsWireAndFloodsAnswerTheirDocumentedCodes) {
                                                 std::string("\x07\xff\xff", 3)});
        },
        Code::INVALID_ARGUMENT, ""},
+      // ------------------------------------------------ what a message parses to
+      // (server/parse_limit.h): shapes that are small on the wire and huge once parsed are
+      // refused before anything parses them, naming the message.
+      {"CommandStream: 2.5 million empty commands (5 MB) in one batch",
+       [&] {
+         return m_.Raw("/gpurpc.v1.ExecutionService/CommandStream",
+                       std::vector<std::string>{Repeated(std::string("\x0a\x00", 2), 2'500'000)});
+       },
+       Code::INVALID_ARGUMENT,
+       "CommandStream message 1 (a gpurpc.v1.CommandBatch of 5000000 bytes) would take more "
+       "than"},
+      {"CommandStream: a good batch, then 16 MB of unknown fields",
+       [&] {
+         v1::Command c = Cmd(1);
+         *c.mutable_sync() = v1::SyncCommand();
+         return m_.Raw("/gpurpc.v1.ExecutionService/CommandStream",
+                       std::vector<std::string>{Batch({c}).SerializeAsString(),
+                                                Repeated(std::string("\x78\x01", 2), 8'000'000)});
+       },
+       Code::INVALID_ARGUMENT, "CommandStream message 2"},
+      {"CreateStream: a request of 8 million unknown fields",
+       [&] {
+         return m_.Raw("/gpurpc.v1.ExecutionService/CreateStream",
+                       std::vector<std::string>{Repeated(std::string("\x78\x01", 2), 8'000'000)});
+       },
+       Code::INVALID_ARGUMENT,
+       "/gpurpc.v1.ExecutionService/CreateStream: the request (a "
+       "gpurpc.v1.CreateStreamRequest of 16000000 bytes) would take more than"},
+      {"Launch: one launch of 5 million empty arguments",
+       [&] {
+         v1::LaunchRequest request;
+         *request.mutable_launch() = FillLaunch(mh_);
+         request.mutable_launch()->clear_args();
+         std::string launch =
+             request.launch().SerializeAsString() + Repeated(std::string("\x3a\x00", 2), 5'000'000);
+         std::string bytes;
+         {
+           google::protobuf::io::StringOutputStream out(&bytes);
+           google::protobuf::io::CodedOutputStream coded(&out);
+           coded.WriteTag((1 << 3) | 2);  // LaunchRequest.launch
+           coded.WriteVarint32(static_cast<uint32_t>(launch.size()));
+           coded.WriteString(launch);
+         }
+         return m_.Raw("/gpurpc.v1.ExecutionService/Launch", std::vector<std::string>{bytes});
+       },
+       Code::INVALID_ARGUMENT, "/gpurpc.v1.ExecutionService/Launch: the request"},
+      {"Allocate: 1 MiB asked for, with 8 million unknown fields",
+       [&] {
+         v1::AllocateRequest request;
+         request.set_size_bytes(kMiB);
+         return m_.Raw("/gpurpc.v1.MemoryService/Allocate",
+                       std::vector<std::string>{request.SerializeAsString() +
+                                                Repeated(std::string("\x78\x01", 2), 8'000'000)});
+       },
+       Code::INVALID_ARGUMENT, "/gpurpc.v1.MemoryService/Allocate: the request"},
+      {"UploadStream: a good first chunk, then one with 24 MB of unknown fields",
+       [&] {
+         return m_.Raw("/gpurpc.v1.MemoryService/UploadStream",
+                       std::vector<std::string>{
+                           UploadFirst(Buf(mh_.buffer.buffer_id()), 8, "abcd").SerializeAsString(),
+                           Repeated(std::string("\xf8\x01\x01", 3), 8'000'000)});
+       },
+       Code::INVALID_ARGUMENT, "/gpurpc.v1.MemoryService/UploadStream: message 2 of the stream"},
       {"CommandStream: a fault ends the stream with ABORTED after a reply naming it",
        [&] {
          absl::StatusOr<Caller> s = Scratch();
@@ -3335,6 +3408,28 @@ TEST_F(BadInputTest, StreamsWireAndFloodsAnswerTheirDocumentedCodes) {
          return mallory_.Raw("/gpurpc.v1.SessionService/OpenSession", std::string("\x08\x80", 2));
        },
        Code::INVALID_ARGUMENT, ""},
+      // The front end's own services check what a request parses to before gRPC parses it,
+      // also for a caller with no credentials (server/parse_checked_service.h).
+      {"parse bound: OpenSession of 8 million unknown fields, with no credentials",
+       [&] {
+         return anonymous_.Raw("/gpurpc.v1.SessionService/OpenSession",
+                               Repeated(std::string("\x78\x01", 2), 8'000'000));
+       },
+       Code::INVALID_ARGUMENT,
+       "/gpurpc.v1.SessionService/OpenSession: the request is not a valid message of the "
+       "method's request type (it does not parse as protobuf, or it would take more than"},
+      {"parse bound: ListDevices of 8 million unknown fields",
+       [&] {
+         return mallory_.Raw("/gpurpc.v1.DeviceService/ListDevices",
+                             Repeated(std::string("\x78\x01", 2), 8'000'000));
+       },
+       Code::INVALID_ARGUMENT, "or it would take more than"},
+      {"parse bound: WatchSession (server streaming) of 8 million unknown fields",
+       [&] {
+         return m_.Raw("/gpurpc.v1.SessionService/WatchSession",
+                       Repeated(std::string("\x78\x01", 2), 8'000'000));
+       },
+       Code::INVALID_ARGUMENT, "or it would take more than"},
       {"garbage: an OpenSession client label that is not UTF-8",
        [&] {
          return mallory_.Raw("/gpurpc.v1.SessionService/OpenSession",

@@ -14,8 +14,10 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <chrono>
 #include <cstring>
 #include <fstream>
+#include <memory>
 #include <random>
 #include <string>
 #include <vector>
@@ -32,6 +34,7 @@
 #include "gpurpc/v1/host_region_service.grpc.pb.h"
 #include "gpurpc/v1/memory_service.grpc.pb.h"
 #include "grpcpp/create_channel_posix.h"
+#include "grpcpp/generic/generic_stub.h"
 #include "grpcpp/grpcpp.h"
 #include "gtest/gtest.h"
 #include "tests/testing/daemon.h"
@@ -1170,6 +1173,112 @@ TEST_F(HostRegionFramedTest, FramedAndGrpcDirectChannelsShareTheBound) {
   const grpc::Status status =
       stub.SynchronizeSession(&context, v1::SynchronizeSessionRequest(), &synced);
   EXPECT_TRUE(status.ok()) << status.error_message();
+}
+
+// `count` copies of `element` (wire bytes made by hand).
+std::string Repeated(const std::string& element, size_t count) {
+  std::string out;
+  out.reserve(element.size() * count);
+  for (size_t i = 0; i < count; ++i) out += element;
+  return out;
+}
+
+// `requests` (any bytes) to `method` on `channel`, then a half-close; the call's status.
+grpc::Status RawCall(const std::shared_ptr<grpc::Channel>& channel, const std::string& method,
+                     const std::vector<std::string>& requests) {
+  grpc::GenericStub stub(channel);
+  grpc::ClientContext context;
+  context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(60));
+  grpc::CompletionQueue cq;
+  std::unique_ptr<grpc::GenericClientAsyncReaderWriter> call =
+      stub.PrepareCall(&context, method, &cq);
+  const auto step = [&cq] {
+    void* tag = nullptr;
+    bool ok = false;
+    return cq.Next(&tag, &ok) && ok;
+  };
+  void* const tag = reinterpret_cast<void*>(1);
+  call->StartCall(tag);
+  bool open = step();
+  for (const std::string& request : requests) {
+    if (!open) break;
+    grpc::Slice slice(request);
+    grpc::ByteBuffer buffer(&slice, 1);
+    call->Write(buffer, tag);
+    open = step();
+  }
+  if (open) {
+    call->WritesDone(tag);
+    step();
+  }
+  for (;;) {
+    grpc::ByteBuffer answer;
+    call->Read(&answer, tag);
+    if (!step()) break;
+  }
+  grpc::Status status;
+  call->Finish(&status, tag);
+  step();
+  return status;
+}
+
+// What a message would take once parsed is bounded before it is parsed on both of the
+// worker's own paths, where no front end relays (server/parse_limit.h): a gRPC direct
+// channel (typed unary requests and command batches) and a framed channel.
+TEST_F(HostRegionFramedTest, MessagesThatWouldParseTooLargeAreRefusedOnTheDirectPaths) {
+  Session session = Open();
+  UniqueFd grpc_end;
+  v1::AttachHostRegionReply reply = AttachChannel(session, /*framed=*/false, &grpc_end);
+  ASSERT_EQ(reply.code(), 0) << reply.message();
+  auto direct = DirectChannelFromFd(grpc_end.release());  // gRPC owns the descriptor
+  // 8 million unknown fields (field 15, varint), 2 bytes each, as a unary request.
+  grpc::Status status = RawCall(direct, "/gpurpc.v1.ExecutionService/CreateStream",
+                                {Repeated(std::string("\x78\x01", 2), 8'000'000)});
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << status.error_message();
+  EXPECT_THAT(status.error_message(),
+              HasSubstr("/gpurpc.v1.ExecutionService/CreateStream: the request (a "
+                        "gpurpc.v1.CreateStreamRequest of 16000000 bytes) would take more than"));
+  // 2.5 million empty commands in a batch, after a good one.
+  status = RawCall(direct, "/gpurpc.v1.ExecutionService/CommandStream",
+                   {Batch({SyncCommand(1)}).SerializeAsString(),
+                    Repeated(std::string("\x0a\x00", 2), 2'500'000)});
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << status.error_message();
+  EXPECT_THAT(status.error_message(),
+              HasSubstr("CommandStream message 2 (a gpurpc.v1.CommandBatch of 5000000 bytes) "
+                        "would take more than"));
+  // The channel goes on.
+  {
+    v1::ExecutionService::Stub stub(direct);
+    grpc::ClientContext context;
+    v1::CreateStreamResponse created;
+    const grpc::Status made = stub.CreateStream(&context, v1::CreateStreamRequest(), &created);
+    EXPECT_TRUE(made.ok()) << made.error_message();
+  }
+
+  // A framed channel: the same batch, after a good one, is answered as a protocol error.
+  UniqueFd channel = OpenFramed(session);
+  ASSERT_GE(channel.get(), 0);
+  ASSERT_TRUE(SendBatch(channel.get(), Batch({SyncCommand(1)})));
+  ASSERT_TRUE(SendFrame(channel.get(), Repeated(std::string("\x0a\x00", 2), 2'500'000)));
+  auto answered = ReadReply(channel.get());
+  ASSERT_THAT(answered, IsOk());
+  EXPECT_FALSE(answered->has_error()) << answered->error().message();
+  answered = ReadReply(channel.get());
+  ASSERT_THAT(answered, IsOk());
+  ASSERT_TRUE(answered->has_error());
+  EXPECT_EQ(answered->error().code(), kInvalidArgument);
+  EXPECT_THAT(answered->error().message(),
+              HasSubstr("framed command channel: message 2 (a gpurpc.v1.CommandBatch of 5000000 "
+                        "bytes) would take more than"));
+  EXPECT_THAT(AwaitEnd(channel.get()), IsOk());
+  // A new framed channel works, and so does the session.
+  UniqueFd again = OpenFramed(session);
+  ASSERT_GE(again.get(), 0);
+  ASSERT_TRUE(SendBatch(again.get(), Batch({SyncCommand(1)})));
+  answered = ReadReply(again.get());
+  ASSERT_THAT(answered, IsOk());
+  EXPECT_FALSE(answered->has_error()) << answered->error().message();
+  EXPECT_THAT(session.Synchronize(), IsOk());
 }
 
 TEST_F(HostRegionFramedTest, ClosingTheSessionEndsItsFramedChannels) {

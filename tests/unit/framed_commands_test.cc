@@ -8,6 +8,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cstdint>
 #include <deque>
@@ -19,6 +20,7 @@
 #include "absl/time/time.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "server/parse_limit.h"
 #include "server/worker/backend/backend.h"
 #include "server/worker/session.h"
 #include "tests/testing/status_matchers.h"
@@ -38,9 +40,10 @@ TEST(FramedMemoryTest, TakesAndGivesBack) {
   memory.Give(40);
   EXPECT_EQ(memory.free(), 100u);
   // More than the capacity is the whole capacity, given back whole.
-  memory.Take(1000);
+  const size_t taken = memory.Take(1000);
+  EXPECT_EQ(taken, 100u);
   EXPECT_EQ(memory.free(), 0u);
-  memory.Give(1000);
+  memory.Give(taken);
   EXPECT_EQ(memory.free(), 100u);
 }
 
@@ -104,7 +107,9 @@ class FramedChannelTest : public ::testing::Test {
   }
 
   static std::string Frame(const v1::CommandBatch& batch) {
-    const std::string body = batch.SerializeAsString();
+    return Frame(batch.SerializeAsString());
+  }
+  static std::string Frame(const std::string& body) {
     std::string frame(kFrameHeaderBytes, '\0');
     for (size_t i = 0; i < kFrameHeaderBytes; ++i) {
       frame[i] = static_cast<char>((body.size() >> (8 * i)) & 0xff);
@@ -182,22 +187,30 @@ TEST_F(FramedChannelTest, AChannelAnswersItsBatchesAndGivesTheMemoryBack) {
   EXPECT_EQ(memory.free(), kFramedMemoryBytes);
 }
 
+// What a message takes from the memory before its bytes are read: its length, and what
+// parsing that many bytes may take (framed_commands.h).
+size_t Reserved(size_t body) {
+  return body + std::min(kMaxParsedMessageBytes,
+                         ParsedBytesBoundFromSize(*v1::CommandBatch::descriptor(), body));
+}
+
 TEST_F(FramedChannelTest, AMessageThatDoesNotFitWaitsForTheChannelThatHoldsTheMemory) {
   const std::string big = Frame(UploadBatch(64 << 10, 1));
   const std::string small = Frame(UploadBatch(16, 1));
-  const size_t big_body = big.size() - kFrameHeaderBytes;
-  const size_t small_body = small.size() - kFrameHeaderBytes;
+  const size_t big_reserved = Reserved(big.size() - kFrameHeaderBytes);
+  const size_t small_reserved = Reserved(small.size() - kFrameHeaderBytes);
   // Room for the big message or the small one, not both.
-  FramedMemory memory(2 * big_body + 2 * small_body - 1);
+  const size_t capacity = big_reserved + small_reserved - 1;
+  FramedMemory memory(capacity);
   const size_t holder = Open(&memory);
   const size_t waiter = Open(&memory);
 
-  // The holder announces its message and sends half of it: its length is charged already.
+  // The holder announces its message and sends half of it: it is charged already.
   Send(holder, big.substr(0, big.size() / 2));
-  for (int i = 0; i < 200 && memory.free() != 2 * small_body - 1; ++i) {
+  for (int i = 0; i < 200 && memory.free() != small_reserved - 1; ++i) {
     absl::SleepFor(absl::Milliseconds(5));
   }
-  ASSERT_EQ(memory.free(), 2 * small_body - 1);
+  ASSERT_EQ(memory.free(), small_reserved - 1);
 
   // The other channel's whole message waits, unanswered, for that memory.
   Send(waiter, small);
@@ -211,10 +224,55 @@ TEST_F(FramedChannelTest, AMessageThatDoesNotFitWaitsForTheChannelThatHoldsTheMe
   const v1::CommandReply small_reply = Reply(waiter);
   EXPECT_FALSE(small_reply.has_error()) << small_reply.error().message();
   EXPECT_EQ(small_reply.processed_through_sequence(), 2u);
-  for (int i = 0; i < 200 && memory.free() != 2 * big_body + 2 * small_body - 1; ++i) {
+  for (int i = 0; i < 200 && memory.free() != capacity; ++i) {
     absl::SleepFor(absl::Milliseconds(5));
   }
-  EXPECT_EQ(memory.free(), 2 * big_body + 2 * small_body - 1);
+  EXPECT_EQ(memory.free(), capacity);
+}
+
+TEST_F(FramedChannelTest, ABatchThatWouldParseTooLargeIsRefusedAndGivesItsMemoryBack) {
+  FramedMemory memory(kFramedMemoryBytes);
+  const size_t channel = Open(&memory);
+  // 2.5 million empty commands: 5 MB on the wire, some 180 MB parsed.
+  std::string body;
+  for (int i = 0; i < 2'500'000; ++i) body.append("\x0a\x00", 2);
+  Send(channel, Frame(body));
+  const v1::CommandReply reply = Reply(channel);
+  ASSERT_TRUE(reply.has_error());
+  EXPECT_EQ(reply.error().code(), static_cast<int>(absl::StatusCode::kInvalidArgument));
+  EXPECT_THAT(reply.error().message(),
+              ::testing::HasSubstr("framed command channel: message 1 (a gpurpc.v1.CommandBatch "
+                                   "of 5000000 bytes) would take more than"));
+  channels_[channel].server.join();  // the channel ends
+  EXPECT_EQ(memory.free(), kFramedMemoryBytes);
+}
+
+TEST_F(FramedChannelTest, ALargeBatchKeepsOnlyItsWalkedBound) {
+  // 4 MiB of uploads: bounded from its size alone it might take kMaxParsedMessageBytes,
+  // walked it takes little more than its bytes. Two such messages of two channels fit in
+  // memory for one and a bit: the second waits only until the first has been read.
+  v1::CommandBatch batch = UploadBatch(1 << 20, 1);
+  for (uint64_t sequence = 3; sequence <= 5; ++sequence) {
+    v1::Command* upload = batch.add_commands();
+    *upload = batch.commands(0);
+    upload->set_sequence(sequence);
+  }
+  const std::string big = Frame(batch);
+  const size_t body = big.size() - kFrameHeaderBytes;
+  ASSERT_EQ(Reserved(body), body + kMaxParsedMessageBytes);
+  FramedMemory memory(Reserved(body) + 2 * body);
+  const size_t first = Open(&memory);
+  const size_t second = Open(&memory);
+  Send(first, big);
+  Send(second, big);
+  for (const size_t channel : {first, second}) {
+    const v1::CommandReply reply = Reply(channel);
+    EXPECT_FALSE(reply.has_error()) << reply.error().message();
+  }
+  for (int i = 0; i < 200 && memory.free() != Reserved(body) + 2 * body; ++i) {
+    absl::SleepFor(absl::Milliseconds(5));
+  }
+  EXPECT_EQ(memory.free(), Reserved(body) + 2 * body);
 }
 
 TEST_F(FramedChannelTest, AChannelThatEndsMidMessageGivesItsMemoryBack) {
