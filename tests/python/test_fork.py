@@ -12,10 +12,12 @@ import os
 import subprocess
 import sys
 import textwrap
+from pathlib import Path
+from typing import Iterator
 
 import pytest
 
-from conftest import CLIENT_SRC
+from conftest import CLIENT_SRC, REPO_ROOT, _wait_ready
 
 pytestmark = pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork()")
 
@@ -183,3 +185,171 @@ def test_a_fork_pool_works_beside_the_parents_context(daemon: str) -> None:
                             capture_output=True, text=True, timeout=180)
     assert result.returncode == 0 and "PARENT OK" in result.stdout, (
         f"exit status {result.returncode}\nstdout:\n{result.stdout}\nstderr:\n{result.stderr}")
+
+
+def test_a_child_without_grpc_fork_support_is_told_to_set_it(daemon: str) -> None:
+    """Without GRPC_ENABLE_FORK_SUPPORT, a connection made in a child forked after gRPC was in
+    use may fail at random or abort inside gRPC: every way to connect raises a LogicError
+    that names the variable instead. A process started by 'spawn' is no forked child."""
+    _run(daemon, """
+        import multiprocessing
+        from grpc._cython import cygrpc
+        assert not cygrpc.is_fork_support_enabled()
+        tries = (("the parent's Device.make_context", lambda: device.make_context()),
+                 ("Device(0)", lambda: cuda.Device(0)),
+                 ("init()", lambda: cuda.init()),
+                 ("Client()", lambda: cuda.Client(os.environ["GPURPC_ADDRESS"])))
+        for what, call in tries:
+            try:
+                call()
+            except cuda.LogicError as e:
+                text = str(e)
+                assert "GRPC_ENABLE_FORK_SUPPORT=1" in text, (what, text)
+                assert "fork" in text and "spawn" in text, (what, text)
+            else:
+                raise AssertionError(f"{what} connected without gRPC's fork support")
+        spawned = multiprocessing.get_context("spawn").Process(target=cuda.get_driver_version)
+        spawned.start()
+        spawned.join(60)
+        assert spawned.exitcode == 0, spawned.exitcode
+        """)
+
+
+@pytest.fixture(scope="module")
+def second_daemon(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """Another gpurpcd on the fake backend (a Unix socket), for programs that use two."""
+    binary = Path(os.environ.get("GPURPCD_BIN", REPO_ROOT / "build" / "server" / "gpurpcd"))
+    if not binary.is_file():
+        message = f"gpurpcd binary {binary} not found: build it or set GPURPCD_BIN"
+        if os.environ.get("GPURPC_SKIP_DAEMON_TESTS"):
+            pytest.skip(message)
+        pytest.fail(message)
+    tmp = tmp_path_factory.mktemp("second-gpurpcd")
+    log_path = tmp / "gpurpcd.log"
+    socket_path = tmp / "gpurpcd.sock"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("GPURPC_")}
+    with open(log_path, "wb") as log:
+        proc = subprocess.Popen(
+            [str(binary), "--backend=fake", "--listen=", "--session-idle-timeout=5s",
+             "--drain-timeout=0s", f"--cache-dir={tmp / 'cache'}",
+             f"--unix-socket={socket_path}"],
+            stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env)
+    try:
+        address = f"unix:{socket_path}"
+        _wait_ready(address, proc, log_path)
+        yield address
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+# Two daemons: SETUP (per case) leaves device_a on the default daemon, device_b (and
+# device_b2, the same device in another Device object) on the other one, and a context of
+# the parent's on each; then a fork. The child reconnects the inherited devices (CHILD's
+# checks), the parent then checks that its contexts still hold their bytes.
+_TWO_DAEMONS_PROGRAM = """
+import os, sys
+import numpy as np
+import gpurpc.driver as cuda
+import gpurpc.gpuarray as gpuarray
+
+default, other = sys.argv[1], sys.argv[2]
+data = np.arange(1024, dtype=np.float32)
+{setup}
+assert device_a.daemon_target == default and device_b.daemon_target == other
+kept = []
+for device in (device_a, device_b):
+    ctx = device.make_context()
+    kept.append((ctx, gpuarray.to_gpu(data * 2)))
+    cuda.Context.pop()
+
+def opened_on(device, target):
+    ctx = device.make_context()
+    assert ctx._core.client.target == target, (ctx._core.client.target, target)
+    assert np.array_equal(gpuarray.to_gpu(data).get(), data)
+    cuda.Context.pop()
+    return ctx
+
+pid = os.fork()
+if pid == 0:
+    try:
+{child}
+    except BaseException:
+        import traceback
+        traceback.print_exc()
+        sys.stdout.flush()
+        os._exit(3)
+    sys.exit(0)
+
+_, status = os.waitpid(pid, 0)
+code = os.waitstatus_to_exitcode(status)
+assert code == 0, f"the child failed (exit status {code})"
+for ctx, array in kept:
+    ctx.push()
+    assert np.array_equal(array.get(), data * 2), "the parent's GPUArray changed"
+    cuda.Context.pop()
+print("PARENT OK", flush=True)
+"""
+
+
+def _run_two(daemon: str, other: str, setup: str, child: str) -> None:
+    program = (_TWO_DAEMONS_PROGRAM.replace("{setup}", textwrap.dedent(setup))
+               .replace("{child}", textwrap.indent(textwrap.dedent(child), " " * 8)))
+    env = dict(os.environ,
+               PYTHONPATH=os.pathsep.join([str(CLIENT_SRC), os.environ.get("PYTHONPATH", "")]))
+    env.pop("GPURPC_ADDRESS", None)
+    env.pop("GPURPC_DEVICE", None)
+    env["GRPC_ENABLE_FORK_SUPPORT"] = "1"  # gRPC's rule for connections made in a child
+    result = subprocess.run([sys.executable, "-c", program, daemon, other], env=env,
+                            capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0 and "PARENT OK" in result.stdout, (
+        f"exit status {result.returncode}\nstdout:\n{result.stdout}\nstderr:\n{result.stderr}")
+
+
+def test_an_inherited_device_of_another_daemon_leaves_the_default_connection(
+        daemon: str, second_daemon: str) -> None:
+    """Devices of two connections (init() to the other daemon, then to the default one):
+    in the child, the other daemon's devices reconnect there through one connection of their
+    own, and the child's default connection stays the default daemon's."""
+    _run_two(daemon, second_daemon, """
+        cuda.init(address=other)
+        device_b, device_b2 = cuda.Device(0), cuda.Device(0)
+        cuda.init(address=default)  # devices made before keep their connection
+        device_a = cuda.Device(0)
+        """, """
+        own_b = opened_on(device_b, other)
+        assert cuda.Device(0).daemon_target == default, cuda.Device(0).daemon_target
+        own_b2 = opened_on(device_b2, other)
+        assert device_b2 == device_b  # the other daemon's devices share one connection
+        assert own_b2._core.client is own_b._core.client
+        own_a = opened_on(device_a, default)
+        assert device_a == cuda.Device(0)  # the child's default connection
+        assert own_a._core.client is not own_b._core.client
+        assert cuda.Device(0).daemon_target == default
+        assert opened_on(device_b, other)._core.client is own_b._core.client
+        """)
+
+
+def test_an_inherited_device_of_a_daemon_list_goes_through_the_childs_list(
+        daemon: str, second_daemon: str) -> None:
+    """init() with both daemons: in the child, a device of the second one reconnects through
+    the child's own connection to both (where the parent's init() went); it does not become
+    a connection to that daemon alone."""
+    _run_two(daemon, second_daemon, """
+        cuda.init(address=f"{default},{other}")
+        devices = [cuda.Device(i) for i in range(cuda.Device.count())]
+        device_a = [d for d in devices if d.daemon_target == default][0]
+        device_b = [d for d in devices if d.daemon_target == other][0]
+        count = len(devices)
+        """, """
+        opened_on(device_b, other)
+        assert cuda.Device.count() == count, (cuda.Device.count(), count)
+        assert device_b in [cuda.Device(i) for i in range(count)]
+        opened_on(device_a, default)
+        assert device_a == cuda.Device(0)
+        assert cuda.Device.count() == count
+        """)

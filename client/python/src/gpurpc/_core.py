@@ -502,7 +502,43 @@ def inherited_session_error(session_id: int, parent: int, operation: str) -> Log
         "worker processes with multiprocessing's 'spawn' method", operation=operation)
 
 
+_GRPC_FORK_SUPPORT_AT_IMPORT = (
+    os.environ.get("GRPC_ENABLE_FORK_SUPPORT", "0").strip().lower() in _TRUE)
+# Whether this process, or the one it was forked from, has opened a gRPC channel (gRPC
+# was in use), and whether this process is a child of fork() made after that.
+_grpc_used = False
+_forked_after_grpc_used = False
+
+
+def _grpc_fork_support() -> bool:
+    """Whether gRPC's fork support is on in this process (``GRPC_ENABLE_FORK_SUPPORT``, which
+    gRPC reads once, when it is imported)."""
+    try:
+        from grpc._cython import cygrpc
+        return bool(cygrpc.is_fork_support_enabled())
+    except (ImportError, AttributeError):  # a gRPC without it: the variable as gRPC reads it
+        return _GRPC_FORK_SUPPORT_AT_IMPORT
+
+
+def check_connect_after_fork(target: str) -> None:
+    """Raises in a child of fork() made after gRPC was in use, unless gRPC's fork support is
+    on: a new connection there may fail at random, or abort the process inside gRPC.
+
+    :raises LogicError: naming ``GRPC_ENABLE_FORK_SUPPORT=1``.
+    """
+    if _forked_after_grpc_used and not _grpc_fork_support():
+        raise LogicError(
+            f"cannot connect to {target} here: this process is a child of fork() (parent "
+            f"{os.getppid()}) made after gRPC connections were open, and gRPC's fork support "
+            "is off, so a new connection in this process may fail at random or abort it "
+            "inside gRPC. Set GRPC_ENABLE_FORK_SUPPORT=1 in the environment before grpc is "
+            "imported (in the parent, before it connects), or start worker processes with "
+            "multiprocessing's 'spawn' method", operation="connect")
+
+
 def _after_fork_in_child() -> None:
+    global _forked_after_grpc_used
+    _forked_after_grpc_used = _grpc_used
     parent = os.getppid()
     for client in list(_live_clients):
         client.inherited_from = parent
@@ -563,6 +599,10 @@ class Client:
     # The pid of the process that made this client, when this process is a child of fork()
     # that inherited it (_after_fork_in_child): its channel's connection is the parent's.
     inherited_from: Optional[int] = None
+    # A client of one daemon of a client of several (_member), and the name that daemon's
+    # certificate is checked against when its address came from a dns:/// name.
+    _is_member: bool = False
+    _tls_name: Optional[str] = None
 
     def __init__(self, address: Optional[str] = None, *, token: Optional[str] = None,
                  root_certificates: Optional[bytes] = None, tls: Optional[bool] = None,
@@ -571,6 +611,7 @@ class Client:
                  host_regions: Optional[str] = None) -> None:
         self.target = resolve_address(address)
         self.specs: List[TargetSpec] = parse_targets(self.target)
+        check_connect_after_fork(self.target)
         _live_clients.add(self)
         # Shared with the per-daemon clients of a client of several daemons.
         self._settings = _Settings(resolve_timeout(timeout), resolve_host_regions(host_regions))
@@ -677,6 +718,8 @@ class Client:
         return creds, options, bool(tls), certificate_chain is not None
 
     def _open_channel(self, target: str, tls_name: Optional[str]) -> None:
+        global _grpc_used
+        check_connect_after_fork(target)
         _live_clients.add(self)
         creds, options, tls, has_cert = self._channel_settings(target, tls_name)
         self.tls = tls
@@ -684,6 +727,7 @@ class Client:
             self.channel = grpc.secure_channel(target, creds, options=options)
         else:
             self.channel = grpc.insecure_channel(target, options=options)
+        _grpc_used = True
         self.has_credentials = bool(self._token) or has_cert
         # Added to the metadata of every call (unary, streaming and the command stream).
         self.auth_metadata = (("authorization", "Bearer " + self._token),) if self._token else ()
@@ -698,21 +742,47 @@ class Client:
             member = self._members.get(target)
             if member is not None:
                 return member
-            member = Client.__new__(Client)
-            member.target = target
-            member.specs = [TargetSpec(target)]
-            member._settings = self._settings
-            member.explicit_credentials = self.explicit_credentials
-            member._token = self._token
-            member._lock = threading.Lock()
-            member._devices = None
-            member._methods = {}
-            member._members = {}
-            member._primary = None
-            member.multi_daemon = False
-            member._open_channel(target, tls_name)
+            member = Client._one_daemon(target, tls_name, self._settings,
+                                        self.explicit_credentials, self._token)
             self._members[target] = member
             return member
+
+    @staticmethod
+    def _one_daemon(target: str, tls_name: Optional[str], settings: "_Settings",
+                    explicit_credentials: Tuple[Any, ...], token: Optional[str],
+                    ) -> "Client":
+        """A client of one daemon of a client of several (:meth:`_member`), or a new one
+        like it (:meth:`reopened`)."""
+        member = Client.__new__(Client)
+        member.target = target
+        member.specs = [TargetSpec(target)]
+        member._settings = settings
+        member.explicit_credentials = explicit_credentials
+        member._token = token
+        member._lock = threading.Lock()
+        member._devices = None
+        member._methods = {}
+        member._members = {}
+        member._primary = None
+        member.multi_daemon = False
+        member._is_member = True
+        member._tls_name = tls_name
+        member._open_channel(target, tls_name)
+        return member
+
+    def reopened(self) -> "Client":
+        """A new client of this client's daemon(s), with the same address, credentials and
+        settings (call timeout, host regions: copied, not shared) and a channel of its own.
+        A child of fork() reaches the devices of a client it inherited through it
+        (``gpurpc._devices._reconnected``)."""
+        if self._is_member:
+            return Client._one_daemon(self.target, self._tls_name,
+                                      _Settings(self.timeout, self.host_regions),
+                                      self.explicit_credentials, self._token)
+        token, roots, tls, chain, key, name = self.explicit_credentials
+        return Client(self.target, token=token, root_certificates=roots, tls=tls,
+                      certificate_chain=chain, private_key=key, server_name=name,
+                      timeout=self.timeout, host_regions=self.host_regions)
 
     def _addresses(self) -> List[Tuple[str, Optional[str], Optional[Error]]]:
         """Every daemon address in order: (target, the dns:/// name it came from, why the

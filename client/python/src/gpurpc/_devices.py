@@ -29,6 +29,11 @@ _default_client: Optional[Client] = None
 # In a child of fork(): the connection the parent had (inherited, never used here); the
 # child's first connection goes to the same daemon with the same settings.
 _parents_client: Optional[Client] = None
+# In a child of fork(): the connections made here for inherited devices of other clients
+# than the parent's default (``_reconnected``), one per daemon and settings, so that the
+# devices of one daemon share one. Never the default client. Guarded by _reconnect_lock.
+_reconnect_lock = threading.Lock()
+_reconnected_clients: Dict[Tuple[Any, ...], Client] = {}
 
 
 def init(flags: int = 0, address: Optional[str] = None, *, token: Optional[str] = None,
@@ -98,38 +103,71 @@ def init(flags: int = 0, address: Optional[str] = None, *, token: Optional[str] 
 def _after_fork_in_child() -> None:
     """A child of fork() connects anew: the parent's connection is not its to use
     (``_core._after_fork_in_child``)."""
-    global _client_lock, _default_client, _parents_client
+    global _client_lock, _default_client, _parents_client, _reconnect_lock
+    global _reconnected_clients
     _client_lock = threading.Lock()  # a parent's thread may have held it at the fork
+    _reconnect_lock = threading.Lock()
     _parents_client = _default_client or _parents_client
     _default_client = None
+    _reconnected_clients = {}  # the parent's: inherited too, reconnected again if used
 
 
 if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
+def _from_client(inherited: Client, client: Client) -> bool:
+    """Whether ``inherited`` is ``client`` or one of its daemons' clients (read without
+    ``client``'s lock: an inherited lock may have been held at the fork)."""
+    return inherited is client or any(
+        member is inherited for member in list(client._members.values()))
+
+
 def _reconnected(inherited: Client) -> Client:
-    """This process's connection to the daemon of a client it inherited over fork (the
-    process's connection when it goes there; else a new one, made by :func:`init` with the
-    same target and explicit settings)."""
-    fresh = _default_client
-    if fresh is None or fresh.target != inherited.target:
-        token, roots, tls, chain, key, name = inherited.explicit_credentials
-        init(address=inherited.target, token=token, root_certificates=roots, tls=tls,
-             certificate_chain=chain, private_key=key, server_name=name,
-             timeout=inherited.timeout, host_regions=inherited.host_regions)
-        fresh = _default_client
-    assert fresh is not None
-    return fresh
+    """This process's connection to the daemon of ``inherited``, a client of one daemon that
+    it inherited over fork (an inherited ``Device``'s).
+
+    A device of the parent's default connection (:func:`init`'s, or one of its daemons) goes
+    through this process's default connection, made as :func:`_client` makes it (to where
+    the parent's went, with the same settings) unless :func:`init` has already made one here
+    to the same address with the same credentials. Any other device gets a connection of
+    its own, with the same address and settings as ``inherited`` (``Client.reopened``),
+    shared by every inherited device of that daemon with those settings; the default
+    connection stays what it is.
+    """
+    parents = _parents_client
+    if parents is not None and _from_client(inherited, parents):
+        fresh = _client()
+        if (fresh.target == parents.target
+                and fresh.explicit_credentials == parents.explicit_credentials):
+            if inherited is parents and not fresh.multi_daemon:
+                return fresh
+            if inherited is not parents and fresh.multi_daemon:
+                return fresh._member(inherited.target, inherited._tls_name)
+    key = (inherited.target, inherited.explicit_credentials, inherited._tls_name)
+    with _reconnect_lock:
+        client = _reconnected_clients.get(key)
+        if client is None:
+            client = _reconnected_clients[key] = inherited.reopened()
+        return client
 
 
 def _client() -> Client:
-    if _default_client is None:
-        if _parents_client is not None:
-            return _reconnected(_parents_client)
-        init()
-    assert _default_client is not None
-    return _default_client
+    """This process's connection (:func:`init` makes it when there is none; in a child of
+    fork(), to where the parent's went, with the same settings)."""
+    client = _default_client
+    if client is None:
+        parents = _parents_client
+        if parents is None:
+            init()
+        else:
+            token, roots, tls, chain, key, name = parents.explicit_credentials
+            init(address=parents.target, token=token, root_certificates=roots, tls=tls,
+                 certificate_chain=chain, private_key=key, server_name=name,
+                 timeout=parents.timeout, host_regions=parents.host_regions)
+        client = _default_client
+    assert client is not None
+    return client
 
 
 def _flat_devices(client: Client) -> Tuple[List[Tuple[Client, Any]], List[_core.DaemonStatus]]:
