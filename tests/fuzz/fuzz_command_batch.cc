@@ -35,6 +35,7 @@
 #include <memory>
 #include <set>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -321,10 +322,11 @@ void FuzzBatch(Fixture& fixture, absl::string_view bytes) {
   // The parse bound the server checks before parsing (server/parse_limit.h) covers what
   // the parse took, from the size alone and walked.
   const size_t used = batch.SpaceUsedLong();
-  FUZZ_CHECK(ParsedBytesBound(*v1::CommandBatch::descriptor(), bytes, SIZE_MAX) >= used,
+  const std::string_view wire(bytes.data(), bytes.size());
+  FUZZ_CHECK(ParsedBytesBound(*v1::CommandBatch::descriptor(), wire, SIZE_MAX) >= used,
              "the parse bound is below the ", used, " bytes the batch takes");
   FUZZ_CHECK(ParsedBytesBound(*v1::CommandBatch::descriptor(),
-                              std::string(Walked()) + std::string(bytes), SIZE_MAX) >= used,
+                              std::string(Walked()) + std::string(wire), SIZE_MAX) >= used,
              "the walked parse bound is below the ", used, " bytes the batch takes");
   for (v1::Command& command : *batch.mutable_commands()) fixture.MapCommand(&command);
 
