@@ -34,8 +34,8 @@ grpc::ByteBuffer View(grpc_byte_buffer* buffer) {
 class CheckedHandler final : public MethodHandler {
  public:
   CheckedHandler(MethodHandler* inner, const google::protobuf::Descriptor* request,
-                 std::string method)
-      : inner_(inner), request_(request), method_(std::move(method)) {}
+                 std::string method, std::optional<size_t> limit)
+      : inner_(inner), request_(request), method_(std::move(method)), limit_(limit) {}
 
   void RunHandler(const HandlerParameter& param) override { inner_->RunHandler(param); }
 
@@ -44,7 +44,7 @@ class CheckedHandler final : public MethodHandler {
                     void** handler_data) override {
     if (req != nullptr) {
       const absl::Status size = CheckParsedBytes(
-          *request_, View(req), [this] { return absl::StrCat(method_, ": the request"); });
+          *request_, View(req), [this] { return absl::StrCat(method_, ": the request"); }, limit_);
       if (!size.ok()) {
         grpc_byte_buffer_destroy(req);
         // impl's handler still sets up its per-call state (a callback handler keeps it in
@@ -64,6 +64,7 @@ class CheckedHandler final : public MethodHandler {
   MethodHandler* const inner_;  // impl's, owned by impl
   const google::protobuf::Descriptor* const request_;
   const std::string method_;
+  const std::optional<size_t> limit_;
 };
 
 RpcMethod::RpcType TypeOf(const google::protobuf::MethodDescriptor& method) {
@@ -93,9 +94,10 @@ void ParseCheckedService::AddChecked(const google::protobuf::MethodDescriptor& m
                                      MethodHandler* inner, bool callback) {
   if (inner == nullptr) return;  // not served by impl
   names_.push_back(absl::StrCat("/", method.service()->full_name(), "/", method.name()));
-  MethodHandler* handler = method.client_streaming()
-                               ? static_cast<MethodHandler*>(new PassedHandler(inner))
-                               : new CheckedHandler(inner, method.input_type(), names_.back());
+  MethodHandler* handler =
+      method.client_streaming()
+          ? static_cast<MethodHandler*>(new PassedHandler(inner))
+          : new CheckedHandler(inner, method.input_type(), names_.back(), limit_);
   auto* served = new RpcServiceMethod(names_.back().c_str(), TypeOf(method), handler);
   if (callback) served->SetServerApiType(RpcServiceMethod::ApiType::CALL_BACK);
   AddMethod(served);

@@ -21,6 +21,7 @@
 
 #include <deque>
 #include <memory>
+#include <optional>
 #include <string>
 #include <utility>
 
@@ -35,9 +36,12 @@ class ParseCheckedService final : public grpc::Service {
   // `Impl` derives from a generated service (synchronous or callback, not both) and makes
   // grpc::Service::GetHandler public (`using grpc::Service::GetHandler;`); methods it marked
   // streamed must be bidirectional in the proto. `service_name` is the generated service's
-  // (v1::ExecutionService::service_full_name()). `impl` must outlive this service.
+  // (v1::ExecutionService::service_full_name()). A request may take `limit` bytes once
+  // parsed (by default ParsedBytesLimit of its size). `impl` must outlive this service.
   template <typename Impl>
-  ParseCheckedService(Impl* impl, const char* service_name) {
+  ParseCheckedService(Impl* impl, const char* service_name,
+                      std::optional<size_t> limit = std::nullopt)
+      : limit_(limit) {
     Add(impl, service_name, [impl](int index) { return impl->GetHandler(index); });
   }
   // The same, owning `impl`.
@@ -61,6 +65,7 @@ class ParseCheckedService final : public grpc::Service {
                   grpc::internal::MethodHandler* inner, bool callback);
 
   std::deque<std::string> names_;  // the methods' paths, which RpcServiceMethod only points to
+  const std::optional<size_t> limit_;
   std::unique_ptr<grpc::Service> owned_;
 };
 

@@ -6,7 +6,6 @@
 
 #include "absl/strings/str_format.h"
 #include "common/limits.h"
-#include "server/parse_limit.h"
 
 namespace gpurpc {
 namespace {
@@ -41,9 +40,9 @@ class StatusInterceptor final : public grpc::experimental::Interceptor {
         methods->ModifySendStatus(grpc::Status(
             grpc::StatusCode::INVALID_ARGUMENT,
             absl::StrFormat("%s: the request is not a valid message of the method's request "
-                            "type (it does not parse as protobuf, or it would take more than %d "
-                            "bytes of memory once parsed), or none was sent",
-                            method_, kMaxParsedMessageBytes)));
+                            "type (it does not parse as protobuf, or it would take too much "
+                            "memory once parsed), or none was sent",
+                            method_)));
       } else if (status.error_code() == grpc::StatusCode::RESOURCE_EXHAUSTED &&
                  status.error_message() == "Server Threadpool Exhausted") {
         methods->ModifySendStatus(grpc::Status(

@@ -190,6 +190,13 @@ class WithoutReflection final : public grpc::ServerBuilderOption {
 constexpr size_t kFrontendMemoryBytes = 2ull << 30;
 constexpr int kFrontendMaxThreads = 512;
 constexpr int kMaxConcurrentStreamsPerConnection = 256;
+// What a request of the front end's own services (a few bytes each, parsed before the
+// caller is authenticated; WatchSession's is held for the stream's life) may take once
+// parsed (server/parse_checked_service.h).
+constexpr size_t kOwnServiceParseBytes = 256 << 10;
+// The health listener's (no credentials at all): see where its server is built.
+constexpr int kHealthMaxMessageBytes = 64 << 10;
+constexpr int kHealthMaxThreads = 32;
 
 }  // namespace
 
@@ -297,11 +304,12 @@ int FrontendMain(const DaemonOptions& options, ReloadOptions reload) {
   }
   // Their requests are checked before gRPC parses them, even before the caller is
   // authenticated (server/parse_checked_service.h); the relay checks the session services'.
-  ParseCheckedService checked_device_service(&device_service,
-                                             v1::DeviceService::service_full_name());
-  ParseCheckedService checked_session_service(&session_service,
-                                              v1::SessionService::service_full_name());
-  ParseCheckedService checked_admin_service(&admin_service, v1::AdminService::service_full_name());
+  ParseCheckedService checked_device_service(
+      &device_service, v1::DeviceService::service_full_name(), kOwnServiceParseBytes);
+  ParseCheckedService checked_session_service(
+      &session_service, v1::SessionService::service_full_name(), kOwnServiceParseBytes);
+  ParseCheckedService checked_admin_service(&admin_service, v1::AdminService::service_full_name(),
+                                            kOwnServiceParseBytes);
   builder.RegisterService(&checked_device_service);
   builder.RegisterService(&checked_session_service);
   builder.RegisterService(&checked_admin_service);
@@ -315,6 +323,17 @@ int FrontendMain(const DaemonOptions& options, ReloadOptions reload) {
   if (!options.health_listen.empty()) {
     grpc::EnableDefaultHealthCheckService(true);
     grpc::ServerBuilder health_builder;
+    // No credentials here, so what a caller can make the server hold is kept small: a
+    // health check or a reflection request is a few bytes (a message's parse is bounded by
+    // its size, server/parse_limit.h: some 3 MiB for 64 KiB), reflection streams take at
+    // most kHealthMaxThreads threads (the health service is callback-based and takes none),
+    // and a connection at most 8 streams.
+    health_builder.SetMaxReceiveMessageSize(kHealthMaxMessageBytes);
+    grpc::ResourceQuota health_quota("gpurpcd-health");
+    health_quota.Resize(size_t{64} << 20);
+    health_quota.SetMaxThreads(kHealthMaxThreads);
+    health_builder.SetResourceQuota(health_quota);
+    health_builder.AddChannelArgument(GRPC_ARG_MAX_CONCURRENT_STREAMS, 8);
     int health_port = 0;
     health_builder.AddListeningPort(options.health_listen, grpc::InsecureServerCredentials(),
                                     &health_port);

@@ -517,7 +517,7 @@ class RelayReactor final : public grpc::ServerGenericBidiReactor {
   }
 
   // Refuses a client's message (in from_client_) whose parse would take more memory than
-  // kMaxParsedMessageBytes (server/parse_limit.h), before anything parses it: the ledger
+  // its ParsedBytesLimit (server/parse_limit.h), before anything parses it: the ledger
   // here, the worker there. False when refused (refusal_ says why).
   bool ParseLimitLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     if (parse_checked_ == nullptr) return true;

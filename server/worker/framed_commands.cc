@@ -124,17 +124,17 @@ void Serve(Session* session, int fd, FramedMemory* memory) {
     // once they are read, only what the walk bounds their parse to is kept; all given back
     // once the reply is out (framed_commands.h).
     const google::protobuf::Descriptor& type = *v1::CommandBatch::descriptor();
-    MemoryHold hold(memory,
-                    static_cast<size_t>(length) +
-                        std::min(kMaxParsedMessageBytes,
-                                 ParsedBytesBoundFromSize(type, static_cast<size_t>(length))));
+    const size_t limit = ParsedBytesLimit(static_cast<size_t>(length));
+    MemoryHold hold(
+        memory, static_cast<size_t>(length) +
+                    std::min(limit, ParsedBytesBoundFromSize(type, static_cast<size_t>(length))));
     if (absl::Status read = ReadExactly(fd, static_cast<size_t>(length), &scratch, &bytes);
         !read.ok()) {
       spdlog::debug("framed command channel: message {}: {}", index, std::string(read.message()));
       return;
     }
-    const size_t parsed_bound = ParsedBytesBound(type, bytes);
-    if (parsed_bound > kMaxParsedMessageBytes) {
+    const size_t parsed_bound = ParsedBytesBound(type, bytes, limit);
+    if (parsed_bound > limit) {
       SendProtocolError(fd, CheckParsedBytes(type, bytes, [&] {
                           return absl::StrFormat("framed command channel: message %d", index);
                         }));

@@ -12,17 +12,17 @@
 // Memory: gRPC's resource quota does not see these sockets, so the worker's framed channels
 // share a FramedMemory. Before a message's bytes are read, its announced length is taken
 // from it, with what parsing that many bytes may take as far as their number tells
-// (ParsedBytesBoundFromSize, server/parse_limit.h; up to kMaxParsedMessageBytes); once
-// they are read, the walk's closer bound is kept and the rest given back at once, and a
-// message whose bound is above kMaxParsedMessageBytes (a batch of very many small
-// commands) is answered as a protocol error without being parsed. The rest is given back
-// once the reply is sent. One take per message, before anything is held: a channel whose
-// message does not fit waits until others give back, and no channel waits while holding
-// memory, so channels cannot wait on each other in a circle. This bounds what a worker's
-// framed channels hold at once (kFramedMemoryBytes), plus one reply per channel (a batch's
-// downloads are at most 64 MiB, Session::RunBatch). Every channel of a worker is its
-// session's, so a channel that holds the memory (a message announced and never sent) stalls
-// only its own session's other channels.
+// (ParsedBytesBoundFromSize, server/parse_limit.h; at most the message's ParsedBytesLimit);
+// once they are read, the walk's closer bound is kept and the rest given back at once, and
+// a message whose bound is above its limit (a batch of very many small commands) is answered
+// as a protocol error without being parsed. The rest is given back once the reply is sent.
+// One take per message, before anything is held: a channel whose message does not fit waits
+// until others give back, and no channel waits while holding memory, so channels cannot
+// wait on each other in a circle. This bounds what a worker's framed channels hold at once
+// (kFramedMemoryBytes), plus one reply per channel (a batch's downloads are at most 64 MiB,
+// Session::RunBatch). Every channel of a worker is its session's, so a channel that holds
+// the memory (a message announced and never sent) stalls only its own session's other
+// channels.
 #ifndef GPURPC_SERVER_WORKER_FRAMED_COMMANDS_H_
 #define GPURPC_SERVER_WORKER_FRAMED_COMMANDS_H_
 
@@ -44,7 +44,7 @@ inline constexpr size_t kFrameHeaderBytes = 4;
 
 // What a worker's framed channels may hold of messages at once (FramedMemory): room for
 // one message of the largest size and its largest parse (kMaxMessageBytes plus
-// kMaxParsedMessageBytes).
+// kMaxParsedMessageBytes) and then some.
 inline constexpr size_t kFramedMemoryBytes = size_t{256} << 20;
 static_assert(kFramedMemoryBytes >= static_cast<size_t>(kMaxMessageBytes) + kMaxParsedMessageBytes);
 

@@ -59,7 +59,8 @@ bool SplitBytesField(grpc::ByteBuffer* message, int field_number, google::protob
   grpc::ByteBuffer view(out->slices.data(), out->slices.size());  // shares the slices
   grpc::ProtoBufferReader reader(&view);
   CodedInputStream in(&reader);
-  std::string others;  // every other field, as it came
+  std::string others;  // every other field rest knows, as it came
+  const google::protobuf::Descriptor* known = rest->GetDescriptor();
   size_t field_begin = 0;
   size_t field_size = 0;
   bool seen = false;
@@ -81,6 +82,9 @@ bool SplitBytesField(grpc::ByteBuffer* message, int field_number, google::protob
       continue;
     }
     if (!WireFormatLite::SkipField(&in, tag)) return false;
+    // A field `rest` has no number for is skipped, not kept: its bytes would cost a copy here
+    // and another in rest's unknown fields, and nothing reads them.
+    if (known->FindFieldByNumber(WireFormatLite::GetTagFieldNumber(tag)) == nullptr) continue;
     const size_t end = static_cast<size_t>(in.CurrentPosition());
     ForRange(out->slices, start, end, [&](const uint8_t* data, size_t size) {
       others.append(reinterpret_cast<const char*>(data), size);

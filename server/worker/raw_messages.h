@@ -36,6 +36,8 @@ struct SplitMessage {
 
 // Splits `message` (consumed) as above. False when it does not parse as `rest`'s type
 // (protobuf's rules: malformed wire format, a bad nested message or string of another field).
+// Fields whose numbers `rest`'s type does not have are skipped (protobuf would keep them as
+// unknown fields); those of nested messages are kept.
 bool SplitBytesField(grpc::ByteBuffer* message, int field_number, google::protobuf::Message* rest,
                      SplitMessage* out);
 

@@ -259,6 +259,19 @@ class MemoryServiceImpl final : public v1::MemoryService::Service {
     return ToGrpcStatus(status);
   }
 
+  // An UploadStream message longer than a chunk and its other fields may be: refused before
+  // it is split (its other fields are copied for parsing), naming it.
+  static grpc::Status ChunkMessageSize(const grpc::ByteBuffer& raw, uint64_t index) {
+    constexpr uint64_t kMaxChunkMessageBytes = kMaxTransferChunkBytes + (64 << 10);
+    const uint64_t length = raw.Valid() ? raw.Length() : 0;
+    if (length <= kMaxChunkMessageBytes) return grpc::Status::OK;
+    return grpc::Status(
+        grpc::StatusCode::INVALID_ARGUMENT,
+        absl::StrFormat("UploadStream: message %d is %d bytes, more than a chunk of %d bytes and "
+                        "its other fields may take (%d); send 1 MiB chunks",
+                        index, length, kMaxTransferChunkBytes, kMaxChunkMessageBytes));
+  }
+
   // UploadStream (raw messages): each chunk goes to the device from the received bytes,
   // piece by piece when they came in several (the backend copies each into its staging).
   grpc::Status RawUploadStream(grpc::ServerContext*, RawStream* stream) {
@@ -271,6 +284,7 @@ class MemoryServiceImpl final : public v1::MemoryService::Service {
     uint64_t index = 1;
     v1::UploadStreamRequest first;
     SplitMessage chunk;
+    if (grpc::Status size = ChunkMessageSize(raw, index); !size.ok()) return size;
     if (!SplitBytesField(&raw, v1::UploadStreamRequest::kDataFieldNumber, &first, &chunk)) {
       return NotParsed("/gpurpc.v1.MemoryService/UploadStream", index, kType);
     }
@@ -297,6 +311,7 @@ class MemoryServiceImpl final : public v1::MemoryService::Service {
       written += chunk.size;
       if (!stream->Read(&raw)) break;
       ++index;
+      if (grpc::Status size = ChunkMessageSize(raw, index); !size.ok()) return size;
       if (!SplitBytesField(&raw, v1::UploadStreamRequest::kDataFieldNumber, &later, &chunk)) {
         return NotParsed("/gpurpc.v1.MemoryService/UploadStream", index, kType);
       }

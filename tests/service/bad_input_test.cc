@@ -1658,13 +1658,15 @@ TEST_F(BadInputTest, UnaryCallsAnswerTheirDocumentedCodes) {
          return mallory_.Call(&SessionStub::OpenSession, request);
        },
        Code::INVALID_ARGUMENT, "client_label"},
+      // (over what the front end's own services' requests may take once parsed, 256 KiB:
+      // refused before it is parsed; the 257-byte label above gets the label's own error)
       {"OpenSession: a 1 MiB client label",
        [&] {
          v1::OpenSessionRequest request;
          request.set_client_label(std::string(kMiB, 'l'));
          return mallory_.Call(&SessionStub::OpenSession, request);
        },
-       Code::INVALID_ARGUMENT, "client_label"},
+       Code::INVALID_ARGUMENT, "OpenSession: the request is not a valid message"},
       {"OpenSession: a client label that forges a log line",
        [&] {
          absl::StatusOr<Caller> s = Open(mallory_, "job\n[critical] forged by mallory\x1b[2J");
@@ -3049,6 +3051,16 @@ TEST_F(BadInputTest, StreamsWireAndFloodsAnswerTheirDocumentedCodes) {
        },
        Code::INVALID_ARGUMENT, ""},
 
+      {"UploadStream: a first message of 6 MB, most of it one unknown field",
+       [&] {
+         return m_.Raw(
+             "/gpurpc.v1.MemoryService/UploadStream",
+             std::vector<std::string>{
+                 UploadFirst(Buf(mh_.buffer.buffer_id()), 4, "abcd").SerializeAsString() +
+                 std::string("\xfa\x01\x80\x9b\xee\x02", 6) + std::string(6'000'000, 'u')});
+       },
+       Code::INVALID_ARGUMENT, "UploadStream: message 1 is 6000"},
+
       // ------------------------------------------------ MemoryService.DownloadStream
       {"DownloadStream: a chunk of 4 MiB + 1",
        [&] {
@@ -3417,19 +3429,20 @@ TEST_F(BadInputTest, StreamsWireAndFloodsAnswerTheirDocumentedCodes) {
        },
        Code::INVALID_ARGUMENT,
        "/gpurpc.v1.SessionService/OpenSession: the request is not a valid message of the "
-       "method's request type (it does not parse as protobuf, or it would take more than"},
+       "method's request type (it does not parse as protobuf, or it would take too much memory "
+       "once parsed)"},
       {"parse bound: ListDevices of 8 million unknown fields",
        [&] {
          return mallory_.Raw("/gpurpc.v1.DeviceService/ListDevices",
                              Repeated(std::string("\x78\x01", 2), 8'000'000));
        },
-       Code::INVALID_ARGUMENT, "or it would take more than"},
+       Code::INVALID_ARGUMENT, "or it would take too much memory once parsed"},
       {"parse bound: WatchSession (server streaming) of 8 million unknown fields",
        [&] {
          return m_.Raw("/gpurpc.v1.SessionService/WatchSession",
                        Repeated(std::string("\x78\x01", 2), 8'000'000));
        },
-       Code::INVALID_ARGUMENT, "or it would take more than"},
+       Code::INVALID_ARGUMENT, "or it would take too much memory once parsed"},
       {"garbage: an OpenSession client label that is not UTF-8",
        [&] {
          return mallory_.Raw("/gpurpc.v1.SessionService/OpenSession",

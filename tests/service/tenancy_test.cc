@@ -712,12 +712,11 @@ TEST_F(TenancyTest, HealthListenerServesHealthOnlyAndTheMainListenerNoHealth) {
         << reflection;
   }
   // Reflection answers on the health listener (a list_services request, field 7 = "").
-  {
+  const auto reflect = [&](const std::string& bytes) {
     grpc::GenericStub stub(health_channel);
     grpc::ClientContext context;
     context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
-    const char list_services[] = {0x3a, 0x00};
-    grpc::Slice slice(list_services, sizeof(list_services));
+    grpc::Slice slice(bytes);
     grpc::ByteBuffer request(&slice, 1), response;
     std::mutex mu;
     std::condition_variable cv;
@@ -732,7 +731,43 @@ TEST_F(TenancyTest, HealthListenerServesHealthOnlyAndTheMainListenerNoHealth) {
                    });
     std::unique_lock<std::mutex> lock(mu);
     cv.wait(lock, [&] { return done; });
-    EXPECT_TRUE(result.ok()) << result.error_message();
+    return result;
+  };
+  const grpc::Status listed = reflect(std::string("\x3a\x00", 2));
+  EXPECT_TRUE(listed.ok()) << listed.error_message();
+  // Anyone can reach this listener: a request of 1 MB of empty unknown fields (which would
+  // parse to some 45 MB) is refused by its size.
+  std::string junk;
+  for (int i = 0; i < 333'333; ++i) junk.append("\xa2\x06\x00", 3);
+  EXPECT_EQ(reflect(junk).error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED);
+  // Reflection streams held open take at most their threads; health checks still answer.
+  std::vector<std::shared_ptr<grpc::Channel>> connections;
+  std::vector<std::unique_ptr<grpc::ClientContext>> held_contexts;
+  std::vector<std::unique_ptr<grpc::GenericClientAsyncReaderWriter>> held;
+  grpc::CompletionQueue cq;
+  for (int c = 0; c < 6; ++c) {
+    // A connection of its own (a connection takes at most 8 streams).
+    grpc::ChannelArguments args;
+    args.SetInt("gpurpc.test.connection", c);
+    connections.push_back(grpc::CreateCustomChannel(absl::StrCat("127.0.0.1:", health_port),
+                                                    grpc::InsecureChannelCredentials(), args));
+    grpc::GenericStub stub(connections.back());
+    for (int i = 0; i < 8; ++i) {
+      held_contexts.push_back(std::make_unique<grpc::ClientContext>());
+      held.push_back(
+          stub.PrepareCall(held_contexts.back().get(),
+                           "/grpc.reflection.v1alpha.ServerReflection/ServerReflectionInfo", &cq));
+      held.back()->StartCall(reinterpret_cast<void*>(1));
+    }
+  }
+  std::this_thread::sleep_for(std::chrono::milliseconds(500));
+  EXPECT_TRUE(check(health_channel, "/grpc.health.v1.Health/Check").ok());
+  for (auto& context : held_contexts) context->TryCancel();
+  held.clear();
+  cq.Shutdown();
+  void* tag = nullptr;
+  bool ok = false;
+  while (cq.Next(&tag, &ok)) {
   }
 }
 

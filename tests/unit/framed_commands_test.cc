@@ -190,7 +190,7 @@ TEST_F(FramedChannelTest, AChannelAnswersItsBatchesAndGivesTheMemoryBack) {
 // What a message takes from the memory before its bytes are read: its length, and what
 // parsing that many bytes may take (framed_commands.h).
 size_t Reserved(size_t body) {
-  return body + std::min(kMaxParsedMessageBytes,
+  return body + std::min(ParsedBytesLimit(body),
                          ParsedBytesBoundFromSize(*v1::CommandBatch::descriptor(), body));
 }
 
@@ -248,7 +248,7 @@ TEST_F(FramedChannelTest, ABatchThatWouldParseTooLargeIsRefusedAndGivesItsMemory
 }
 
 TEST_F(FramedChannelTest, ALargeBatchKeepsOnlyItsWalkedBound) {
-  // 4 MiB of uploads: bounded from its size alone it might take kMaxParsedMessageBytes,
+  // 4 MiB of uploads: bounded from its size alone it might take its whole limit,
   // walked it takes little more than its bytes. Two such messages of two channels fit in
   // memory for one and a bit: the second waits only until the first has been read.
   v1::CommandBatch batch = UploadBatch(1 << 20, 1);
@@ -259,7 +259,7 @@ TEST_F(FramedChannelTest, ALargeBatchKeepsOnlyItsWalkedBound) {
   }
   const std::string big = Frame(batch);
   const size_t body = big.size() - kFrameHeaderBytes;
-  ASSERT_EQ(Reserved(body), body + kMaxParsedMessageBytes);
+  ASSERT_EQ(Reserved(body), body + ParsedBytesLimit(body));
   FramedMemory memory(Reserved(body) + 2 * body);
   const size_t first = Open(&memory);
   const size_t second = Open(&memory);

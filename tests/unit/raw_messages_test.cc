@@ -53,6 +53,10 @@ void ExpectAgrees(const std::string& bytes, const std::string& what) {
     EXPECT_EQ(split.size, parsed.data().size());
     v1::UploadStreamRequest without_data = parsed;
     without_data.clear_data();
+    // Top-level fields of numbers the type does not have are skipped, not kept (those of
+    // known numbers and the wrong wire type may be: the parse keeps them as unknown).
+    without_data.GetReflection()->MutableUnknownFields(&without_data)->Clear();
+    rest.GetReflection()->MutableUnknownFields(&rest)->Clear();
     EXPECT_EQ(rest.SerializeAsString(), without_data.SerializeAsString());
   }
 }
