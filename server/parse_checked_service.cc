@@ -42,7 +42,7 @@ class CheckedHandler final : public MethodHandler {
   // Owns `req` (as every handler's Deserialize does).
   void* Deserialize(grpc_call* call, grpc_byte_buffer* req, grpc::Status* status,
                     void** handler_data) override {
-    if (req != nullptr) {
+    if (req != nullptr && !SmallEnough(req)) {
       const absl::Status size = CheckParsedBytes(
           *request_, View(req), [this] { return absl::StrCat(method_, ": the request"); }, limit_);
       if (!size.ok()) {
@@ -61,6 +61,17 @@ class CheckedHandler final : public MethodHandler {
   }
 
  private:
+  // Whether `req`'s size alone bounds its parse within the limit: the common case, decided
+  // without building a view of its slices (a compressed request is always viewed, since its
+  // size is not the size it parses from).
+  bool SmallEnough(grpc_byte_buffer* req) const {
+    if (req->type != GRPC_BB_RAW || req->data.raw.compression != GRPC_COMPRESS_NONE) {
+      return false;
+    }
+    const size_t length = grpc_byte_buffer_length(req);
+    return ParsedBytesBoundFromSize(*request_, length) <= limit_.value_or(ParsedBytesLimit(length));
+  }
+
   MethodHandler* const inner_;  // impl's, owned by impl
   const google::protobuf::Descriptor* const request_;
   const std::string method_;
