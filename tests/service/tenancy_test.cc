@@ -762,13 +762,18 @@ TEST_F(TenancyTest, HealthListenerServesHealthOnlyAndTheMainListenerNoHealth) {
   }
   std::this_thread::sleep_for(std::chrono::milliseconds(500));
   EXPECT_TRUE(check(health_channel, "/grpc.health.v1.Health/Check").ok());
+  // Cancel them, let each finish, and drain the queue before the calls go.
   for (auto& context : held_contexts) context->TryCancel();
-  held.clear();
+  std::vector<grpc::Status> statuses(held.size());
+  for (size_t i = 0; i < held.size(); ++i) {
+    held[i]->Finish(&statuses[i], reinterpret_cast<void*>(2));
+  }
   cq.Shutdown();
   void* tag = nullptr;
   bool ok = false;
   while (cq.Next(&tag, &ok)) {
   }
+  held.clear();
 }
 
 // A client that gives up on an Allocate (deadline, cancel) must not leave memory the ledger
