@@ -275,6 +275,18 @@ const std::vector<Flag>& Flags() {
          o.session_grace = d;
          return absl::OkStatus();
        }},
+      {"command-relay", "framed|grpc",
+       "how the front end relays a session's command streams to its worker: framed (a "
+       "socket of the worker's framed command protocol per stream, no gRPC between them; "
+       "the default) or grpc (a gRPC call to the worker per stream, as every other call)",
+       [](DaemonOptions& o, const std::string& v) {
+         if (v != "framed" && v != "grpc") {
+           return absl::InvalidArgumentError(
+               absl::StrFormat("--command-relay: '%s' is neither framed nor grpc", v));
+         }
+         o.command_relay = v;
+         return absl::OkStatus();
+       }},
       {"drain-timeout", "DURATION",
        "on SIGTERM or SIGINT: health turns NOT_SERVING, new sessions are refused, and open "
        "sessions may go on this long before their workers are stopped; a second signal "
@@ -449,9 +461,12 @@ const std::vector<Flag>& Flags() {
          return ParseInt("worker-status-fd", v, -1, &o.worker_status_fd);
        }},
       {"worker-region-fd", nullptr, "",
-       [](DaemonOptions& o, const std::string& v) {
-         return ParseInt("worker-region-fd", v, -1, &o.worker_region_fd);
-       }},
+       [](DaemonOptions& o,
+          const std::string&
+              v) { return ParseInt("worker-region-fd", v, -1, &o.worker_region_fd); }},
+      {"worker-relay-fd", nullptr, "",
+       [](DaemonOptions& o,
+          const std::string& v) { return ParseInt("worker-relay-fd", v, -1, &o.worker_relay_fd); }},
       {"device", nullptr, "",
        [](DaemonOptions& o, const std::string& v) { return ParseInt("device", v, -1, &o.device); }},
   };
@@ -772,6 +787,7 @@ std::vector<std::string> WorkerArgs(const DaemonOptions& options, int device, in
           absl::StrCat("--worker-fd=", fd),
           absl::StrCat("--worker-status-fd=", fd + 1),
           absl::StrCat("--worker-region-fd=", fd + 2),
+          absl::StrCat("--worker-relay-fd=", fd + 3),
           absl::StrCat("--region-socket=", options.region_socket),
           absl::StrCat("--device=", device),
           absl::StrCat("--backend=", options.backend),

@@ -55,6 +55,8 @@ struct DaemonOptions {
   // After SIGTERM (or SIGINT): how long open sessions may go on before the workers are
   // stopped; new sessions are refused meanwhile. Below Kubernetes' default 30 s grace.
   absl::Duration drain_timeout = absl::Seconds(20);
+  // How the front end relays command streams to workers: "framed" or "grpc".
+  std::string command_relay = "framed";
   int warm_workers = 1;
   int max_sessions = 64;
   std::string log_level = "info";
@@ -85,6 +87,9 @@ struct DaemonOptions {
   int worker_status_fd = -1;
   // The worker's end of its region channel with the front end (host_region.h); -1 = none.
   int worker_region_fd = -1;
+  // The worker's end of its relay channel (host_region.h, RelayChannel): the front end sends
+  // one socket end per relayed command stream on it. -1 = none.
+  int worker_relay_fd = -1;
   int device = -1;  // -1 = inventory worker (lists devices, opens no context)
   // Internal: set when this process is a compile helper started by a worker (its socket is
   // fd 3; everything else comes over it, see compile_helper.h).
@@ -120,7 +125,7 @@ absl::StatusOr<DaemonOptions> ParseDaemonOptions(int argc, char** argv);
 std::string DaemonUsage();
 // The flags a worker for `device` is started with (everything it needs, explicitly). Its
 // gRPC socket is `fd`, its status pipe (worker_status_fd) `fd + 1`, its region channel
-// (worker_region_fd) `fd + 2`.
+// (worker_region_fd) `fd + 2`, its relay channel (worker_relay_fd) `fd + 3`.
 std::vector<std::string> WorkerArgs(const DaemonOptions& options, int device, int fd);
 
 }  // namespace gpurpc

@@ -277,7 +277,7 @@ int FrontendMain(const DaemonOptions& options, ReloadOptions reload) {
   DeviceServiceImpl device_service(&sessions, &auth);
   SessionServiceImpl session_service(&sessions, &auth);
   AdminServiceImpl admin_service(&sessions, &auth);
-  SessionProxy proxy(&sessions, &auth, &metrics);
+  SessionProxy proxy(&sessions, &auth, &metrics, options.command_relay == "framed");
 
   // The main server: authenticated services only: the reflection plugin is taken off its
   // builder, and it is built with the default health service off, so that neither answers

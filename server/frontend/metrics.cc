@@ -163,6 +163,14 @@ FrontendMetrics::FrontendMetrics(const DaemonOptions& options)
       "by method and direction (to_worker: uploads and requests; to_client: downloads and "
       "answers); calls on a direct channel are not relayed and not counted",
       {"method", "direction"});
+  auto* streams = registry_.AddCounter(
+      "gpurpc_command_streams_total",
+      "CommandStream calls the front end relayed, by how: framed (a framed channel to the "
+      "worker) or grpc (a gRPC call to the worker: --command-relay=grpc, or a session relaying "
+      "8 streams already)",
+      {"relay"});
+  streams_framed_ = streams->WithLabels({"framed"});
+  streams_grpc_ = streams->WithLabels({"grpc"});
   sessions_opened_ = registry_.AddCounter("gpurpc_sessions_opened_total",
                                           "Sessions opened, by tenant", {"tenant"});
   auto* ended = registry_.AddCounter(
@@ -363,6 +371,10 @@ void FrontendMetrics::SessionFaulted(FaultCause cause) {
 }
 
 void FrontendMetrics::WatchdogKill() { watchdog_kills_->Increment(); }
+
+void FrontendMetrics::CommandStreamRelayed(bool framed) {
+  (framed ? streams_framed_ : streams_grpc_)->Increment();
+}
 
 void FrontendMetrics::CompileAnswered(bool cache_hit) {
   (cache_hit ? cache_hits_ : cache_misses_)->Increment();

@@ -7,6 +7,7 @@
 //                                        of the main server, whatever listener it came by
 //   bytes relayed to and from workers    the relay (proxy.cc), per message
 //   compile cache hits and misses        the relay, from each CompileResponse's cache_hit
+//   command streams by relay             the relay, when a CommandStream starts
 //   sessions opened, closed, reclaimed   the session manager
 //   faults by cause, watchdog kills      SessionRecord::MarkFaulted, the worker's exit
 //   sessions, workers, memory, devices   SessionManager::Snapshot and the inventory, per scrape
@@ -68,6 +69,8 @@ class FrontendMetrics final : public CallObserver {
   void SessionFaulted(FaultCause cause);
   void WatchdogKill();
   void CompileAnswered(bool cache_hit);
+  // A command stream began, relayed on a framed channel or by gRPC (command_relay.h).
+  void CommandStreamRelayed(bool framed);
 
   // The byte counters of the relay for `method` (a path of the session services; anything
   // else counts as "unknown"). Kept by each relayed call.
@@ -118,6 +121,8 @@ class FrontendMetrics final : public CallObserver {
   metrics::Counter* watchdog_kills_;
   metrics::Counter* cache_hits_;
   metrics::Counter* cache_misses_;
+  metrics::Counter* streams_framed_;
+  metrics::Counter* streams_grpc_;
 
   mutable absl::Mutex cache_mu_;
   mutable absl::Time cache_walked_ ABSL_GUARDED_BY(cache_mu_) = absl::InfinitePast();

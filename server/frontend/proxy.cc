@@ -21,6 +21,8 @@
 #include "gpurpc/v1/module_service.grpc.pb.h"
 #include "grpcpp/impl/codegen/proto_utils.h"
 #include "grpcpp/support/byte_buffer.h"
+#include "server/frontend/command_relay.h"
+#include "server/frontend/relay_status.h"
 #include "server/parse_limit.h"
 #include "spdlog/spdlog.h"
 
@@ -453,60 +455,10 @@ class RelayReactor final : public grpc::ServerGenericBidiReactor {
     final_status_ = std::move(final_status);
   }
 
-  // Maps what the worker answered to what the client sees, and records faults.
+  // Maps what the worker answered to what the client sees, and records faults
+  // (relay_status.h).
   grpc::Status Translate(const grpc::Status& status) ABSL_LOCKS_EXCLUDED(mu_) {
-    if (IsStickyFault(status)) {
-      // The worker reported a sticky CUDA fault: its context is lost for good.
-      session_->MarkFaultAnswered(status.error_message());
-      return grpc::Status(
-          status.error_code(),
-          absl::StrFormat("%s; session %d is now FAULTED", status.error_message(), session_->id()));
-    }
-    switch (status.error_code()) {
-      case grpc::StatusCode::UNAVAILABLE:
-      case grpc::StatusCode::INTERNAL:
-      case grpc::StatusCode::UNKNOWN:
-      case grpc::StatusCode::CANCELLED: {
-        // An answer of the worker itself (an event not ready yet, NVRTC missing, ...) goes
-        // to the client as it is, at once.
-        if (AnsweredByWorker()) return status;
-        // gRPC's own status: the call broke. A dead worker breaks the channel, and its
-        // reaper sees the exit within milliseconds; wait that long (only for a worker that
-        // is ending: a live one answers for itself), never for a cancelled call.
-        WorkerProcess& worker = session_->worker();
-        const absl::Duration wait = status.error_code() == grpc::StatusCode::CANCELLED
-                                        ? absl::ZeroDuration()
-                                        : absl::Milliseconds(250);
-        if (worker.WaitExited(wait)) {
-          if (session_->closing()) {
-            return grpc::Status(grpc::StatusCode::CANCELLED,
-                                absl::StrFormat("session %d was closed during %s", session_->id(),
-                                                context_->method()));
-          }
-          // Recorded here or already by the worker's exit callback: either way this call was
-          // in flight on the worker that ended.
-          session_->MarkFaultedByExit();
-          if (session_->fault_answered()) {
-            // Another call was answered with the fault and the worker was ended before it
-            // answered this one: to this call, as to every later one, the session FAULTED
-            // earlier (what the worker itself answers after a fault).
-            return grpc::Status(
-                grpc::StatusCode::FAILED_PRECONDITION,
-                absl::StrFormat("session %d FAULTED earlier (during %s): %s", session_->id(),
-                                context_->method(), session_->fault_cause()));
-          }
-          const absl::StatusCode code = session_->fault_code();
-          return grpc::Status(code == absl::StatusCode::kFailedPrecondition
-                                  ? grpc::StatusCode::ABORTED
-                                  : static_cast<grpc::StatusCode>(code),
-                              absl::StrFormat("session %d FAULTED during %s: %s", session_->id(),
-                                              context_->method(), session_->fault_cause()));
-        }
-        return status;
-      }
-      default:
-        return status;
-    }
+    return TranslateWorkerStatus(*session_, context_->method(), status, AnsweredByWorker());
   }
 
   // True when the worker's own server sent the status (it marks every answer, see
@@ -849,6 +801,12 @@ grpc::ServerGenericBidiReactor* SessionProxy::CreateReactor(
   if (!session.ok()) return new RejectReactor(ToGrpcStatus(session.status()));
   if (absl::Status usable = (*session)->CheckUsable(); !usable.ok()) {
     return new RejectReactor(ToGrpcStatus(usable));
+  }
+  if (context->method() == kCommandStreamMethod) {
+    grpc::ServerGenericBidiReactor* relay =
+        framed_command_streams_ ? StartFramedCommandRelay(context, *session, metrics_) : nullptr;
+    if (metrics_ != nullptr) metrics_->CommandStreamRelayed(relay != nullptr);
+    if (relay != nullptr) return relay;
   }
   const Ledger ledger = LedgerFor(context->method());
   // A link may run NVRTC for its sources: it holds a compile slot like Compile.

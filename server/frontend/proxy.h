@@ -19,6 +19,9 @@
 // their end in the worker even when the client cancels, so that the ledger sees what really
 // happened.
 //
+// A command stream goes to the worker on a framed channel instead (command_relay.h), where
+// the session has room for one; what the client sees is the same.
+//
 // With metrics (metrics.h), the relay counts the bytes of every message it passes on, per
 // method and direction, and each Compile answer as a compile cache hit or miss.
 #ifndef GPURPC_SERVER_FRONTEND_PROXY_H_
@@ -33,10 +36,15 @@ namespace gpurpc::frontend {
 
 class SessionProxy final : public grpc::CallbackGenericService {
  public:
-  // `metrics` may be null; it must outlive the proxy.
+  // `metrics` may be null; it must outlive the proxy. With `framed_command_streams`, command
+  // streams go to the workers on framed channels (command_relay.h) where they can, else
+  // every call is relayed by gRPC.
   SessionProxy(SessionManager* sessions, const Authenticator* auth,
-               FrontendMetrics* metrics = nullptr)
-      : sessions_(sessions), auth_(auth), metrics_(metrics) {}
+               FrontendMetrics* metrics = nullptr, bool framed_command_streams = true)
+      : sessions_(sessions),
+        auth_(auth),
+        metrics_(metrics),
+        framed_command_streams_(framed_command_streams) {}
 
   grpc::ServerGenericBidiReactor* CreateReactor(
       grpc::GenericCallbackServerContext* context) override;
@@ -45,6 +53,7 @@ class SessionProxy final : public grpc::CallbackGenericService {
   SessionManager* sessions_;
   const Authenticator* auth_;
   FrontendMetrics* metrics_;
+  const bool framed_command_streams_;
 };
 
 }  // namespace gpurpc::frontend

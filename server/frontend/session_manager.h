@@ -125,6 +125,19 @@ class SessionRecord {
     return calls_in_flight_.load() == 0 &&
            absl::Nanoseconds(absl::GetCurrentTimeNanos() - last_activity_ns_.load()) > timeout;
   }
+  // Command streams relayed on framed channels (server/frontend/command_relay.h) at once:
+  // TakeRelaySlot is false when kMaxRelayedCommandStreams are (the stream then goes by gRPC);
+  // GiveRelaySlot when one ends.
+  static constexpr int kMaxRelayedCommandStreams = 8;
+  bool TakeRelaySlot() {
+    int open = relayed_streams_.load();
+    while (open < kMaxRelayedCommandStreams) {
+      if (relayed_streams_.compare_exchange_weak(open, open + 1)) return true;
+    }
+    return false;
+  }
+  void GiveRelaySlot() { --relayed_streams_; }
+
   // True once a WatchSession stream was opened; then the grace period replaces the idle
   // timeout. Open streams now.
   bool watched() const;
@@ -151,6 +164,7 @@ class SessionRecord {
   bool watched_ ABSL_GUARDED_BY(mu_) = false;
   std::atomic<int64_t> last_activity_ns_;
   std::atomic<int> calls_in_flight_{0};
+  std::atomic<int> relayed_streams_{0};
   FrontendMetrics* metrics_ = nullptr;  // set by the manager before the record is shared
 
   friend class SessionManager;

@@ -11,6 +11,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
+#include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -27,9 +28,10 @@ extern char** environ;
 namespace gpurpc::frontend {
 namespace {
 
+// The child's fds: its gRPC socket (3), status pipe (4), region channel (5) and relay
+// channel (6), as WorkerArgs names them.
 constexpr int kChildFd = 3;
-constexpr int kChildStatusFd = 4;
-constexpr int kChildRegionFd = 5;
+constexpr int kChildFdCount = 4;
 constexpr size_t kMaxExitMessageBytes = 4096;
 
 std::string Errno(const char* what) { return absl::StrCat(what, ": ", std::strerror(errno)); }
@@ -53,52 +55,33 @@ std::string EscapeUnprintable(absl::string_view text) {
 
 absl::StatusOr<std::unique_ptr<WorkerProcess>> WorkerProcess::Spawn(
     const std::string& exe, const std::vector<std::string>& args) {
-  int fds[2];
-  if (socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, fds) != 0) {
-    return absl::UnavailableError(Errno("socketpair"));
-  }
-  // Keep the child's end above kChildFd so that dup2 always clears its close-on-exec flag.
-  int child_end = fcntl(fds[1], F_DUPFD_CLOEXEC, 10);
-  close(fds[1]);
-  if (child_end < 0) {
-    close(fds[0]);
-    return absl::UnavailableError(Errno("fcntl(F_DUPFD_CLOEXEC)"));
-  }
-
-  int status_pipe[2];
-  if (pipe2(status_pipe, O_CLOEXEC) != 0) {
-    close(fds[0]);
-    close(child_end);
-    return absl::UnavailableError(Errno("pipe2"));
-  }
-  // The same care as above for the write end, which becomes the child's fd 4.
-  const int status_child_end = fcntl(status_pipe[1], F_DUPFD_CLOEXEC, 10);
-  close(status_pipe[1]);
-  if (status_child_end < 0) {
-    close(fds[0]);
-    close(child_end);
-    close(status_pipe[0]);
-    return absl::UnavailableError(Errno("fcntl(F_DUPFD_CLOEXEC)"));
-  }
-
-  // The region channel (host_region_service.proto): datagrams with a memfd each.
-  int region_pair[2];
-  if (socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, region_pair) != 0) {
-    close(fds[0]);
-    close(child_end);
-    close(status_pipe[0]);
-    close(status_child_end);
-    return absl::UnavailableError(Errno("socketpair(SOCK_SEQPACKET)"));
-  }
-  const int region_child_end = fcntl(region_pair[1], F_DUPFD_CLOEXEC, 10);
-  close(region_pair[1]);
-  if (region_child_end < 0) {
-    close(fds[0]);
-    close(child_end);
-    close(status_pipe[0]);
-    close(status_child_end);
-    close(region_pair[0]);
-    return absl::UnavailableError(Errno("fcntl(F_DUPFD_CLOEXEC)"));
+  // Our ends of the child's channels, and the child's ends (each duplicated above kChildFd so
+  // that dup2 always clears its close-on-exec flag); whatever is still open when Spawn returns
+  // is closed.
+  struct Fds {
+    int ours[kChildFdCount] = {-1, -1, -1, -1};
+    int child[kChildFdCount] = {-1, -1, -1, -1};
+    ~Fds() {
+      for (const int fd : ours) {
+        if (fd >= 0) close(fd);
+      }
+      for (const int fd : child) {
+        if (fd >= 0) close(fd);
+      }
+    }
+  } fds;
+  for (int i = 0; i < kChildFdCount; ++i) {
+    int pair[2];
+    // The gRPC channel (a stream socket), the status pipe (ours reads), the region and the
+    // relay channels (datagrams with descriptors).
+    const int made = i == 0   ? socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, pair)
+                     : i == 1 ? pipe2(pair, O_CLOEXEC)
+                              : socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, pair);
+    if (made != 0) return absl::UnavailableError(Errno(i == 1 ? "pipe2" : "socketpair"));
+    fds.ours[i] = pair[0];
+    fds.child[i] = fcntl(pair[1], F_DUPFD_CLOEXEC, 10);
+    close(pair[1]);
+    if (fds.child[i] < 0) return absl::UnavailableError(Errno("fcntl(F_DUPFD_CLOEXEC)"));
   }
 
   std::vector<std::string> argv_strings = {exe};
@@ -109,44 +92,62 @@ absl::StatusOr<std::unique_ptr<WorkerProcess>> WorkerProcess::Spawn(
 
   posix_spawn_file_actions_t actions;
   posix_spawn_file_actions_init(&actions);
-  posix_spawn_file_actions_adddup2(&actions, child_end, kChildFd);
-  posix_spawn_file_actions_adddup2(&actions, status_child_end, kChildStatusFd);
-  posix_spawn_file_actions_adddup2(&actions, region_child_end, kChildRegionFd);
+  for (int i = 0; i < kChildFdCount; ++i) {
+    posix_spawn_file_actions_adddup2(&actions, fds.child[i], kChildFd + i);
+  }
   pid_t pid = -1;
   const int rc = posix_spawn(&pid, exe.c_str(), &actions, nullptr, argv.data(), environ);
   posix_spawn_file_actions_destroy(&actions);
-  close(child_end);
-  close(status_child_end);
-  close(region_child_end);
   if (rc != 0) {
-    close(fds[0]);
-    close(status_pipe[0]);
-    close(region_pair[0]);
     return absl::UnavailableError(
         absl::StrFormat("cannot start worker %s: %s", exe, std::strerror(rc)));
   }
+  const int channel_fd = std::exchange(fds.ours[0], -1);
+  const int status_fd = std::exchange(fds.ours[1], -1);
+  const int region_fd = std::exchange(fds.ours[2], -1);
+  const int relay_fd = std::exchange(fds.ours[3], -1);
 
   // gRPC 1.51 hangs on a blocking fd (DESIGN §2).
-  fcntl(fds[0], F_SETFL, fcntl(fds[0], F_GETFL) | O_NONBLOCK);
+  fcntl(channel_fd, F_SETFL, fcntl(channel_fd, F_GETFL) | O_NONBLOCK);
   // Read after the worker is reaped: whatever it wrote is there, and a process it left
   // behind holding the write end must not block the reaper.
-  fcntl(status_pipe[0], F_SETFL, fcntl(status_pipe[0], F_GETFL) | O_NONBLOCK);
+  fcntl(status_fd, F_SETFL, fcntl(status_fd, F_GETFL) | O_NONBLOCK);
   grpc::ChannelArguments channel_args;
   channel_args.SetMaxReceiveMessageSize(kMaxMessageBytes);
   channel_args.SetMaxSendMessageSize(kMaxMessageBytes);
   channel_args.SetInt(GRPC_ARG_HTTP2_MAX_FRAME_SIZE, kHttp2MaxFrameBytes);
-  auto channel =
-      grpc::CreateCustomInsecureChannelFromFd(absl::StrCat("worker-", pid), fds[0], channel_args);
+  auto channel = grpc::CreateCustomInsecureChannelFromFd(absl::StrCat("worker-", pid), channel_fd,
+                                                         channel_args);
   auto worker = std::unique_ptr<WorkerProcess>(
-      new WorkerProcess(pid, std::move(channel), status_pipe[0], region_pair[0]));
+      new WorkerProcess(pid, std::move(channel), status_fd, region_fd, relay_fd));
   worker->reaper_ = std::thread([w = worker.get()] { w->Reap(); });
   spdlog::debug("started worker pid {}", pid);
   return worker;
 }
 
 WorkerProcess::WorkerProcess(pid_t pid, std::shared_ptr<grpc::Channel> channel, int status_fd,
-                             int region_fd)
-    : pid_(pid), status_fd_(status_fd), channel_(std::move(channel)), region_fd_(region_fd) {}
+                             int region_fd, int relay_fd)
+    : pid_(pid),
+      status_fd_(status_fd),
+      relay_fd_(relay_fd),
+      channel_(std::move(channel)),
+      region_fd_(region_fd) {}
+
+absl::StatusOr<int> WorkerProcess::OpenCommandChannel() {
+  int pair[2];
+  if (socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, pair) != 0) {
+    return absl::UnavailableError(Errno("socketpair"));
+  }
+  // Never waits: a full relay channel (a worker that stopped taking channels) is a refusal.
+  absl::Status sent = SendDatagram(relay_fd_, "c", {pair[1]}, MSG_DONTWAIT);
+  close(pair[1]);
+  if (!sent.ok()) {
+    close(pair[0]);
+    return absl::UnavailableError(
+        absl::StrCat("cannot hand a command channel to the worker: ", sent.message()));
+  }
+  return pair[0];
+}
 
 absl::StatusOr<v1::AttachHostRegionReply> WorkerProcess::AttachRegion(
     const v1::AttachHostRegionRequest& request, int memfd, absl::Duration timeout) {
@@ -205,6 +206,7 @@ WorkerProcess::~WorkerProcess() {
     if (region_fd_ >= 0) close(region_fd_);
     region_fd_ = -1;
   }
+  close(relay_fd_);
   if (!reaper_.joinable()) return;
   // The last owner may drop us from inside the exit callback, on the reaper thread itself.
   if (reaper_.get_id() == std::this_thread::get_id()) {

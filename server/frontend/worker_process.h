@@ -4,7 +4,9 @@
 // worker's fd 4, --worker-status-fd) carries the one line a worker writes when it ends
 // itself on purpose (the kernel watchdog); it is read when the worker is reaped. A
 // SOCK_SEQPACKET socketpair (the worker's fd 5, --worker-region-fd) carries the memfds of
-// same-host regions (host_region_service.proto), which gRPC cannot.
+// same-host regions (host_region_service.proto), which gRPC cannot. Another (the worker's
+// fd 6, --worker-relay-fd) carries the sockets of relayed command streams
+// (OpenCommandChannel).
 #ifndef GPURPC_SERVER_FRONTEND_WORKER_PROCESS_H_
 #define GPURPC_SERVER_FRONTEND_WORKER_PROCESS_H_
 
@@ -29,8 +31,9 @@ namespace gpurpc::frontend {
 class WorkerProcess {
  public:
   // Starts `exe` with `args` (WorkerArgs: --worker-fd=3 --worker-status-fd=4
-  // --worker-region-fd=5 ...). The child gets fd 3 as its end of the gRPC socketpair, fd 4
-  // as the write end of its status pipe and fd 5 as its end of the region channel.
+  // --worker-region-fd=5 --worker-relay-fd=6 ...). The child gets fd 3 as its end of the gRPC
+  // socketpair, fd 4 as the write end of its status pipe, fd 5 as its end of the region
+  // channel and fd 6 as its end of the relay channel.
   static absl::StatusOr<std::unique_ptr<WorkerProcess>> Spawn(const std::string& exe,
                                                               const std::vector<std::string>& args);
 
@@ -70,12 +73,21 @@ class WorkerProcess {
                                                          int memfd, absl::Duration timeout)
       ABSL_LOCKS_EXCLUDED(region_mu_);
 
+  // A new framed command channel to the worker (server/worker/framed_commands.h): one end of
+  // a fresh socketpair is handed to the worker on the relay channel, the other returned
+  // (close-on-exec, blocking; the caller closes it). Never waits; the worker admits the
+  // channel when it reads the relay channel, and a channel it refuses (over
+  // kMaxRelayedChannelsPerSession) or a worker that ended reads as closed. UNAVAILABLE when
+  // the socket cannot be made or handed over.
+  absl::StatusOr<int> OpenCommandChannel();
+
   // Called once, on the reaper thread, when the process ends (at once if it already has).
   void SetExitCallback(std::function<void(const std::string& description)> callback)
       ABSL_LOCKS_EXCLUDED(mu_);
 
  private:
-  WorkerProcess(pid_t pid, std::shared_ptr<grpc::Channel> channel, int status_fd, int region_fd);
+  WorkerProcess(pid_t pid, std::shared_ptr<grpc::Channel> channel, int status_fd, int region_fd,
+                int relay_fd);
   absl::StatusOr<v1::AttachHostRegionReply> AttachRegionLocked(
       const v1::AttachHostRegionRequest& request, int memfd, absl::Duration timeout)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(region_mu_);
@@ -83,6 +95,7 @@ class WorkerProcess {
 
   const pid_t pid_;
   const int status_fd_;  // read end of the status pipe, closed by Reap
+  const int relay_fd_;   // our end of the relay channel, closed by the destructor
   std::shared_ptr<grpc::Channel> channel_;
   std::thread reaper_;
   // Guards what the reaper learns when the process ends, and the exit callback.

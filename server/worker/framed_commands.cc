@@ -11,6 +11,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "common/limits.h"
+#include "server/worker/raw_messages.h"
 #include "spdlog/spdlog.h"
 
 namespace gpurpc::worker {
@@ -55,19 +56,31 @@ absl::Status WriteAll(int fd, const std::string& bytes) {
   return absl::OkStatus();
 }
 
-// Frames `reply` (length prefix, then the message) and sends it.
-absl::Status SendReply(int fd, const v1::CommandReply& reply) {
+// Frames `message` (length prefix, with `flags` or'ed in, then the message) and sends it.
+absl::Status SendFrame(int fd, const google::protobuf::MessageLite& message, uint32_t flags = 0) {
   std::string frame(kFrameHeaderBytes, '\0');
-  reply.AppendToString(&frame);
-  const size_t length = frame.size() - kFrameHeaderBytes;
+  message.AppendToString(&frame);
+  const uint32_t prefix = static_cast<uint32_t>(frame.size() - kFrameHeaderBytes) | flags;
   for (size_t i = 0; i < kFrameHeaderBytes; ++i) {
-    frame[i] = static_cast<char>((length >> (8 * i)) & 0xff);
+    frame[i] = static_cast<char>((prefix >> (8 * i)) & 0xff);
   }
   return WriteAll(fd, frame);
 }
 
-// The last reply of a channel the client broke: `error` says what was wrong.
-void SendProtocolError(int fd, const absl::Status& status) {
+absl::Status SendReply(int fd, const v1::CommandReply& reply) { return SendFrame(fd, reply); }
+
+// How a relayed channel ends with an error (framed_commands.h): the end frame.
+void SendEnd(int fd, const absl::Status& status) {
+  v1::CommandError error;
+  error.set_code(static_cast<int32_t>(status.code()));
+  error.set_message(std::string(status.message()));
+  (void)SendFrame(fd, error, kEndFrameBit);  // the channel ends either way
+}
+
+// The end of a channel the client broke: for a direct client one last reply whose `error`
+// says what was wrong, for the front end the end frame.
+void SendProtocolError(int fd, FramedPeer peer, const absl::Status& status) {
+  if (peer == FramedPeer::kFrontEndRelay) return SendEnd(fd, status);
   v1::CommandReply reply;
   reply.mutable_error()->set_code(static_cast<int32_t>(status.code()));
   reply.mutable_error()->set_message(std::string(status.message()));
@@ -94,7 +107,8 @@ class MemoryHold {
   size_t taken_;
 };
 
-void Serve(Session* session, int fd, FramedMemory* memory) {
+void Serve(Session* session, int fd, FramedMemory* memory, FramedPeer peer) {
+  const bool relayed = peer == FramedPeer::kFrontEndRelay;
   uint64_t last_sequence = 0;
   uint64_t index = 0;
   std::vector<char> scratch(kReadPieceBytes);
@@ -113,10 +127,11 @@ void Serve(Session* session, int fd, FramedMemory* memory) {
       length |= static_cast<uint64_t>(static_cast<uint8_t>(bytes[i])) << (8 * i);
     }
     if (length > static_cast<uint64_t>(kMaxMessageBytes)) {
-      SendProtocolError(fd, absl::InvalidArgumentError(absl::StrFormat(
-                                "framed command channel: message %d announces %d bytes, more "
-                                "than the %d bytes a CommandBatch may have",
-                                index, length, kMaxMessageBytes)));
+      SendProtocolError(fd, peer,
+                        absl::InvalidArgumentError(absl::StrFormat(
+                            "framed command channel: message %d announces %d bytes, more "
+                            "than the %d bytes a CommandBatch may have",
+                            index, length, kMaxMessageBytes)));
       return;
     }
     bytes.clear();
@@ -135,8 +150,10 @@ void Serve(Session* session, int fd, FramedMemory* memory) {
     }
     const size_t parsed_bound = ParsedBytesBound(type, bytes, limit);
     if (parsed_bound > limit) {
-      SendProtocolError(fd, CheckParsedBytes(type, bytes, [&] {
-                          return absl::StrFormat("framed command channel: message %d", index);
+      SendProtocolError(fd, peer, CheckParsedBytes(type, bytes, [&] {
+                          return relayed
+                                     ? absl::StrFormat("CommandStream message %d", index)
+                                     : absl::StrFormat("framed command channel: message %d", index);
                         }));
       return;
     }
@@ -145,20 +162,24 @@ void Serve(Session* session, int fd, FramedMemory* memory) {
     // the channel idles.
     v1::CommandBatch batch;
     if (!batch.ParseFromString(bytes)) {
-      SendProtocolError(fd, absl::InvalidArgumentError(absl::StrFormat(
-                                "framed command channel: message %d (%d bytes) is not a "
-                                "gpurpc.v1.CommandBatch",
-                                index, length)));
+      SendProtocolError(
+          fd, peer,
+          absl::InvalidArgumentError(
+              relayed ? NotParsedMessage("/gpurpc.v1.ExecutionService/CommandStream", index,
+                                         "gpurpc.v1.CommandBatch")
+                      : absl::StrFormat("framed command channel: message %d (%d bytes) is "
+                                        "not a gpurpc.v1.CommandBatch",
+                                        index, length)));
       return;
     }
     std::string().swap(bytes);
     v1::CommandReply reply;
     const absl::Status status = AnswerBatch(session, batch, &last_sequence, &reply);
     if (!status.ok() && status.code() == absl::StatusCode::kInvalidArgument) {
-      SendProtocolError(fd, status);  // sequence numbers: nothing of the batch ran
+      SendProtocolError(fd, peer, status);  // sequence numbers: nothing of the batch ran
       return;
     }
-    if (!status.ok() && !reply.has_error()) {
+    if (!status.ok() && !reply.has_error() && !relayed) {
       reply.mutable_error()->set_code(static_cast<int32_t>(status.code()));
       reply.mutable_error()->set_message(std::string(status.message()));
     }
@@ -166,7 +187,11 @@ void Serve(Session* session, int fd, FramedMemory* memory) {
       spdlog::debug("framed command channel: {}", std::string(sent.message()));
       return;
     }
-    if (!status.ok()) return;  // a sticky fault ends the stream, as on CommandStream
+    if (!status.ok()) {
+      // A sticky fault ends the stream, as on CommandStream.
+      if (relayed) SendEnd(fd, status);
+      return;
+    }
   }
 }
 
@@ -210,8 +235,8 @@ size_t FramedMemory::free() const {
   return free_;
 }
 
-void ServeFramedCommands(Session* session, int fd, FramedMemory* memory) {
-  Serve(session, fd, memory);
+void ServeFramedCommands(Session* session, int fd, FramedMemory* memory, FramedPeer peer) {
+  Serve(session, fd, memory, peer);
   shutdown(fd, SHUT_RDWR);
 }
 

@@ -1,7 +1,15 @@
 // The framed command protocol: a same-host client's command stream on a direct socket
-// without gRPC (host_region_service.proto, OpenDirectChannel). Each message is a 4-byte
+// without gRPC (host_region_service.proto, OpenDirectChannel), and the front end's relay of a
+// client's CommandStream to the worker (FramedPeer::kFrontEndRelay). Each message is a 4-byte
 // little-endian length and that many bytes: a CommandBatch from the client, a CommandReply
 // from the worker, one reply per batch, in order.
+//
+// On a relayed channel the worker ends the stream as CommandStream's gRPC handler would: a
+// protocol error or a sticky fault is an end frame, whose length has kEndFrameBit set and
+// whose bytes are a CommandError (its code and message are the stream's status; a sticky
+// fault's reply comes before it, as on CommandStream), and a clean end is the socket closing
+// after the front end shut its side down. A direct client's channel has no end frames: an
+// error is one last reply whose `error` says what was wrong.
 //
 // Every byte on the socket comes from the tenant. A length above kMaxMessageBytes, bytes
 // that are not a CommandBatch and sequence numbers that do not increase are answered by one
@@ -41,6 +49,9 @@ namespace gpurpc::worker {
 
 // Bytes of a frame's length prefix.
 inline constexpr size_t kFrameHeaderBytes = 4;
+// Set in the length prefix of a relayed channel's end frame (above every message's length).
+inline constexpr uint32_t kEndFrameBit = 0x80000000u;
+static_assert(static_cast<uint64_t>(kMaxMessageBytes) < kEndFrameBit);
 
 // What a worker's framed channels may hold of messages at once (FramedMemory): room for
 // one message of the largest size and its largest parse (kMaxMessageBytes plus
@@ -77,11 +88,19 @@ class FramedMemory {
 absl::Status AnswerBatch(Session* session, const v1::CommandBatch& batch, uint64_t* last_sequence,
                          v1::CommandReply* reply);
 
+// Who is at the other end of a framed channel, which decides how errors name what was wrong:
+// a same-host client's direct channel ("framed command channel: message N"), or the front
+// end relaying a client's ExecutionService.CommandStream (host_region.h, RelayChannel): its
+// errors read as CommandStream's own on the worker's gRPC server, since the client made a
+// CommandStream call.
+enum class FramedPeer { kDirectClient, kFrontEndRelay };
+
 // Serves the framed protocol on the connected stream socket `fd` (blocking; not closed here)
 // until the client closes its end or shuts it down, the client breaks the protocol, or a
 // sticky fault ends the stream; then shuts `fd` down, so that the client sees the end.
 // `memory` (shared by the worker's framed channels) must outlive the call.
-void ServeFramedCommands(Session* session, int fd, FramedMemory* memory);
+void ServeFramedCommands(Session* session, int fd, FramedMemory* memory,
+                         FramedPeer peer = FramedPeer::kDirectClient);
 
 }  // namespace gpurpc::worker
 

@@ -122,7 +122,10 @@ void DirectChannels::Prune() {
   }
 }
 
-absl::Status DirectChannels::Admit(int fd, bool framed) {
+namespace {
+
+// OK when `fd` is one end of a connected AF_UNIX SOCK_STREAM socket.
+absl::Status CheckChannelSocket(int fd) {
   int type = 0;
   int domain = 0;
   socklen_t length = sizeof(type);
@@ -135,36 +138,30 @@ absl::Status DirectChannels::Admit(int fd, bool framed) {
         "a direct channel's descriptor must be one end of a connected AF_UNIX SOCK_STREAM "
         "socketpair");
   }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+size_t DirectChannels::FramedCountLocked(FramedPeer peer) const {
+  size_t count = 0;
+  for (const auto& framed : framed_) count += framed->peer == peer ? 1 : 0;
+  return count;
+}
+
+absl::Status DirectChannels::Admit(int fd, bool framed) {
+  if (absl::Status checked = CheckChannelSocket(fd); !checked.ok()) return checked;
   absl::MutexLock lock(&mu_);
   Prune();
-  const size_t open = live_.size() + framed_.size();
+  const size_t open = live_.size() + FramedCountLocked(FramedPeer::kDirectClient);
   if (open >= kMaxDirectChannelsPerSession) {
     return absl::ResourceExhaustedError(
         absl::StrFormat("this session holds %d direct channels, the most it may", open));
   }
+  if (framed) return StartFramedLocked(fd, FramedPeer::kDirectClient);
   const int mine = fcntl(fd, F_DUPFD_CLOEXEC, 0);
   if (mine < 0) {
     return absl::ResourceExhaustedError(absl::StrCat("dup: ", std::strerror(errno)));
-  }
-  if (framed) {
-    // Blocking: the channel's thread waits in recv and send.
-    fcntl(mine, F_SETFL, fcntl(mine, F_GETFL) & ~O_NONBLOCK);
-    auto channel = std::make_unique<Framed>();
-    channel->fd = mine;
-    Framed* const raw = channel.get();
-    try {
-      raw->thread = std::thread([this, raw] {
-        serve_framed_(raw->fd);
-        raw->done.store(true);
-      });
-    } catch (const std::system_error& e) {
-      // The host's thread limit counts every tenant's workers: a refusal, not the worker's end.
-      close(mine);
-      return absl::ResourceExhaustedError(
-          absl::StrCat("cannot start the framed channel's thread: ", e.what()));
-    }
-    framed_.push_back(std::move(channel));
-    return absl::OkStatus();
   }
   // gRPC 1.51 hangs on a blocking fd.
   fcntl(mine, F_SETFL, fcntl(mine, F_GETFL) | O_NONBLOCK);
@@ -173,6 +170,76 @@ absl::Status DirectChannels::Admit(int fd, bool framed) {
   live_[mine] = {st.st_dev, st.st_ino};
   grpc::AddInsecureChannelFromFd(server_, mine);  // owns `mine` from here on
   return absl::OkStatus();
+}
+
+absl::Status DirectChannels::AdmitRelayed(int fd) {
+  if (absl::Status checked = CheckChannelSocket(fd); !checked.ok()) return checked;
+  absl::MutexLock lock(&mu_);
+  Prune();
+  const size_t open = FramedCountLocked(FramedPeer::kFrontEndRelay);
+  if (open >= kMaxRelayedChannelsPerSession) {
+    return absl::ResourceExhaustedError(
+        absl::StrFormat("this session has %d relayed command streams, the most it may", open));
+  }
+  return StartFramedLocked(fd, FramedPeer::kFrontEndRelay);
+}
+
+absl::Status DirectChannels::StartFramedLocked(int fd, FramedPeer peer) {
+  const int mine = fcntl(fd, F_DUPFD_CLOEXEC, 0);
+  if (mine < 0) {
+    return absl::ResourceExhaustedError(absl::StrCat("dup: ", std::strerror(errno)));
+  }
+  // Blocking: the channel's thread waits in recv and send.
+  fcntl(mine, F_SETFL, fcntl(mine, F_GETFL) & ~O_NONBLOCK);
+  auto channel = std::make_unique<Framed>();
+  channel->fd = mine;
+  channel->peer = peer;
+  Framed* const raw = channel.get();
+  try {
+    raw->thread = std::thread([this, raw] {
+      serve_framed_(raw->fd, raw->peer);
+      raw->done.store(true);
+    });
+  } catch (const std::system_error& e) {
+    // The host's thread limit counts every tenant's workers: a refusal, not the worker's end.
+    close(mine);
+    return absl::ResourceExhaustedError(
+        absl::StrCat("cannot start the framed channel's thread: ", e.what()));
+  }
+  framed_.push_back(std::move(channel));
+  return absl::OkStatus();
+}
+
+RelayChannel::RelayChannel(int fd, AdmitFn admit) : fd_(fd), admit_(std::move(admit)) {
+  thread_ = std::thread([this] { Loop(); });
+}
+
+RelayChannel::~RelayChannel() {
+  shutdown(fd_, SHUT_RDWR);
+  if (thread_.joinable()) thread_.join();
+  close(fd_);
+}
+
+void RelayChannel::Loop() {
+  for (;;) {
+    ReceivedDatagram datagram;
+    if (absl::Status received = ReceiveDatagram(fd_, &datagram); !received.ok()) {
+      if (received.message() != "closed") {
+        spdlog::warn("relay channel: {}", std::string(received.message()));
+      }
+      return;
+    }
+    if (datagram.truncated || datagram.fds.size() != 1 || datagram.bytes != "c") {
+      spdlog::warn("relay channel: a malformed datagram ({} bytes, {} descriptors); dropped",
+                   datagram.bytes.size(), datagram.fds.size());
+      continue;  // its descriptors close with it
+    }
+    // Admitted, the channel is served on a duplicate; refused or not, this one closes here.
+    if (absl::Status admitted = admit_(datagram.fds[0]); !admitted.ok()) {
+      spdlog::warn("relay channel: a relayed command stream was refused: {}",
+                   std::string(admitted.message()));
+    }
+  }
 }
 
 RegionChannel::RegionChannel(int fd, AttachFn attach) : fd_(fd), attach_(std::move(attach)) {

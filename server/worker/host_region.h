@@ -30,6 +30,7 @@
 #include "absl/synchronization/mutex.h"
 #include "gpurpc/v1/host_region_service.pb.h"
 #include "grpcpp/server.h"
+#include "server/worker/framed_commands.h"
 
 namespace gpurpc::worker {
 
@@ -40,6 +41,11 @@ inline constexpr size_t kHostRegionTicketBytes = 16;
 // Direct channels (HostRegionService.OpenDirectChannel) one session may hold open, and
 // tickets for them it may hold unused.
 inline constexpr size_t kMaxDirectChannelsPerSession = 8;
+// Framed channels the front end may relay a session's command streams on at once
+// (RelayChannel). The front end keeps its own, lower bound
+// (SessionRecord::kMaxRelayedCommandStreams in server/frontend/session_manager.h); this one only
+// stops a front end that would not.
+inline constexpr size_t kMaxRelayedChannelsPerSession = 32;
 
 // A client's memfd mapped shared read-write; unmapped when destroyed.
 class MappedRegion {
@@ -65,13 +71,15 @@ absl::StatusOr<std::string> NewAttachTicket();
 
 // The direct channels of a session's worker: client socket ends (passed on the region
 // socket) served either by the worker's second gRPC server, which has only ExecutionService,
-// or, framed, by a thread of their own that runs `serve_framed(fd)` (the framed command
-// protocol, framed_commands.h).
+// or, framed, by a thread of their own that runs `serve_framed(fd, kDirectClient)` (the
+// framed command protocol, framed_commands.h); and the front end's relayed command streams
+// (RelayChannel), framed, each on a thread that runs `serve_framed(fd, kFrontEndRelay)`.
 class DirectChannels {
  public:
-  // `server` must outlive this object. `serve_framed(fd)` serves a framed channel until it
-  // ends and must not close `fd`.
-  DirectChannels(grpc::Server* server, std::function<void(int fd)> serve_framed)
+  using ServeFramedFn = std::function<void(int fd, FramedPeer peer)>;
+  // `server` must outlive this object. `serve_framed(fd, peer)` serves a framed channel until
+  // it ends and must not close `fd`.
+  DirectChannels(grpc::Server* server, ServeFramedFn serve_framed)
       : server_(server), serve_framed_(std::move(serve_framed)) {}
   // Shuts the framed channels down and joins their threads.
   ~DirectChannels();
@@ -83,18 +91,26 @@ class DirectChannels {
   // kMaxDirectChannelsPerSession channels, gRPC and framed together, are open
   // (RESOURCE_EXHAUSTED).
   absl::Status Admit(int fd, bool framed) ABSL_LOCKS_EXCLUDED(mu_);
+  // Serves `fd` (not taken), a command stream the front end relays, as a framed channel, after
+  // the same check of the socket; RESOURCE_EXHAUSTED when kMaxRelayedChannelsPerSession are
+  // open. These do not count against the client's kMaxDirectChannelsPerSession.
+  absl::Status AdmitRelayed(int fd) ABSL_LOCKS_EXCLUDED(mu_);
 
  private:
   struct Framed {
     int fd = -1;  // closed once the thread is joined
+    FramedPeer peer = FramedPeer::kDirectClient;
     std::thread thread;
     std::atomic<bool> done{false};
   };
   // Forgets the gRPC channels whose fds gRPC closed, and joins the framed channels that ended.
   void Prune() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Starts serving a duplicate of `fd` framed, on a thread of its own.
+  absl::Status StartFramedLocked(int fd, FramedPeer peer) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  size_t FramedCountLocked(FramedPeer peer) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   grpc::Server* const server_;
-  const std::function<void(int fd)> serve_framed_;
+  const ServeFramedFn serve_framed_;
   absl::Mutex mu_;
   // Channels handed to gRPC: fd -> (device, inode), forgotten once gRPC closed the fd.
   std::map<int, std::pair<dev_t, ino_t>> live_ ABSL_GUARDED_BY(mu_);
@@ -118,6 +134,28 @@ class RegionChannel {
   void Loop();
   const int fd_;
   const AttachFn attach_;
+  std::thread thread_;
+};
+
+// The worker's end of the relay channel (--worker-relay-fd, a SOCK_SEQPACKET socketpair
+// with the front end, which nobody else holds): each datagram is one byte, 'c', with one
+// descriptor, one end of a socketpair on which the front end relays a client's command stream
+// (server/frontend/command_relay.h); it goes to `admit` (DirectChannels::AdmitRelayed). There
+// is no answer: a channel that cannot be admitted is closed, and the front end sees its end
+// close. Ends when the front end closes its end; the destructor shuts the socket down and
+// joins.
+class RelayChannel {
+ public:
+  using AdmitFn = std::function<absl::Status(int fd)>;
+  RelayChannel(int fd, AdmitFn admit);
+  ~RelayChannel();
+  RelayChannel(const RelayChannel&) = delete;
+  RelayChannel& operator=(const RelayChannel&) = delete;
+
+ private:
+  void Loop();
+  const int fd_;
+  const AdmitFn admit_;
   std::thread thread_;
 };
 

@@ -5,6 +5,7 @@
 #include <memory>
 
 #include "absl/base/thread_annotations.h"
+#include "absl/strings/str_format.h"
 #include "absl/synchronization/mutex.h"
 #include "google/protobuf/io/coded_stream.h"
 #include "google/protobuf/wire_format_lite.h"
@@ -159,6 +160,13 @@ uint8_t* BeginChunk(PooledBlock* block, const std::string& header, int field_num
   p += header.size();
   p = CodedOutputStream::WriteVarint32ToArray(tag, p);
   return CodedOutputStream::WriteVarint32ToArray(static_cast<uint32_t>(size), p);
+}
+
+std::string NotParsedMessage(const char* method, uint64_t index, const char* type) {
+  return absl::StrFormat(
+      "%s: message %d of the stream is not a valid %s (it does not parse as protobuf); the "
+      "stream ends here and that message was not applied",
+      method, index, type);
 }
 
 }  // namespace gpurpc::worker

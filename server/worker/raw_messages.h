@@ -47,6 +47,11 @@ bool ParseRaw(const grpc::ByteBuffer& message, google::protobuf::Message* out);
 // `message` serialized as a raw message.
 grpc::ByteBuffer SerializeRaw(const google::protobuf::Message& message);
 
+// What a client-streaming method answers (INVALID_ARGUMENT) when message `index` (from 1) of
+// its stream does not parse as `type`: "METHOD: message N of the stream is not a valid TYPE
+// ...". Shared by the gRPC handlers and the framed channels the front end relays.
+std::string NotParsedMessage(const char* method, uint64_t index, const char* type);
+
 // A raw message of `header` (the serialized other fields) followed by `size` bytes as the
 // length-delimited field `field_number`, in a pooled buffer that gRPC gives back once the
 // transport has written it. `fill` writes the field's bytes (to `size` bytes at its argument);

@@ -56,11 +56,7 @@ int MethodIndex(const char* service, const char* method) {
 
 // INVALID_ARGUMENT for message `index` (from 1) of a stream that does not parse as `type`.
 grpc::Status NotParsed(const char* method, uint64_t index, const char* type) {
-  return grpc::Status(
-      grpc::StatusCode::INVALID_ARGUMENT,
-      absl::StrFormat("%s: message %d of the stream is not a valid %s (it does not parse as "
-                      "protobuf); the stream ends here and that message was not applied",
-                      method, index, type));
+  return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, NotParsedMessage(method, index, type));
 }
 
 void SetDim(const std::array<int, 3>& in, v1::Dim3* out) {

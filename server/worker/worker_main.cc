@@ -141,7 +141,8 @@ int WorkerMain(const DaemonOptions& options) {
   absl::SetMutexDeadlockDetectionMode(absl::OnDeadlockCycle::kIgnore);
   const absl::Status limits = SetWorkerLimits();
   // The front end's fds must not leak into the compile helpers this worker spawns.
-  for (const int fd : {options.worker_fd, options.worker_status_fd, options.worker_region_fd}) {
+  for (const int fd : {options.worker_fd, options.worker_status_fd, options.worker_region_fd,
+                       options.worker_relay_fd}) {
     if (fd >= 0) fcntl(fd, F_SETFD, fcntl(fd, F_GETFD) | FD_CLOEXEC);
   }
   // Die with the front end: an orphaned worker would hold a GPU context forever.
@@ -274,6 +275,7 @@ int WorkerMain(const DaemonOptions& options) {
   FramedMemory framed_memory_budget(kFramedMemoryBytes);
   std::unique_ptr<DirectChannels> direct_channels;
   std::unique_ptr<RegionChannel> region_channel;
+  std::unique_ptr<RelayChannel> relay_channel;
   if (session != nullptr && options.worker_region_fd >= 0) {
     direct_services = MakeDirectServices(session.get());
     grpc::ServerBuilder direct_builder;
@@ -295,8 +297,9 @@ int WorkerMain(const DaemonOptions& options) {
     Session* const served = session.get();
     FramedMemory* const framed_memory = &framed_memory_budget;
     direct_channels = std::make_unique<DirectChannels>(
-        direct_server.get(),
-        [served, framed_memory](int fd) { ServeFramedCommands(served, fd, framed_memory); });
+        direct_server.get(), [served, framed_memory](int fd, FramedPeer peer) {
+          ServeFramedCommands(served, fd, framed_memory, peer);
+        });
     // Regions' memfds and direct channels' sockets arrive from the front end on their own
     // channel (gRPC carries no fds).
     Session* const target = session.get();
@@ -316,6 +319,11 @@ int WorkerMain(const DaemonOptions& options) {
           }
           return channels->Admit(fd, request.framed_commands());
         });
+    // The front end's relayed command streams (server/frontend/command_relay.h).
+    if (options.worker_relay_fd >= 0) {
+      relay_channel = std::make_unique<RelayChannel>(
+          options.worker_relay_fd, [channels](int fd) { return channels->AdmitRelayed(fd); });
+    }
   }
   // gRPC 1.51 hangs on a blocking fd (DESIGN §2).
   const int flags = fcntl(options.worker_fd, F_GETFL);

@@ -38,6 +38,7 @@
 #include "absl/time/time.h"
 #include "gmock/gmock.h"
 #include "gpurpc/client.h"
+#include "gpurpc/v1/execution_service.grpc.pb.h"
 #include "grpcpp/generic/generic_stub.h"
 #include "grpcpp/grpcpp.h"
 #include "gtest/gtest.h"
@@ -605,6 +606,73 @@ TEST_F(MetricsTest, CountersMoveByExactlyWhatTheClientDid) {
       << cache.Counter("gpurpc_compile_cache_disk_files") << ", "
       << cache.Counter("gpurpc_compile_cache_disk_bytes");
   EXPECT_THAT(daemon_->CheckRunning(), IsOk());
+}
+
+// Command streams held open at once on one session: each sends a sync and reads its answer,
+// so that the front end has relayed it before Hold returns.
+class HeldStreams {
+ public:
+  HeldStreams(const std::string& address, uint64_t session_id, int count) {
+    auto stub = v1::ExecutionService::NewStub(
+        grpc::CreateChannel(address, grpc::InsecureChannelCredentials()));
+    for (int i = 0; i < count; ++i) {
+      contexts_.push_back(std::make_unique<grpc::ClientContext>());
+      contexts_.back()->AddMetadata("gpurpc-session", std::to_string(session_id));
+      streams_.push_back(stub->CommandStream(contexts_.back().get()));
+      v1::CommandBatch batch;
+      v1::Command* sync = batch.add_commands();
+      sync->set_sequence(1);
+      sync->mutable_sync();
+      v1::CommandReply reply;
+      EXPECT_TRUE(streams_.back()->Write(batch) && streams_.back()->Read(&reply)) << "stream " << i;
+    }
+  }
+  // Cancels every stream.
+  ~HeldStreams() {
+    for (auto& context : contexts_) context->TryCancel();
+    for (auto& stream : streams_) (void)stream->Finish();
+  }
+
+ private:
+  std::vector<std::unique_ptr<grpc::ClientContext>> contexts_;
+  std::vector<std::unique_ptr<grpc::ClientReaderWriter<v1::CommandBatch, v1::CommandReply>>>
+      streams_;
+};
+
+// CommandStream calls count by how the front end relays them: on framed channels, up to
+// eight per session at once, and the rest by gRPC; the framed places come back when streams
+// end, however they end.
+TEST_F(MetricsTest, CommandStreamsCountByHowTheyAreRelayed) {
+  ASSERT_NO_FATAL_FAILURE(Start());
+  auto session = client_->OpenSession(0, "metrics test");
+  ASSERT_THAT(session, IsOk());
+  const Labels framed = {{"relay", "framed"}};
+  const Labels grpc_relay = {{"relay", "grpc"}};
+  const Exposition before = Scrape();
+  {
+    HeldStreams held(daemon_->address(), session->id(), 10);
+    const Exposition during = Scrape();
+    EXPECT_EQ(Delta(before, during, "gpurpc_command_streams_total", framed), 8);
+    EXPECT_EQ(Delta(before, during, "gpurpc_command_streams_total", grpc_relay), 2);
+  }
+  // Cancelled, the streams give their framed places back (once the front end has ended them).
+  EXPECT_TRUE(Eventually([&] {
+    const Exposition start = Scrape();
+    HeldStreams held(daemon_->address(), session->id(), 8);
+    return Delta(start, Scrape(), "gpurpc_command_streams_total", framed) == 8;
+  }));
+}
+
+// --command-relay=grpc relays every command stream by gRPC.
+TEST_F(MetricsTest, CommandStreamsGoByGrpcWhenTold) {
+  ASSERT_NO_FATAL_FAILURE(Start({"--command-relay=grpc"}));
+  auto session = client_->OpenSession(0, "metrics test");
+  ASSERT_THAT(session, IsOk());
+  const Exposition before = Scrape();
+  { HeldStreams held(daemon_->address(), session->id(), 3); }
+  const Exposition after = Scrape();
+  EXPECT_EQ(Delta(before, after, "gpurpc_command_streams_total", {{"relay", "grpc"}}), 3);
+  EXPECT_EQ(Delta(before, after, "gpurpc_command_streams_total", {{"relay", "framed"}}), 0);
 }
 
 TEST_F(MetricsTest, TheWatchdogsKillIsAFaultOfItsCause) {

@@ -220,6 +220,23 @@ TEST(OptionsTest, ShippedExampleConfigParses) {
   EXPECT_EQ(options->session_grace, absl::Seconds(10));
 }
 
+TEST(OptionsTest, CommandRelay) {
+  auto defaults = Parse({});
+  ASSERT_THAT(defaults.status(), IsOk());
+  EXPECT_EQ(defaults->command_relay, "framed");
+  auto grpc = Parse({"--command-relay=grpc"});
+  ASSERT_THAT(grpc.status(), IsOk());
+  EXPECT_EQ(grpc->command_relay, "grpc");
+  auto from_file = Parse({"--config=" + WriteConfig("command_relay: \"grpc\"\n")});
+  ASSERT_THAT(from_file.status(), IsOk());
+  EXPECT_EQ(from_file->command_relay, "grpc");
+  for (const char* bad : {"--command-relay=tcp", "--command-relay=", "--command-relay=GRPC"}) {
+    EXPECT_THAT(Parse({bad}).status(),
+                StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("--command-relay")))
+        << bad;
+  }
+}
+
 TEST(OptionsTest, KernelTimeoutAndSessionGrace) {
   auto defaults = Parse({});
   ASSERT_THAT(defaults.status(), IsOk());

@@ -1,0 +1,42 @@
+// A client's ExecutionService.CommandStream relayed to its session's worker on a framed
+// command channel (server/worker/framed_commands.h) rather than on a gRPC call: the worker
+// serves it on a thread of its own that reads a batch, runs it and writes the reply, with none
+// of the hand-offs between gRPC's threads that a relayed gRPC stream costs on both sides.
+//
+// The channel is one end of a socketpair whose other end went to the worker on its relay
+// channel (WorkerProcess::OpenCommandChannel). The relay reads one client message at a time
+// and writes it to the channel without waiting (what the socket does not take at once is
+// sent by the relay's thread, and the next message is read once it is out); the thread reads
+// the worker's replies and writes them to the client, one at a time, reading no further reply
+// while one waits for the client. So the front end holds at most one batch and two replies
+// per stream, as its gRPC relay does.
+//
+// The client sees what it would see through the gRPC relay: the worker checks each batch
+// itself and names errors as CommandStream's handler does (FramedPeer::kFrontEndRelay); its
+// end frame becomes the stream's status, a sticky fault or a worker that ended marks the
+// session FAULTED (relay_status.h), the session is touched by the stream's traffic, and the
+// relay's bytes are counted in the metrics as the gRPC relay's are.
+//
+// At most SessionRecord::kMaxRelayedCommandStreams streams per session are relayed so (each
+// has a thread in the front end and one in the worker); more go by gRPC.
+#ifndef GPURPC_SERVER_FRONTEND_COMMAND_RELAY_H_
+#define GPURPC_SERVER_FRONTEND_COMMAND_RELAY_H_
+
+#include <memory>
+
+#include "grpcpp/generic/async_generic_service.h"
+#include "server/frontend/metrics.h"
+#include "server/frontend/session_manager.h"
+
+namespace gpurpc::frontend {
+
+// The reactor relaying `context`'s CommandStream on a framed channel to `session`'s worker,
+// or null when it cannot (the session relays kMaxRelayedCommandStreams already, or no channel
+// could be made): the caller then relays the stream by gRPC. `metrics` may be null.
+grpc::ServerGenericBidiReactor* StartFramedCommandRelay(
+    grpc::GenericCallbackServerContext* context, const std::shared_ptr<SessionRecord>& session,
+    FrontendMetrics* metrics);
+
+}  // namespace gpurpc::frontend
+
+#endif  // GPURPC_SERVER_FRONTEND_COMMAND_RELAY_H_
