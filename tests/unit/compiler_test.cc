@@ -3,19 +3,24 @@
 #include "server/worker/compiler/compiler.h"
 
 #include <stdlib.h>
+#include <sys/socket.h>
 #include <unistd.h>
 
 #include <filesystem>
 #include <fstream>
 #include <memory>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
 #include "gmock/gmock.h"
+#include "google/protobuf/wrappers.pb.h"
 #include "gtest/gtest.h"
+#include "server/worker/compiler/compile_helper.h"
 #include "server/worker/compiler/sha256.h"
 #include "server/worker/compiler/std_headers.h"
 #include "tests/testing/status_matchers.h"
@@ -562,6 +567,55 @@ INSTANTIATE_TEST_SUITE_P(Directives, IncludeCheckTest,
                                            "#include <../secret.h>", "#include_next </x.h>",
                                            "#define F \"/etc/passwd\"\n#include F",
                                            "#if __has_include(\"/etc/shadow\")\n#endif"));
+
+// The helper protocol's frames are parsed only when what they parse to is bounded: a helper
+// that a tenant's source subverted cannot make its worker take many times a reply's size.
+std::string Frame(const std::string& bytes) {
+  const auto size = static_cast<uint32_t>(bytes.size());
+  std::string frame = {static_cast<char>(size), static_cast<char>(size >> 8),
+                       static_cast<char>(size >> 16), static_cast<char>(size >> 24)};
+  return frame + bytes;
+}
+
+absl::Status ReadOneFrame(const std::string& frame, google::protobuf::MessageLite* message) {
+  int fds[2];
+  if (socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, fds) != 0) {
+    return absl::InternalError("socketpair");
+  }
+  std::thread writer([&] {
+    size_t sent = 0;
+    while (sent < frame.size()) {
+      const ssize_t n = send(fds[1], frame.data() + sent, frame.size() - sent, MSG_NOSIGNAL);
+      if (n <= 0) break;
+      sent += static_cast<size_t>(n);
+    }
+  });
+  absl::Status read = ReadHelperFrame(fds[0], message, 256u << 20, absl::Now() + absl::Seconds(60));
+  close(fds[0]);  // a writer still sending (the frame was refused early) stops
+  writer.join();
+  close(fds[1]);
+  return read;
+}
+
+TEST(HelperFrameTest, AFrameThatWouldParseToManyTimesItsSizeIsRefusedUnparsed) {
+  // 8 million unknown varint fields: 16 MB that protobuf would parse to some 400 MB.
+  std::string fields;
+  fields.reserve(16'000'000);
+  for (int i = 0; i < 8'000'000; ++i) fields += "\x78\x01";
+  google::protobuf::BytesValue message;
+  EXPECT_THAT(ReadOneFrame(Frame(fields), &message),
+              StatusIs(absl::StatusCode::kInternal, HasSubstr("would take more than")));
+  EXPECT_TRUE(message.value().empty());
+}
+
+TEST(HelperFrameTest, LargeImagesAndLogsStillParse) {
+  // A 60 MB string parses to about twice its size: under the bound.
+  google::protobuf::BytesValue big;
+  big.set_value(std::string(60'000'000, 'c'));
+  google::protobuf::BytesValue message;
+  ASSERT_THAT(ReadOneFrame(Frame(big.SerializeAsString()), &message), IsOk());
+  EXPECT_EQ(message.value().size(), 60'000'000u);
+}
 
 }  // namespace
 }  // namespace gpurpc::compiler

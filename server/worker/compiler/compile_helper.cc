@@ -28,6 +28,7 @@
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "common/status_macros.h"
+#include "server/parse_limit.h"
 #include "server/worker/compiler/compile_helper.pb.h"
 #include "server/worker/compiler/nvrtc_library.h"
 #include "spdlog/spdlog.h"
@@ -159,6 +160,17 @@ absl::Status ReadFrame(int fd, google::protobuf::MessageLite* message, uint32_t 
     const size_t step = std::min<size_t>(kStep, size - at);
     bytes.resize(at + step);
     GPURPC_RETURN_IF_ERROR(RecvAll(fd, bytes.data() + at, step, deadline));
+  }
+  // What the bytes parse to is bounded before they are parsed (server/parse_limit.h): the
+  // helper compiles a tenant's source, so a reply of many tiny fields could otherwise take
+  // many times its size in the worker. Twice the size and the allowance: a large string (a
+  // cubin, a long log) parses to at most about twice its bytes.
+  if (const auto* full = dynamic_cast<const google::protobuf::Message*>(message); full != nullptr) {
+    absl::Status bound = CheckParsedBytes(
+        *full->GetDescriptor(), bytes,
+        [&] { return absl::StrCat("a ", message->GetTypeName(), " read from its peer"); },
+        2 * bytes.size() + kParsedAllowanceBytes);
+    if (!bound.ok()) return absl::InternalError(bound.message());
   }
   if (!message->ParseFromString(bytes)) {
     return absl::InternalError(absl::StrCat("malformed ", message->GetTypeName()));
@@ -574,6 +586,11 @@ int CompileHelperMain() {
   const bool sent = WriteFrame(fd, response, absl::InfiniteFuture()).ok();
   // No destructors: NVRTC's state dies with the process.
   _exit(sent ? 0 : kExitProtocol);
+}
+
+absl::Status ReadHelperFrame(int fd, google::protobuf::MessageLite* message, uint32_t max_size,
+                             absl::Time deadline) {
+  return ReadFrame(fd, message, max_size, deadline);
 }
 
 }  // namespace gpurpc::compiler

@@ -30,6 +30,8 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "google/protobuf/message_lite.h"
 #include "server/worker/compiler/sandbox.h"
 
 namespace gpurpc::compiler {
@@ -88,6 +90,14 @@ std::string ProbeCompileSandbox(const HelperSettings& settings,
 
 // main() of a helper process (fd kCompileHelperFd is its socket); returns its exit status.
 int CompileHelperMain();
+
+// One frame of the helper protocol read from `fd` (a 4-byte little-endian length, then the
+// message) into `message`, for the protocol's tests. INTERNAL when the length is over
+// `max_size`, when the bytes would parse to more than twice their size plus 16 MiB
+// (server/parse_limit.h: the helper compiles a tenant's source and is not trusted), or do not
+// parse; DEADLINE_EXCEEDED after `deadline`; UNAVAILABLE when the peer closed.
+absl::Status ReadHelperFrame(int fd, google::protobuf::MessageLite* message, uint32_t max_size,
+                             absl::Time deadline);
 
 }  // namespace gpurpc::compiler
 
