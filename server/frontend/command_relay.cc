@@ -9,6 +9,7 @@
 
 #include <cerrno>
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
 #include <memory>
 #include <string>
@@ -121,12 +122,7 @@ class FramedCommandRelay final : public grpc::ServerGenericBidiReactor {
     server_write_pending_ = false;
     to_client_.Clear();
     if (!ok) {
-      // The client is gone: stop the worker's side too; replies are dropped from here on.
-      client_gone_ = true;
-      reply_held_ = false;
-      held_.Clear();
-      shutdown(fd_, SHUT_RDWR);
-      Wake();
+      ClientGoneLocked();
     } else if (reply_held_) {
       reply_held_ = false;
       to_client_.Swap(&held_);
@@ -140,9 +136,7 @@ class FramedCommandRelay final : public grpc::ServerGenericBidiReactor {
 
   void OnCancel() override ABSL_LOCKS_EXCLUDED(mu_) {
     absl::MutexLock lock(&mu_);
-    client_gone_ = true;
-    shutdown(fd_, SHUT_RDWR);  // the worker sees its channel end; the thread sees it too
-    Wake();
+    ClientGoneLocked();
   }
 
   void OnDone() override ABSL_LOCKS_EXCLUDED(mu_) {
@@ -153,15 +147,31 @@ class FramedCommandRelay final : public grpc::ServerGenericBidiReactor {
     Wake();
     if (thread_.joinable()) {
       if (thread_.get_id() == std::this_thread::get_id()) {
-        thread_.detach();  // not expected: gRPC runs reactions on its own threads
-      } else {
-        thread_.join();
+        // gRPC runs a bidi reactor's OnDone on its own threads, never inline in Finish.
+        spdlog::critical("command relay: OnDone ran on the relay's own thread");
+        std::abort();
       }
+      thread_.join();
     }
     delete this;
   }
 
  private:
+  // The client is gone (cancelled, or a write to it failed): nothing more goes either way.
+  // The worker finishes the batch it runs, fails to send its reply and ends the channel, so a
+  // batch queued behind it never runs (as on the gRPC relay, whose worker call is cancelled).
+  void ClientGoneLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    if (client_gone_) return;
+    client_gone_ = true;
+    reply_held_ = false;
+    held_.Clear();
+    out_pending_ = false;
+    out_pieces_.clear();
+    out_slices_.clear();
+    shutdown(fd_, SHUT_RDWR);
+    Wake();
+  }
+
   void Wake() {
     const uint64_t one = 1;
     (void)!write(wake_fd_, &one, sizeof(one));
@@ -206,7 +216,10 @@ class FramedCommandRelay final : public grpc::ServerGenericBidiReactor {
       if (sent < 0) {
         if (errno == EINTR) continue;
         if (errno == EAGAIN || errno == EWOULDBLOCK) return false;
+        // The worker's side is gone, or the send failed midway: the worker must not wait for
+        // the rest of the message, so it is told the channel ended (it then closes it).
         to_worker_broken_ = true;
+        shutdown(fd_, SHUT_WR);
         return true;
       }
       while (sent > 0) {
@@ -337,8 +350,11 @@ class FramedCommandRelay final : public grpc::ServerGenericBidiReactor {
           if (!error.ParseFromArray(frame.bytes.get(), static_cast<int>(frame.size))) {
             return WorkerSideEnded("its end frame does not parse");
           }
+          const bool known = error.code() >= 0 && error.code() <= grpc::StatusCode::UNAUTHENTICATED;
           absl::MutexLock lock(&mu_);
-          end_status_ = grpc::Status(static_cast<grpc::StatusCode>(error.code()), error.message());
+          end_status_ = grpc::Status(
+              known ? static_cast<grpc::StatusCode>(error.code()) : grpc::StatusCode::UNKNOWN,
+              error.message());
           has_end_status_ = true;
           continue;  // the socket closes next
         }
@@ -349,23 +365,23 @@ class FramedCommandRelay final : public grpc::ServerGenericBidiReactor {
     }
   }
 
-  // The worker's side ended: closed after the front end shut its side down (a clean end),
-  // after an end frame, or broken (`broken` says how). Decides the stream's status, and
-  // finishes once the replies are written.
+  // The worker's side ended: closed after its end frame (whose status ends the stream: OK
+  // for the clean end after the client half-closed), or broken without one (`broken` says how
+  // when it was not a plain close). Decides the stream's status, and finishes once the replies
+  // are written.
   void WorkerSideEnded(const std::string& broken) ABSL_LOCKS_EXCLUDED(mu_) {
     grpc::Status status;
-    bool translate = true;
     bool answered_by_worker = false;
+    bool client_gone = false;
     {
       absl::MutexLock lock(&mu_);
-      if (client_gone_) {
-        status = grpc::Status(grpc::StatusCode::CANCELLED, "the client went away");
-        translate = false;
-      } else if (has_end_status_) {
+      client_gone = client_gone_;
+      if (has_end_status_) {
         status = end_status_;
         answered_by_worker = true;
-      } else if (broken.empty() && client_half_closed_ && !out_pending_ && !to_worker_broken_) {
-        translate = false;  // OK
+      } else if (client_gone_) {
+        // The worker closed after the client left mid-message: nothing broke.
+        status = grpc::Status(grpc::StatusCode::CANCELLED, "the client went away");
       } else {
         status = grpc::Status(
             grpc::StatusCode::UNAVAILABLE,
@@ -373,10 +389,11 @@ class FramedCommandRelay final : public grpc::ServerGenericBidiReactor {
                          broken.empty() ? std::string() : absl::StrCat(" (", broken, ")")));
       }
     }
-    // May wait for a dying worker: unlocked, on this thread.
-    if (translate) {
-      status = TranslateWorkerStatus(*session_, kCommandStreamMethod, status, answered_by_worker);
-    }
+    // Records a fault the worker reported or a worker that ended (as the gRPC relay does,
+    // whether or not the client is still there). May wait for a dying worker: unlocked, on
+    // this thread.
+    status = TranslateWorkerStatus(*session_, kCommandStreamMethod, status, answered_by_worker);
+    if (client_gone) status = grpc::Status(grpc::StatusCode::CANCELLED, "the client went away");
     absl::MutexLock lock(&mu_);
     session_->Touch();
     worker_done_ = true;

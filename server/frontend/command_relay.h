@@ -18,7 +18,11 @@
 // relay's bytes are counted in the metrics as the gRPC relay's are.
 //
 // At most SessionRecord::kMaxRelayedCommandStreams streams per session are relayed so (each
-// has a thread in the front end and one in the worker); more go by gRPC.
+// has a thread in the front end and one in the worker); more go by gRPC. A client that leaves
+// frees its place at once, while the worker may still run the batch it was given (it then
+// ends that channel without running more): the worker bounds those threads itself
+// (kMaxRelayedChannelsPerSession), answering a channel over its bound with an end frame
+// RESOURCE_EXHAUSTED, which the client gets as the stream's status.
 #ifndef GPURPC_SERVER_FRONTEND_COMMAND_RELAY_H_
 #define GPURPC_SERVER_FRONTEND_COMMAND_RELAY_H_
 

@@ -10,6 +10,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "common/grpc_status.h"
 #include "common/limits.h"
 #include "server/worker/raw_messages.h"
 #include "spdlog/spdlog.h"
@@ -69,11 +70,13 @@ absl::Status SendFrame(int fd, const google::protobuf::MessageLite& message, uin
 
 absl::Status SendReply(int fd, const v1::CommandReply& reply) { return SendFrame(fd, reply); }
 
-// How a relayed channel ends with an error (framed_commands.h): the end frame.
+// How a relayed channel ends (framed_commands.h): the end frame, with the status as
+// CommandStream's handler would have sent it (ToGrpcStatus: escaped, at most 4 KiB).
 void SendEnd(int fd, const absl::Status& status) {
+  const grpc::Status sent = ToGrpcStatus(status);
   v1::CommandError error;
-  error.set_code(static_cast<int32_t>(status.code()));
-  error.set_message(std::string(status.message()));
+  error.set_code(static_cast<int32_t>(sent.error_code()));
+  error.set_message(sent.error_message());
   (void)SendFrame(fd, error, kEndFrameBit);  // the channel ends either way
 }
 
@@ -118,6 +121,8 @@ void Serve(Session* session, int fd, FramedMemory* memory, FramedPeer peer) {
     if (absl::Status read = ReadExactly(fd, kFrameHeaderBytes, &scratch, &bytes); !read.ok()) {
       if (read.code() != absl::StatusCode::kCancelled) {
         spdlog::debug("framed command channel: {}", std::string(read.message()));
+      } else if (relayed) {
+        SendEnd(fd, absl::OkStatus());  // the client half-closed: the stream's clean end
       }
       return;
     }
@@ -233,6 +238,10 @@ void FramedMemory::Give(size_t bytes) {
 size_t FramedMemory::free() const {
   absl::MutexLock lock(&mu_);
   return free_;
+}
+
+void RefuseRelayedChannel(int fd, const absl::Status& status) {
+  SendEnd(fd, status);  // a few KiB at most: a fresh socket's buffer takes it at once
 }
 
 void ServeFramedCommands(Session* session, int fd, FramedMemory* memory, FramedPeer peer) {

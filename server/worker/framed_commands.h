@@ -4,12 +4,14 @@
 // little-endian length and that many bytes: a CommandBatch from the client, a CommandReply
 // from the worker, one reply per batch, in order.
 //
-// On a relayed channel the worker ends the stream as CommandStream's gRPC handler would: a
-// protocol error or a sticky fault is an end frame, whose length has kEndFrameBit set and
-// whose bytes are a CommandError (its code and message are the stream's status; a sticky
-// fault's reply comes before it, as on CommandStream), and a clean end is the socket closing
-// after the front end shut its side down. A direct client's channel has no end frames: an
-// error is one last reply whose `error` says what was wrong.
+// On a relayed channel the worker ends the stream as CommandStream's gRPC handler would,
+// with an end frame: its length has kEndFrameBit set and its bytes are a CommandError whose
+// code and message are the stream's status (as ToGrpcStatus makes it). A protocol error or a
+// sticky fault ends so (a sticky fault's reply comes before it, as on CommandStream), and so
+// does the clean end, with OK, once the front end shut its side down after the client
+// half-closed. A channel that closes without an end frame broke (the worker died). A direct
+// client's channel has no end frames: an error is one last reply whose `error` says what was
+// wrong.
 //
 // Every byte on the socket comes from the tenant. A length above kMaxMessageBytes, bytes
 // that are not a CommandBatch and sequence numbers that do not increase are answered by one
@@ -25,12 +27,13 @@
 // a message whose bound is above its limit (a batch of very many small commands) is answered
 // as a protocol error without being parsed. The rest is given back once the reply is sent.
 // One take per message, before anything is held: a channel whose message does not fit waits
-// until others give back, and no channel waits while holding memory, so channels cannot
-// wait on each other in a circle. This bounds what a worker's framed channels hold at once
-// (kFramedMemoryBytes), plus one reply per channel (a batch's downloads are at most 64 MiB,
-// Session::RunBatch). Every channel of a worker is its session's, so a channel that holds
-// the memory (a message announced and never sent) stalls only its own session's other
-// channels.
+// until others give back, and no channel waits for memory while holding some, so channels
+// cannot wait on each other in a circle (a channel whose peer does not read its reply waits
+// in send with its message's memory held: that stalls only the session's own channels). This bounds
+// what a worker's framed channels hold at once (kFramedMemoryBytes), plus one reply per channel (a
+// batch's downloads are at most 64 MiB, Session::RunBatch). Every channel of a worker is its
+// session's, so a channel that holds the memory (a message announced and never sent) stalls only
+// its own session's other channels.
 #ifndef GPURPC_SERVER_WORKER_FRAMED_COMMANDS_H_
 #define GPURPC_SERVER_WORKER_FRAMED_COMMANDS_H_
 
@@ -101,6 +104,10 @@ enum class FramedPeer { kDirectClient, kFrontEndRelay };
 // `memory` (shared by the worker's framed channels) must outlive the call.
 void ServeFramedCommands(Session* session, int fd, FramedMemory* memory,
                          FramedPeer peer = FramedPeer::kDirectClient);
+
+// Ends a relayed channel that is not served (a refusal): sends its end frame with `status`
+// (not OK; a few KiB at most, which a fresh socket takes at once), and leaves `fd` open.
+void RefuseRelayedChannel(int fd, const absl::Status& status);
 
 }  // namespace gpurpc::worker
 

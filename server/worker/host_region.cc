@@ -234,10 +234,12 @@ void RelayChannel::Loop() {
                    datagram.bytes.size(), datagram.fds.size());
       continue;  // its descriptors close with it
     }
-    // Admitted, the channel is served on a duplicate; refused or not, this one closes here.
+    // Admitted, the channel is served on a duplicate; refused, it gets an end frame that
+    // says why (the client's stream ends with that status). This one closes here either way.
     if (absl::Status admitted = admit_(datagram.fds[0]); !admitted.ok()) {
       spdlog::warn("relay channel: a relayed command stream was refused: {}",
                    std::string(admitted.message()));
+      RefuseRelayedChannel(datagram.fds[0], admitted);
     }
   }
 }

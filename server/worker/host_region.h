@@ -42,10 +42,10 @@ inline constexpr size_t kHostRegionTicketBytes = 16;
 // tickets for them it may hold unused.
 inline constexpr size_t kMaxDirectChannelsPerSession = 8;
 // Framed channels the front end may relay a session's command streams on at once
-// (RelayChannel). The front end keeps its own, lower bound
-// (SessionRecord::kMaxRelayedCommandStreams in server/frontend/session_manager.h); this one only
-// stops a front end that would not.
-inline constexpr size_t kMaxRelayedChannelsPerSession = 32;
+// (RelayChannel), as many as the worker's gRPC server has threads for the gRPC relay. The front
+// end relays at most SessionRecord::kMaxRelayedCommandStreams at once, but a stream whose
+// client left frees its place there while its worker thread still finishes the batch it runs.
+inline constexpr size_t kMaxRelayedChannelsPerSession = 64;
 
 // A client's memfd mapped shared read-write; unmapped when destroyed.
 class MappedRegion {
@@ -141,9 +141,9 @@ class RegionChannel {
 // with the front end, which nobody else holds): each datagram is one byte, 'c', with one
 // descriptor, one end of a socketpair on which the front end relays a client's command stream
 // (server/frontend/command_relay.h); it goes to `admit` (DirectChannels::AdmitRelayed). There
-// is no answer: a channel that cannot be admitted is closed, and the front end sees its end
-// close. Ends when the front end closes its end; the destructor shuts the socket down and
-// joins.
+// is no answer on this channel: a channel that cannot be admitted gets an end frame with the
+// refusal (RefuseRelayedChannel) and is closed. Ends when the front end closes its end; the
+// destructor shuts the socket down and joins.
 class RelayChannel {
  public:
   using AdmitFn = std::function<absl::Status(int fd)>;

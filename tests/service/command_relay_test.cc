@@ -27,6 +27,7 @@
 #include "grpcpp/grpcpp.h"
 #include "gtest/gtest.h"
 #include "tests/testing/daemon.h"
+#include "tests/testing/fake_kernels_module.h"
 #include "tests/testing/status_matchers.h"
 
 namespace gpurpc {
@@ -81,6 +82,19 @@ v1::CommandBatch Batch(std::vector<v1::Command> commands) {
   v1::CommandBatch batch;
   for (v1::Command& command : commands) *batch.add_commands() = std::move(command);
   return batch;
+}
+
+// The device's workers: the session's and any warm spare (not the inventory worker, which has
+// no device). How many were killed.
+int KillDeviceWorkers(TestDaemon& daemon) {
+  int killed = 0;
+  for (const pid_t pid : daemon.WorkerPids()) {
+    std::ifstream file(absl::StrCat("/proc/", pid, "/cmdline"));
+    std::string cmdline((std::istreambuf_iterator<char>(file)), std::istreambuf_iterator<char>());
+    if (cmdline.find("--device=-1") != std::string::npos) continue;
+    killed += kill(pid, SIGKILL) == 0 ? 1 : 0;
+  }
+  return killed;
 }
 
 // What a client saw of one stream.
@@ -394,21 +408,147 @@ TEST_F(CommandRelayTest, AWorkerThatDiesEndsTheStreamWithTheFault) {
   ASSERT_TRUE(stream->Write(Batch({Sync(1)})));
   v1::CommandReply reply;
   ASSERT_TRUE(stream->Read(&reply));
-  // The device's workers: the session's and any warm spare (not the inventory worker, which
-  // has no device).
-  int killed = 0;
-  for (const pid_t pid : d->daemon().WorkerPids()) {
-    std::ifstream file(absl::StrCat("/proc/", pid, "/cmdline"));
-    std::string cmdline((std::istreambuf_iterator<char>(file)), std::istreambuf_iterator<char>());
-    if (cmdline.find("--device=-1") != std::string::npos) continue;
-    killed += kill(pid, SIGKILL) == 0 ? 1 : 0;
-  }
-  ASSERT_GT(killed, 0);
+  ASSERT_GT(KillDeviceWorkers(d->daemon()), 0);
   EXPECT_FALSE(stream->Read(&reply));
   const grpc::Status status = stream->Finish();
   EXPECT_EQ(status.error_code(), grpc::StatusCode::ABORTED) << status.error_message();
   EXPECT_THAT(status.error_message(), HasSubstr("FAULTED"));
 }
+
+// -------------------------------------------------- both relays, behind a busy worker
+// (each test runs on the framed relay and on --command-relay=grpc, which must agree)
+
+v1::Command Spin(uint64_t sequence, uint64_t function, uint64_t micros) {
+  v1::Command command;
+  command.set_sequence(sequence);
+  v1::LaunchCommand* launch = command.mutable_launch();
+  launch->set_function_id(function);
+  for (v1::Dim3* dim : {launch->mutable_grid(), launch->mutable_block()}) {
+    dim->set_x(1);
+    dim->set_y(1);
+    dim->set_z(1);
+  }
+  std::string packed(8, '\0');
+  for (int i = 0; i < 8; ++i) packed[i] = static_cast<char>((micros >> (8 * i)) & 0xff);
+  launch->set_packed_args(packed);
+  return command;
+}
+
+class BothRelaysTest : public CommandRelayTest, public ::testing::WithParamInterface<std::string> {
+ protected:
+  void SetUp() override {
+    CommandRelayTest::SetUp();
+    if (IsSkipped()) return;
+    daemon_ = Daemon::Start({"--command-relay=" + GetParam()});
+    ASSERT_NE(daemon_, nullptr);
+    auto module = testing::CompileFakeKernels(daemon_->session());
+    ASSERT_THAT(module, IsOk());
+    module_ = std::make_unique<Module>(*std::move(module));
+    auto spin = module_->GetFunction("spin_us");
+    ASSERT_THAT(spin, IsOk());
+    spin_ = spin->id();
+  }
+  std::unique_ptr<Daemon> daemon_;
+  std::unique_ptr<Module> module_;
+  uint64_t spin_ = 0;
+};
+
+// A client that half-closed and waits for its answers is told the worker died under its
+// batch: the session FAULTED, not a clean end.
+TEST_P(BothRelaysTest, AWorkerThatDiesAfterTheClientHalfClosedIsAFault) {
+  grpc::ClientContext context;
+  std::unique_ptr<Stream> stream = daemon_->Open(&context);
+  ASSERT_TRUE(stream->Write(Batch({Spin(1, spin_, 3'000'000), Sync(2)})));
+  ASSERT_TRUE(stream->WritesDone());
+  std::this_thread::sleep_for(std::chrono::milliseconds(500));
+  ASSERT_GT(KillDeviceWorkers(daemon_->daemon()), 0);
+  v1::CommandReply reply;
+  while (stream->Read(&reply)) {
+  }
+  const grpc::Status status = stream->Finish();
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::ABORTED) << status.error_message();
+  EXPECT_THAT(status.error_message(), HasSubstr("FAULTED"));
+}
+
+// A batch queued behind a long one does not run once its client cancelled.
+TEST_P(BothRelaysTest, ABatchQueuedBehindALongOneDoesNotRunAfterACancel) {
+  const uint64_t buffer = daemon_->Allocate(4096);
+  ASSERT_EQ(daemon_->Run({Batch({Upload(1, At(buffer, 0), "before"), Sync(2)})}).code,
+            grpc::StatusCode::OK);
+  {
+    grpc::ClientContext context;
+    std::unique_ptr<Stream> stream = daemon_->Open(&context);
+    ASSERT_TRUE(stream->Write(Batch({Spin(1, spin_, 1'000'000), Sync(2)})));
+    ASSERT_TRUE(stream->Write(Batch({Upload(3, At(buffer, 0), "AFTER!")})));
+    std::this_thread::sleep_for(std::chrono::milliseconds(200));
+    context.TryCancel();
+    EXPECT_EQ(stream->Finish().error_code(), grpc::StatusCode::CANCELLED);
+  }
+  std::this_thread::sleep_for(std::chrono::milliseconds(1500));
+  const Seen seen = daemon_->Run({Batch({Download(1, At(buffer, 0), 6), Sync(2)})});
+  ASSERT_EQ(seen.code, grpc::StatusCode::OK) << seen.message;
+  v1::CommandReply reply;
+  ASSERT_TRUE(reply.ParseFromString(seen.replies.at(0)));
+  ASSERT_EQ(reply.downloads_size(), 1);
+  EXPECT_EQ(reply.downloads(0).data(), "before");
+}
+
+// Many streams cancelled while the worker runs a long kernel: each cancelled relay waits for
+// its worker side (so the worker never holds more channels than the front end counts), and
+// the next stream works.
+TEST_P(BothRelaysTest, StreamsCancelledBehindALongKernelLeaveRoomForTheNext) {
+  for (int i = 0; i < 40; ++i) {
+    grpc::ClientContext context;
+    std::unique_ptr<Stream> stream = daemon_->Open(&context);
+    ASSERT_TRUE(
+        stream->Write(i == 0 ? Batch({Spin(1, spin_, 4'000'000), Sync(2)}) : Batch({Sync(1)})));
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    context.TryCancel();
+    (void)stream->Finish();
+  }
+  const Seen seen = daemon_->Run({Batch({Sync(1)})});
+  EXPECT_EQ(seen.code, grpc::StatusCode::OK) << seen.message;
+  EXPECT_EQ(seen.replies.size(), 1u);
+}
+
+// Past the worker's own bound (kMaxRelayedChannelsPerSession: streams whose clients left while
+// their batches wait behind a long kernel), a stream is refused RESOURCE_EXHAUSTED, saying
+// why: not a fault, and the session goes on once the kernel is done.
+class WorkerBoundTest : public BothRelaysTest {};  // the framed relay only
+
+TEST_P(WorkerBoundTest, TheWorkersBoundIsARefusalNotAFault) {
+  grpc::ClientContext first;
+  std::unique_ptr<Stream> spinning = daemon_->Open(&first);
+  ASSERT_TRUE(spinning->Write(Batch({Spin(1, spin_, 6'000'000), Sync(2)})));
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  // Each of these waits in the worker, in its Sync, behind the kernel.
+  for (int i = 0; i < 70; ++i) {
+    grpc::ClientContext context;
+    std::unique_ptr<Stream> stream = daemon_->Open(&context);
+    ASSERT_TRUE(stream->Write(Batch({Sync(1)})));
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    context.TryCancel();
+    (void)stream->Finish();
+  }
+  const Seen refused = daemon_->Run({Batch({Sync(1)})});
+  EXPECT_EQ(refused.code, grpc::StatusCode::RESOURCE_EXHAUSTED) << refused.message;
+  EXPECT_THAT(refused.message, HasSubstr("relayed command streams, the most it may"));
+  v1::CommandReply reply;
+  EXPECT_TRUE(spinning->Read(&reply));  // the kernel ends; its stream answers
+  spinning->WritesDone();
+  EXPECT_TRUE(spinning->Finish().ok());
+  const Seen after = daemon_->Run({Batch({Sync(1)})});
+  EXPECT_EQ(after.code, grpc::StatusCode::OK) << after.message;
+}
+
+INSTANTIATE_TEST_SUITE_P(Framed, WorkerBoundTest, ::testing::Values("framed"),
+                         [](const ::testing::TestParamInfo<std::string>& info) {
+                           return info.param;
+                         });
+INSTANTIATE_TEST_SUITE_P(Relays, BothRelaysTest, ::testing::Values("framed", "grpc"),
+                         [](const ::testing::TestParamInfo<std::string>& info) {
+                           return info.param;
+                         });
 
 }  // namespace
 }  // namespace gpurpc
