@@ -66,14 +66,9 @@ grpc::ByteBuffer ToByteBuffer(Frame frame) {
 class FramedCommandRelay final : public grpc::ServerGenericBidiReactor {
  public:
   // Takes `fd` (our end of the channel, non-blocking) and `wake_fd` (an eventfd).
-  FramedCommandRelay(grpc::GenericCallbackServerContext* context,
-                     std::shared_ptr<SessionRecord> session, int fd, int wake_fd,
+  FramedCommandRelay(std::shared_ptr<SessionRecord> session, int fd, int wake_fd,
                      FrontendMetrics::RelayCounters counters)
-      : context_(context),
-        session_(std::move(session)),
-        fd_(fd),
-        wake_fd_(wake_fd),
-        counters_(counters) {}
+      : session_(std::move(session)), fd_(fd), wake_fd_(wake_fd), counters_(counters) {}
 
   // Starts the thread and the first read. Returns false (and the reactor is not started:
   // the caller deletes it) when the thread cannot be started.
@@ -402,7 +397,6 @@ class FramedCommandRelay final : public grpc::ServerGenericBidiReactor {
     MaybeFinishLocked();
   }
 
-  grpc::GenericCallbackServerContext* const context_;
   const std::shared_ptr<SessionRecord> session_;
   const int fd_;
   const int wake_fd_;
@@ -438,8 +432,7 @@ class FramedCommandRelay final : public grpc::ServerGenericBidiReactor {
 }  // namespace
 
 grpc::ServerGenericBidiReactor* StartFramedCommandRelay(
-    grpc::GenericCallbackServerContext* context, const std::shared_ptr<SessionRecord>& session,
-    FrontendMetrics* metrics) {
+    const std::shared_ptr<SessionRecord>& session, FrontendMetrics* metrics) {
   if (!session->TakeRelaySlot()) return nullptr;
   absl::StatusOr<int> fd = session->worker().OpenCommandChannel();
   const int wake_fd = fd.ok() ? eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK) : -1;
@@ -456,7 +449,7 @@ grpc::ServerGenericBidiReactor* StartFramedCommandRelay(
       metrics != nullptr ? metrics->Relay(kCommandStreamMethod)
                          : FrontendMetrics::RelayCounters{nullptr, nullptr};
   // The relay owns the fds and the slot from here (its destructor gives them back).
-  auto* relay = new FramedCommandRelay(context, session, *fd, wake_fd, counters);
+  auto* relay = new FramedCommandRelay(session, *fd, wake_fd, counters);
   if (!relay->Start()) {
     delete relay;
     return nullptr;

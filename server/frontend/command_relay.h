@@ -34,12 +34,12 @@
 
 namespace gpurpc::frontend {
 
-// The reactor relaying `context`'s CommandStream on a framed channel to `session`'s worker,
-// or null when it cannot (the session relays kMaxRelayedCommandStreams already, or no channel
-// could be made): the caller then relays the stream by gRPC. `metrics` may be null.
+// The reactor relaying a CommandStream call (the proxy's CreateReactor returns it) on a
+// framed channel to `session`'s worker, or null when it cannot (the session relays
+// kMaxRelayedCommandStreams already, or no channel could be made): the caller then relays the
+// stream by gRPC. `metrics` may be null.
 grpc::ServerGenericBidiReactor* StartFramedCommandRelay(
-    grpc::GenericCallbackServerContext* context, const std::shared_ptr<SessionRecord>& session,
-    FrontendMetrics* metrics);
+    const std::shared_ptr<SessionRecord>& session, FrontendMetrics* metrics);
 
 }  // namespace gpurpc::frontend
 

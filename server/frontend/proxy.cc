@@ -804,7 +804,7 @@ grpc::ServerGenericBidiReactor* SessionProxy::CreateReactor(
   }
   if (context->method() == kCommandStreamMethod) {
     grpc::ServerGenericBidiReactor* relay =
-        framed_command_streams_ ? StartFramedCommandRelay(context, *session, metrics_) : nullptr;
+        framed_command_streams_ ? StartFramedCommandRelay(*session, metrics_) : nullptr;
     if (metrics_ != nullptr) metrics_->CommandStreamRelayed(relay != nullptr);
     if (relay != nullptr) return relay;
   }
