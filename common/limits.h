@@ -10,6 +10,12 @@ namespace gpurpc {
 // Largest gRPC message either side accepts: a command batch with 64 MiB of inline
 // downloads plus headroom.
 inline constexpr int kMaxMessageBytes = 80 << 20;
+// The framed command protocol (server/worker/framed_commands.h), spoken by the worker, the
+// front end's command relay and same-host clients: a little-endian length prefix of this many
+// bytes, then the message; kEndFrameBit set in the length marks a relayed channel's end frame.
+inline constexpr size_t kFrameHeaderBytes = 4;
+inline constexpr uint32_t kEndFrameBit = 0x80000000u;
+static_assert(static_cast<uint64_t>(kMaxMessageBytes) < kEndFrameBit);
 // Chunk size of streamed uploads and downloads.
 inline constexpr uint64_t kTransferChunkBytes = 1ull << 20;
 // Largest chunk a streamed download may ask for.

@@ -35,10 +35,7 @@ namespace gpurpc::frontend {
 namespace {
 
 constexpr char kCommandStreamMethod[] = "/gpurpc.v1.ExecutionService/CommandStream";
-// The framed protocol (server/worker/framed_commands.h): a 4-byte little-endian length;
-// an end frame has the top bit set.
-constexpr size_t kHeaderBytes = 4;
-constexpr uint32_t kEndFrameBit = 0x80000000u;
+// The framing (kFrameHeaderBytes, kEndFrameBit) is common/limits.h's.
 // The largest reply accepted from the worker (a message's limit, as on the gRPC relay), and
 // the largest end frame (a status).
 constexpr size_t kMaxReplyBytes = kMaxMessageBytes;
@@ -180,10 +177,10 @@ class FramedCommandRelay final : public grpc::ServerGenericBidiReactor {
     from_client_.Clear();
     size_t length = 0;
     for (const grpc::Slice& slice : out_slices_) length += slice.size();
-    for (size_t i = 0; i < kHeaderBytes; ++i) {
+    for (size_t i = 0; i < kFrameHeaderBytes; ++i) {
       out_header_[i] = static_cast<char>((length >> (8 * i)) & 0xff);
     }
-    out_pieces_.emplace_back(out_header_, kHeaderBytes);
+    out_pieces_.emplace_back(out_header_, kFrameHeaderBytes);
     for (const grpc::Slice& slice : out_slices_) {
       if (slice.size() > 0) {
         out_pieces_.emplace_back(reinterpret_cast<const char*>(slice.begin()), slice.size());
@@ -270,7 +267,7 @@ class FramedCommandRelay final : public grpc::ServerGenericBidiReactor {
 
   // The thread: sends what the socket did not take at once, and reads the worker's frames.
   void Loop() ABSL_LOCKS_EXCLUDED(mu_) {
-    unsigned char header[kHeaderBytes];
+    unsigned char header[kFrameHeaderBytes];
     size_t header_read = 0;
     Frame frame;
     size_t body_read = 0;
@@ -307,7 +304,7 @@ class FramedCommandRelay final : public grpc::ServerGenericBidiReactor {
       for (;;) {
         ssize_t n;
         if (!in_body) {
-          n = recv(fd_, header + header_read, kHeaderBytes - header_read, 0);
+          n = recv(fd_, header + header_read, kFrameHeaderBytes - header_read, 0);
         } else {
           n = recv(fd_, frame.bytes.get() + body_read, frame.size - body_read, 0);
         }
@@ -321,10 +318,10 @@ class FramedCommandRelay final : public grpc::ServerGenericBidiReactor {
         }
         if (!in_body) {
           header_read += static_cast<size_t>(n);
-          if (header_read < kHeaderBytes) continue;
+          if (header_read < kFrameHeaderBytes) continue;
           header_read = 0;
           uint32_t prefix = 0;
-          for (size_t i = 0; i < kHeaderBytes; ++i) prefix |= uint32_t{header[i]} << (8 * i);
+          for (size_t i = 0; i < kFrameHeaderBytes; ++i) prefix |= uint32_t{header[i]} << (8 * i);
           end_frame = (prefix & kEndFrameBit) != 0;
           const size_t length = prefix & ~kEndFrameBit;
           if (length > (end_frame ? kMaxEndFrameBytes : kMaxReplyBytes)) {
@@ -408,7 +405,7 @@ class FramedCommandRelay final : public grpc::ServerGenericBidiReactor {
   absl::Mutex mu_;
   grpc::ByteBuffer from_client_ ABSL_GUARDED_BY(mu_);
   // The message being sent to the worker: its length prefix and slices, and how far it got.
-  char out_header_[kHeaderBytes] ABSL_GUARDED_BY(mu_) = {};
+  char out_header_[kFrameHeaderBytes] ABSL_GUARDED_BY(mu_) = {};
   std::vector<grpc::Slice> out_slices_ ABSL_GUARDED_BY(mu_);
   std::vector<absl::string_view> out_pieces_ ABSL_GUARDED_BY(mu_);
   size_t out_piece_ ABSL_GUARDED_BY(mu_) = 0;

@@ -458,6 +458,7 @@ class RelayReactor final : public grpc::ServerGenericBidiReactor {
   // Maps what the worker answered to what the client sees, and records faults
   // (relay_status.h).
   grpc::Status Translate(const grpc::Status& status) ABSL_LOCKS_EXCLUDED(mu_) {
+    if (status.ok()) return status;  // the common case: no trailers to look at
     return TranslateWorkerStatus(*session_, context_->method(), status, AnsweredByWorker());
   }
 

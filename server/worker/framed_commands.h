@@ -50,11 +50,7 @@
 
 namespace gpurpc::worker {
 
-// Bytes of a frame's length prefix.
-inline constexpr size_t kFrameHeaderBytes = 4;
-// Set in the length prefix of a relayed channel's end frame (above every message's length).
-inline constexpr uint32_t kEndFrameBit = 0x80000000u;
-static_assert(static_cast<uint64_t>(kMaxMessageBytes) < kEndFrameBit);
+// kFrameHeaderBytes and kEndFrameBit, the framing, are in common/limits.h.
 
 // What a worker's framed channels may hold of messages at once (FramedMemory): room for
 // one message of the largest size and its largest parse (kMaxMessageBytes plus
