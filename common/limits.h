@@ -16,6 +16,12 @@ inline constexpr int kMaxMessageBytes = 80 << 20;
 inline constexpr size_t kFrameHeaderBytes = 4;
 inline constexpr uint32_t kEndFrameBit = 0x80000000u;
 static_assert(static_cast<uint64_t>(kMaxMessageBytes) < kEndFrameBit);
+// The largest request the front end relays on a framed unary channel
+// (server/frontend/unary_channels.h); a larger one goes by gRPC. Small enough that a frame of it
+// fits an idle socket's buffer at once. The worker refuses a RelayedCall frame over this plus
+// kMaxRelayedMethodBytes.
+inline constexpr size_t kMaxRelayedRequestBytes = 64 << 10;
+inline constexpr size_t kMaxRelayedMethodBytes = 256;
 // Chunk size of streamed uploads and downloads.
 inline constexpr uint64_t kTransferChunkBytes = 1ull << 20;
 // Largest chunk a streamed download may ask for.

@@ -37,12 +37,8 @@ class StatusInterceptor final : public grpc::experimental::Interceptor {
       } else if ((status.error_code() == grpc::StatusCode::INTERNAL ||
                   status.error_code() == grpc::StatusCode::UNIMPLEMENTED) &&
                  status.error_message().empty()) {
-        methods->ModifySendStatus(grpc::Status(
-            grpc::StatusCode::INVALID_ARGUMENT,
-            absl::StrFormat("%s: the request is not a valid message of the method's request "
-                            "type (it does not parse as protobuf, or it would take too much "
-                            "memory once parsed), or none was sent",
-                            method_)));
+        methods->ModifySendStatus(
+            grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, NotParsedRequestMessage(method_)));
       } else if (status.error_code() == grpc::StatusCode::RESOURCE_EXHAUSTED &&
                  status.error_message() == "Server Threadpool Exhausted") {
         methods->ModifySendStatus(grpc::Status(
@@ -92,6 +88,13 @@ class StatusInterceptorFactory final
 };
 
 }  // namespace
+
+std::string NotParsedRequestMessage(std::string_view method) {
+  return absl::StrFormat(
+      "%s: the request is not a valid message of the method's request type (it does not parse "
+      "as protobuf, or it would take too much memory once parsed), or none was sent",
+      method);
+}
 
 std::vector<std::unique_ptr<grpc::experimental::ServerInterceptorFactoryInterface>>
 StatusInterceptors(bool mark_worker_answers, int max_threads, CallObserver* observer) {

@@ -19,6 +19,7 @@
 #define GPURPC_SERVER_STATUS_INTERCEPTOR_H_
 
 #include <memory>
+#include <string>
 #include <string_view>
 #include <vector>
 
@@ -36,6 +37,10 @@ class CallObserver {
   // of the call (for a streaming call, its whole life) to its status.
   virtual void OnCallEnd(std::string_view method, grpc::StatusCode code, double seconds) = 0;
 };
+
+// The message of the INVALID_ARGUMENT above, for a request of `method` that does not parse
+// (also the worker's answer to such a request relayed on a framed unary channel).
+std::string NotParsedRequestMessage(std::string_view method);
 
 // For ServerBuilder::experimental().SetInterceptorCreators. `observer` (may be null) must
 // outlive the server.

@@ -30,6 +30,7 @@
 #include "server/frontend/region_listener.h"
 #include "server/frontend/services.h"
 #include "server/frontend/session_manager.h"
+#include "server/frontend/unary_proxy.h"
 #include "server/frontend/unix_listener.h"
 #include "server/log_format.h"
 #include "server/metrics/http_server.h"
@@ -277,6 +278,9 @@ int FrontendMain(const DaemonOptions& options, ReloadOptions reload) {
   DeviceServiceImpl device_service(&sessions, &auth);
   SessionServiceImpl session_service(&sessions, &auth);
   AdminServiceImpl admin_service(&sessions, &auth);
+  // Session services: unary methods relayed by SessionUnaryProxy, streaming ones (and unknown
+  // methods) by the generic SessionProxy.
+  SessionUnaryProxy unary_proxy(&sessions, &auth, &metrics, options.command_relay == "framed");
   SessionProxy proxy(&sessions, &auth, &metrics, options.command_relay == "framed");
 
   // The main server: authenticated services only: the reflection plugin is taken off its
@@ -313,6 +317,7 @@ int FrontendMain(const DaemonOptions& options, ReloadOptions reload) {
   builder.RegisterService(&checked_device_service);
   builder.RegisterService(&checked_session_service);
   builder.RegisterService(&checked_admin_service);
+  builder.RegisterService(&unary_proxy);
   builder.RegisterCallbackGenericService(&proxy);
   builder.experimental().SetInterceptorCreators(
       StatusInterceptors(/*mark_worker_answers=*/false, kFrontendMaxThreads, &metrics));

@@ -171,6 +171,15 @@ FrontendMetrics::FrontendMetrics(const DaemonOptions& options)
       {"relay"});
   streams_framed_ = streams->WithLabels({"framed"});
   streams_grpc_ = streams->WithLabels({"grpc"});
+  auto* unary = registry_.AddCounter(
+      "gpurpc_unary_calls_relayed_total",
+      "Unary calls of the session services the front end relayed to workers, by how: framed (a "
+      "framed unary channel to the worker) or grpc (a gRPC call to the worker: "
+      "--command-relay=grpc, a request over 64 KiB, or a session whose framed unary channels "
+      "are all busy)",
+      {"relay"});
+  unary_framed_ = unary->WithLabels({"framed"});
+  unary_grpc_ = unary->WithLabels({"grpc"});
   sessions_opened_ = registry_.AddCounter("gpurpc_sessions_opened_total",
                                           "Sessions opened, by tenant", {"tenant"});
   auto* ended = registry_.AddCounter(
@@ -374,6 +383,10 @@ void FrontendMetrics::WatchdogKill() { watchdog_kills_->Increment(); }
 
 void FrontendMetrics::CommandStreamRelayed(bool framed) {
   (framed ? streams_framed_ : streams_grpc_)->Increment();
+}
+
+void FrontendMetrics::UnaryCallRelayed(bool framed) {
+  (framed ? unary_framed_ : unary_grpc_)->Increment();
 }
 
 void FrontendMetrics::CompileAnswered(bool cache_hit) {

@@ -71,6 +71,8 @@ class FrontendMetrics final : public CallObserver {
   void CompileAnswered(bool cache_hit);
   // A command stream began, relayed on a framed channel or by gRPC (command_relay.h).
   void CommandStreamRelayed(bool framed);
+  // A unary call went to the worker, on a framed unary channel or by gRPC (unary_channels.h).
+  void UnaryCallRelayed(bool framed);
 
   // The byte counters of the relay for `method` (a path of the session services; anything
   // else counts as "unknown"). Kept by each relayed call.
@@ -123,6 +125,8 @@ class FrontendMetrics final : public CallObserver {
   metrics::Counter* cache_misses_;
   metrics::Counter* streams_framed_;
   metrics::Counter* streams_grpc_;
+  metrics::Counter* unary_framed_;
+  metrics::Counter* unary_grpc_;
 
   mutable absl::Mutex cache_mu_;
   mutable absl::Time cache_walked_ ABSL_GUARDED_BY(cache_mu_) = absl::InfinitePast();

@@ -51,10 +51,13 @@ SessionRecord::SessionRecord(uint64_t id, int device, std::unique_ptr<WorkerProc
       client_label_(std::move(client_label)),
       worker_(std::move(worker)),
       stub_(std::make_unique<grpc::GenericStub>(worker_->channel())),
+      unary_channels_(std::make_unique<UnaryChannels>(
+          [worker = worker_.get()] { return worker->OpenUnaryChannel(); })),
       last_activity_ns_(absl::GetCurrentTimeNanos()) {}
 
 SessionRecord::~SessionRecord() {
   // Destroying the worker kills and reaps it, which frees everything on the GPU.
+  unary_channels_.reset();
   stub_.reset();
   worker_.reset();
 }

@@ -48,6 +48,7 @@
 #include "grpcpp/generic/generic_stub.h"
 #include "server/frontend/ipc_registry.h"
 #include "server/frontend/metrics.h"
+#include "server/frontend/unary_channels.h"
 #include "server/frontend/worker_process.h"
 #include "server/options.h"
 
@@ -71,6 +72,8 @@ class SessionRecord {
   }
   WorkerProcess& worker() { return *worker_; }
   grpc::GenericStub& stub() { return *stub_; }
+  // The framed unary channels to the worker (unary_channels.h).
+  UnaryChannels& unary_channels() { return *unary_channels_; }
 
   // OK while ACTIVE; once FAULTED the fault's code (FAILED_PRECONDITION, or
   // DEADLINE_EXCEEDED after the kernel watchdog) naming the cause.
@@ -152,6 +155,7 @@ class SessionRecord {
   const absl::Time opened_ = absl::Now();
   std::unique_ptr<WorkerProcess> worker_;
   std::unique_ptr<grpc::GenericStub> stub_;
+  std::unique_ptr<UnaryChannels> unary_channels_;
   void NotifyWatchers() ABSL_LOCKS_EXCLUDED(mu_);
   v1::SessionEvent EventLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 

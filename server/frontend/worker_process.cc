@@ -133,18 +133,18 @@ WorkerProcess::WorkerProcess(pid_t pid, std::shared_ptr<grpc::Channel> channel, 
       channel_(std::move(channel)),
       region_fd_(region_fd) {}
 
-absl::StatusOr<int> WorkerProcess::OpenCommandChannel() {
+absl::StatusOr<int> WorkerProcess::OpenRelayedChannel(const char* kind) {
   int pair[2];
   if (socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, pair) != 0) {
     return absl::UnavailableError(Errno("socketpair"));
   }
   // Never waits: a full relay channel (a worker that stopped taking channels) is a refusal.
-  absl::Status sent = SendDatagram(relay_fd_, "c", {pair[1]}, MSG_DONTWAIT);
+  absl::Status sent = SendDatagram(relay_fd_, kind, {pair[1]}, MSG_DONTWAIT);
   close(pair[1]);
   if (!sent.ok()) {
     close(pair[0]);
     return absl::UnavailableError(
-        absl::StrCat("cannot hand a command channel to the worker: ", sent.message()));
+        absl::StrCat("cannot hand a relayed channel to the worker: ", sent.message()));
   }
   return pair[0];
 }

@@ -5,8 +5,8 @@
 // itself on purpose (the kernel watchdog); it is read when the worker is reaped. A
 // SOCK_SEQPACKET socketpair (the worker's fd 5, --worker-region-fd) carries the memfds of
 // same-host regions (host_region_service.proto), which gRPC cannot. Another (the worker's
-// fd 6, --worker-relay-fd) carries the sockets of relayed command streams
-// (OpenCommandChannel).
+// fd 6, --worker-relay-fd) carries the sockets of relayed command streams and unary calls
+// (OpenCommandChannel, OpenUnaryChannel).
 #ifndef GPURPC_SERVER_FRONTEND_WORKER_PROCESS_H_
 #define GPURPC_SERVER_FRONTEND_WORKER_PROCESS_H_
 
@@ -76,10 +76,12 @@ class WorkerProcess {
   // A new framed command channel to the worker (server/worker/framed_commands.h): one end of
   // a fresh socketpair is handed to the worker on the relay channel, the other returned
   // (close-on-exec, blocking; the caller closes it). Never waits; the worker admits the
-  // channel when it reads the relay channel, and a channel it refuses (over
-  // kMaxRelayedChannelsPerSession) or a worker that ended reads as closed. UNAVAILABLE when
-  // the socket cannot be made or handed over.
-  absl::StatusOr<int> OpenCommandChannel();
+  // channel when it reads the relay channel. A channel it refuses (over
+  // kMaxRelayedChannelsPerSession) gets an end frame saying why; one to a worker that ended
+  // reads as closed. UNAVAILABLE when the socket cannot be made or handed over.
+  absl::StatusOr<int> OpenCommandChannel() { return OpenRelayedChannel("c"); }
+  // The same for a framed unary channel (server/frontend/unary_channels.h).
+  absl::StatusOr<int> OpenUnaryChannel() { return OpenRelayedChannel("u"); }
 
   // Called once, on the reaper thread, when the process ends (at once if it already has).
   void SetExitCallback(std::function<void(const std::string& description)> callback)
@@ -92,6 +94,9 @@ class WorkerProcess {
       const v1::AttachHostRegionRequest& request, int memfd, absl::Duration timeout)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(region_mu_);
   void Reap() ABSL_LOCKS_EXCLUDED(mu_);
+  // Hands a fresh channel to the worker on the relay channel, tagged `kind` ("c": commands,
+  // "u": unary calls).
+  absl::StatusOr<int> OpenRelayedChannel(const char* kind);
 
   const pid_t pid_;
   const int status_fd_;  // read end of the status pipe, closed by Reap

@@ -8,10 +8,12 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "common/grpc_status.h"
 #include "common/limits.h"
+#include "gpurpc/internal/v1/worker_control.pb.h"
 #include "server/worker/raw_messages.h"
 #include "spdlog/spdlog.h"
 
@@ -242,6 +244,69 @@ size_t FramedMemory::free() const {
 
 void RefuseRelayedChannel(int fd, const absl::Status& status) {
   SendEnd(fd, status);  // a few KiB at most: a fresh socket's buffer takes it at once
+}
+
+void ServeRelayedUnaryCalls(const RelayedUnaryCalls& calls, int fd) {
+  std::vector<char> scratch(kReadPieceBytes);
+  std::string bytes;
+  for (;;) {
+    bytes.clear();
+    if (absl::Status read = ReadExactly(fd, kFrameHeaderBytes, &scratch, &bytes); !read.ok()) {
+      if (read.code() != absl::StatusCode::kCancelled) {
+        spdlog::debug("framed unary channel: {}", std::string(read.message()));
+      }
+      break;
+    }
+    uint64_t length = 0;
+    for (size_t i = 0; i < kFrameHeaderBytes; ++i) {
+      length |= static_cast<uint64_t>(static_cast<uint8_t>(bytes[i])) << (8 * i);
+    }
+    constexpr uint64_t kMaxCallBytes = kMaxRelayedRequestBytes + kMaxRelayedMethodBytes + 16;
+    if (length > kMaxCallBytes) {
+      SendEnd(fd, absl::InvalidArgumentError(absl::StrFormat(
+                      "framed unary channel: a call of %d bytes, more than the %d a relayed "
+                      "call may have",
+                      length, kMaxCallBytes)));
+      break;
+    }
+    bytes.clear();
+    if (absl::Status read = ReadExactly(fd, static_cast<size_t>(length), &scratch, &bytes);
+        !read.ok()) {
+      spdlog::debug("framed unary channel: {}", std::string(read.message()));
+      break;
+    }
+    // Two length-delimited fields of at most kMaxCallBytes: parsing takes no more than that.
+    internal::v1::RelayedCall call;
+    if (!call.ParseFromString(bytes)) {
+      SendEnd(fd,
+              absl::InvalidArgumentError(
+                  "framed unary channel: a frame that is not a gpurpc.internal.v1.RelayedCall"));
+      break;
+    }
+    internal::v1::RelayedAnswer answer;
+    grpc::Status status;
+    const RelayedUnaryCalls::Handler* handler = calls.Find(call.method());
+    if (handler == nullptr) {
+      status = grpc::Status(grpc::StatusCode::UNIMPLEMENTED,
+                            absl::StrFormat("gpurpcd has no unary method %s",
+                                            absl::CHexEscape(call.method().substr(0, 256))));
+    } else if (absl::Status size =
+                   CheckParsedBytes(*calls.RequestType(call.method()), call.request(),
+                                    [&] { return absl::StrCat(call.method(), ": the request"); });
+               !size.ok()) {
+      status = ToGrpcStatus(size);
+    } else {
+      status = (*handler)(call.request(), answer.mutable_response());
+    }
+    if (!status.ok()) answer.clear_response();
+    answer.set_code(static_cast<int32_t>(status.error_code()));
+    answer.set_message(status.error_message());
+    if (absl::Status sent = SendFrame(fd, answer); !sent.ok()) {
+      spdlog::debug("framed unary channel: {}", std::string(sent.message()));
+      break;
+    }
+  }
+  shutdown(fd, SHUT_RDWR);
 }
 
 void ServeFramedCommands(Session* session, int fd, FramedMemory* memory, FramedPeer peer) {

@@ -46,6 +46,7 @@
 #include "common/limits.h"
 #include "gpurpc/v1/execution_service.pb.h"
 #include "server/parse_limit.h"
+#include "server/worker/service.h"
 #include "server/worker/session.h"
 
 namespace gpurpc::worker {
@@ -92,7 +93,9 @@ absl::Status AnswerBatch(Session* session, const v1::CommandBatch& batch, uint64
 // end relaying a client's ExecutionService.CommandStream (host_region.h, RelayChannel): its
 // errors read as CommandStream's own on the worker's gRPC server, since the client made a
 // CommandStream call.
-enum class FramedPeer { kDirectClient, kFrontEndRelay };
+// kFrontEndUnary: the front end's framed unary channel, served by ServeRelayedUnaryCalls
+// rather than as a command stream.
+enum class FramedPeer { kDirectClient, kFrontEndRelay, kFrontEndUnary };
 
 // Serves the framed protocol on the connected stream socket `fd` (blocking; not closed here)
 // until the client closes its end or shuts it down, the client breaks the protocol, or a
@@ -100,6 +103,18 @@ enum class FramedPeer { kDirectClient, kFrontEndRelay };
 // `memory` (shared by the worker's framed channels) must outlive the call.
 void ServeFramedCommands(Session* session, int fd, FramedMemory* memory,
                          FramedPeer peer = FramedPeer::kDirectClient);
+
+// Serves the front end's framed unary channel `fd` (blocking; not closed here;
+// server/frontend/unary_channels.h): reads a RelayedCall frame (internal.v1), runs the method's
+// handler (`calls`) and answers a RelayedAnswer frame, one call at a time, until the front end
+// closes its end; then shuts `fd` down. The bytes are the tenant's, passed on: a frame over
+// kMaxRelayedRequestBytes plus kMaxRelayedMethodBytes, or one that is not a RelayedCall, ends
+// the channel with an end frame INVALID_ARGUMENT; an unknown method is answered UNIMPLEMENTED
+// and a request whose parse would take more than its ParsedBytesLimit INVALID_ARGUMENT
+// (parse_limit.h), each before anything parses it, and the channel goes on. The requests are
+// small, so these channels take nothing from FramedMemory; an answer (at most a message's
+// size: a Download's bytes) is held until it is sent, as the gRPC server holds it.
+void ServeRelayedUnaryCalls(const RelayedUnaryCalls& calls, int fd);
 
 // Ends a relayed channel that is not served (a refusal): sends its end frame with `status`
 // (not OK; a few KiB at most, which a fresh socket takes at once), and leaves `fd` open.

@@ -172,16 +172,22 @@ absl::Status DirectChannels::Admit(int fd, bool framed) {
   return absl::OkStatus();
 }
 
-absl::Status DirectChannels::AdmitRelayed(int fd) {
+absl::Status DirectChannels::AdmitRelayed(int fd, FramedPeer peer) {
+  if (peer == FramedPeer::kDirectClient) {
+    return absl::InvalidArgumentError("a relayed channel is the front end's");
+  }
   if (absl::Status checked = CheckChannelSocket(fd); !checked.ok()) return checked;
   absl::MutexLock lock(&mu_);
   Prune();
-  const size_t open = FramedCountLocked(FramedPeer::kFrontEndRelay);
+  const size_t open =
+      FramedCountLocked(FramedPeer::kFrontEndRelay) + FramedCountLocked(FramedPeer::kFrontEndUnary);
   if (open >= kMaxRelayedChannelsPerSession) {
-    return absl::ResourceExhaustedError(
-        absl::StrFormat("this session has %d relayed command streams, the most it may", open));
+    return absl::ResourceExhaustedError(absl::StrFormat(
+        "this session has %d relayed channels (command streams and unary calls), the most it "
+        "may",
+        open));
   }
-  return StartFramedLocked(fd, FramedPeer::kFrontEndRelay);
+  return StartFramedLocked(fd, peer);
 }
 
 absl::Status DirectChannels::StartFramedLocked(int fd, FramedPeer peer) {
@@ -229,15 +235,18 @@ void RelayChannel::Loop() {
       }
       return;
     }
-    if (datagram.truncated || datagram.fds.size() != 1 || datagram.bytes != "c") {
+    if (datagram.truncated || datagram.fds.size() != 1 ||
+        (datagram.bytes != "c" && datagram.bytes != "u")) {
       spdlog::warn("relay channel: a malformed datagram ({} bytes, {} descriptors); dropped",
                    datagram.bytes.size(), datagram.fds.size());
       continue;  // its descriptors close with it
     }
     // Admitted, the channel is served on a duplicate; refused, it gets an end frame that
     // says why (the client's stream ends with that status). This one closes here either way.
-    if (absl::Status admitted = admit_(datagram.fds[0]); !admitted.ok()) {
-      spdlog::warn("relay channel: a relayed command stream was refused: {}",
+    const FramedPeer peer =
+        datagram.bytes == "u" ? FramedPeer::kFrontEndUnary : FramedPeer::kFrontEndRelay;
+    if (absl::Status admitted = admit_(datagram.fds[0], peer); !admitted.ok()) {
+      spdlog::warn("relay channel: a relayed channel was refused: {}",
                    std::string(admitted.message()));
       RefuseRelayedChannel(datagram.fds[0], admitted);
     }

@@ -29,6 +29,7 @@
 #include "grpcpp/impl/codegen/method_handler.h"
 #include "server/parse_checked_service.h"
 #include "server/parse_limit.h"
+#include "server/status_interceptor.h"
 #include "server/worker/framed_commands.h"
 #include "server/worker/raw_messages.h"
 
@@ -811,6 +812,140 @@ std::vector<std::unique_ptr<grpc::Service>> MakeWorkerServices(
     services.push_back(std::make_unique<WorkerControlImpl>(session));
   }
   return services;
+}
+
+namespace {
+
+// Adds `name` of `service` (served by `impl`) to `handlers`. The name must be a unary method
+// of the generated service whose request is `Request` (else a programming error: abort).
+template <typename Impl, typename Base, typename Request, typename Response, typename Entry>
+void AddRelayed(std::map<std::string, Entry>* handlers, Impl* impl, const char* service,
+                const char* name,
+                grpc::Status (Base::*method)(grpc::ServerContext*, const Request*, Response*)) {
+  const google::protobuf::MethodDescriptor* descriptor =
+      google::protobuf::DescriptorPool::generated_pool()->FindMethodByName(
+          absl::StrFormat("%s.%s", service, name));
+  if (descriptor == nullptr || descriptor->client_streaming() || descriptor->server_streaming() ||
+      descriptor->input_type() != Request::descriptor()) {
+    std::fprintf(stderr, "gpurpc worker: %s.%s is not a unary method taking %s\n", service, name,
+                 Request::descriptor()->full_name().c_str());
+    std::abort();
+  }
+  const std::string path = absl::StrFormat("/%s/%s", service, name);
+  Entry entry;
+  entry.request = Request::descriptor();
+  entry.handler = [impl, method, path](const std::string& bytes, std::string* out) {
+    Request request;
+    if (!request.ParseFromString(bytes)) {
+      return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, NotParsedRequestMessage(path));
+    }
+    Response response;
+    // The handlers never read their ServerContext (none exists on a framed channel).
+    grpc::Status status = (impl->*method)(nullptr, &request, &response);
+    if (status.ok() && !response.SerializeToString(out)) {
+      return grpc::Status(grpc::StatusCode::INTERNAL,
+                          absl::StrFormat("%s: the response could not be serialized", path));
+    }
+    return status;
+  };
+  handlers->emplace(path, std::move(entry));
+}
+
+}  // namespace
+
+RelayedUnaryCalls::RelayedUnaryCalls(Session* session) {
+  auto memory = std::make_unique<MemoryServiceImpl>(session);
+  auto module = std::make_unique<ModuleServiceImpl>(session);
+  auto execution = std::make_unique<ExecutionServiceImpl>(session);
+  auto region = std::make_unique<HostRegionServiceImpl>(session);
+  auto* const h = &handlers_;
+  {
+    using S = MemoryServiceImpl;
+    S* const i = memory.get();
+    const char* const n = "gpurpc.v1.MemoryService";
+    AddRelayed(h, i, n, "Allocate", &S::Allocate);
+    AddRelayed(h, i, n, "Free", &S::Free);
+    AddRelayed(h, i, n, "GetAllocation", &S::GetAllocation);
+    AddRelayed(h, i, n, "GetMemInfo", &S::GetMemInfo);
+    AddRelayed(h, i, n, "Upload", &S::Upload);
+    AddRelayed(h, i, n, "Download", &S::Download);
+    AddRelayed(h, i, n, "Memset", &S::Memset);
+    AddRelayed(h, i, n, "CopyDeviceToDevice", &S::CopyDeviceToDevice);
+  }
+  {
+    using S = ModuleServiceImpl;
+    S* const i = module.get();
+    const char* const n = "gpurpc.v1.ModuleService";
+    AddRelayed(h, i, n, "Compile", &S::Compile);
+    AddRelayed(h, i, n, "LoadModule", &S::LoadModule);
+    AddRelayed(h, i, n, "LinkModule", &S::LinkModule);
+    AddRelayed(h, i, n, "UnloadModule", &S::UnloadModule);
+    AddRelayed(h, i, n, "GetFunction", &S::GetFunction);
+    AddRelayed(h, i, n, "GetGlobal", &S::GetGlobal);
+    AddRelayed(h, i, n, "SetContextLimit", &S::SetContextLimit);
+    AddRelayed(h, i, n, "GetContextLimit", &S::GetContextLimit);
+    AddRelayed(h, i, n, "SetCacheConfig", &S::SetCacheConfig);
+    AddRelayed(h, i, n, "GetCacheConfig", &S::GetCacheConfig);
+    AddRelayed(h, i, n, "SetSharedConfig", &S::SetSharedConfig);
+    AddRelayed(h, i, n, "GetSharedConfig", &S::GetSharedConfig);
+    AddRelayed(h, i, n, "SetFunctionAttribute", &S::SetFunctionAttribute);
+    AddRelayed(h, i, n, "SetFunctionCacheConfig", &S::SetFunctionCacheConfig);
+    AddRelayed(h, i, n, "SetProfiling", &S::SetProfiling);
+  }
+  {
+    using S = ExecutionServiceImpl;
+    S* const i = execution.get();
+    const char* const n = "gpurpc.v1.ExecutionService";
+    AddRelayed(h, i, n, "CreateStream", &S::CreateStream);
+    AddRelayed(h, i, n, "DestroyStream", &S::DestroyStream);
+    AddRelayed(h, i, n, "SynchronizeStream", &S::SynchronizeStream);
+    AddRelayed(h, i, n, "QueryStream", &S::QueryStream);
+    AddRelayed(h, i, n, "SynchronizeSession", &S::SynchronizeSession);
+    AddRelayed(h, i, n, "CreateEvent", &S::CreateEvent);
+    AddRelayed(h, i, n, "DestroyEvent", &S::DestroyEvent);
+    AddRelayed(h, i, n, "RecordEvent", &S::RecordEvent);
+    AddRelayed(h, i, n, "QueryEvent", &S::QueryEvent);
+    AddRelayed(h, i, n, "SynchronizeEvent", &S::SynchronizeEvent);
+    AddRelayed(h, i, n, "EventElapsedTime", &S::EventElapsedTime);
+    AddRelayed(h, i, n, "StreamWaitEvent", &S::StreamWaitEvent);
+    AddRelayed(h, i, n, "Launch", &S::Launch);
+    AddRelayed(h, i, n, "BeginCapture", &S::BeginCapture);
+    AddRelayed(h, i, n, "EndCapture", &S::EndCapture);
+    AddRelayed(h, i, n, "GetCaptureInfo", &S::GetCaptureInfo);
+    AddRelayed(h, i, n, "InstantiateGraph", &S::InstantiateGraph);
+    AddRelayed(h, i, n, "LaunchGraph", &S::LaunchGraph);
+    AddRelayed(h, i, n, "DestroyGraph", &S::DestroyGraph);
+    AddRelayed(h, i, n, "DestroyGraphExec", &S::DestroyGraphExec);
+    AddRelayed(h, i, n, "GetGraphNodes", &S::GetGraphNodes);
+    AddRelayed(h, i, n, "UpdateGraphExec", &S::UpdateGraphExec);
+    AddRelayed(h, i, n, "SetGraphExecKernelNodeArgs", &S::SetGraphExecKernelNodeArgs);
+  }
+  {
+    using S = HostRegionServiceImpl;
+    S* const i = region.get();
+    const char* const n = "gpurpc.v1.HostRegionService";
+    AddRelayed(h, i, n, "RegisterHostRegion", &S::RegisterHostRegion);
+    AddRelayed(h, i, n, "UnregisterHostRegion", &S::UnregisterHostRegion);
+    AddRelayed(h, i, n, "CopyHostRegion", &S::CopyHostRegion);
+    AddRelayed(h, i, n, "OpenDirectChannel", &S::OpenDirectChannel);
+  }
+  services_.push_back(std::move(memory));
+  services_.push_back(std::move(module));
+  services_.push_back(std::move(execution));
+  services_.push_back(std::move(region));
+}
+
+RelayedUnaryCalls::~RelayedUnaryCalls() = default;
+
+const RelayedUnaryCalls::Handler* RelayedUnaryCalls::Find(const std::string& method) const {
+  const auto found = handlers_.find(method);
+  return found == handlers_.end() ? nullptr : &found->second.handler;
+}
+
+const google::protobuf::Descriptor* RelayedUnaryCalls::RequestType(
+    const std::string& method) const {
+  const auto found = handlers_.find(method);
+  return found == handlers_.end() ? nullptr : found->second.request;
 }
 
 }  // namespace gpurpc::worker

@@ -5,6 +5,7 @@
 #define GPURPC_SERVER_WORKER_SERVICE_H_
 
 #include <functional>
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
@@ -31,6 +32,38 @@ std::vector<std::unique_ptr<grpc::Service>> MakeWorkerServices(
 // The services of a session's direct channels (HostRegionService.OpenDirectChannel): only
 // ExecutionService, whose calls the front end does not account for.
 std::vector<std::unique_ptr<grpc::Service>> MakeDirectServices(Session* session);
+
+// The unary methods of the session services (Memory, Module, Execution, HostRegion), for the
+// front end's framed unary channels (ServeRelayedUnaryCalls, framed_commands.h): each runs
+// the method's own gRPC handler, the one the worker's gRPC server runs, on a request's
+// serialized bytes. `session` is not owned and outlives this object.
+class RelayedUnaryCalls {
+ public:
+  // Parses `request` as the method's request type (INVALID_ARGUMENT as the worker's gRPC
+  // server answers one that does not parse, NotParsedRequestMessage), runs the handler and,
+  // for OK, serializes its response into `response`. Returns the handler's status.
+  using Handler = std::function<grpc::Status(const std::string& request, std::string* response)>;
+
+  explicit RelayedUnaryCalls(Session* session);
+  ~RelayedUnaryCalls();
+  RelayedUnaryCalls(const RelayedUnaryCalls&) = delete;
+  RelayedUnaryCalls& operator=(const RelayedUnaryCalls&) = delete;
+
+  // The handler of `method` ("/gpurpc.v1.ExecutionService/Launch"), null when it is not a
+  // unary method of the session services.
+  const Handler* Find(const std::string& method) const;
+  // Its request type, for the parse bound (null as above).
+  const google::protobuf::Descriptor* RequestType(const std::string& method) const;
+  size_t size() const { return handlers_.size(); }
+
+ private:
+  struct Entry {
+    Handler handler;
+    const google::protobuf::Descriptor* request;
+  };
+  std::vector<std::unique_ptr<grpc::Service>> services_;
+  std::map<std::string, Entry> handlers_;
+};
 
 }  // namespace gpurpc::worker
 

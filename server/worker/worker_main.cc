@@ -273,6 +273,9 @@ int WorkerMain(const DaemonOptions& options) {
   std::unique_ptr<grpc::Server> direct_server;
   // The messages of every framed channel together (framed_commands.h); outlives the channels.
   FramedMemory framed_memory_budget(kFramedMemoryBytes);
+  // The session services' unary handlers for the front end's framed unary channels; outlives
+  // the channels.
+  std::unique_ptr<RelayedUnaryCalls> relayed_unary_calls;
   std::unique_ptr<DirectChannels> direct_channels;
   std::unique_ptr<RegionChannel> region_channel;
   std::unique_ptr<RelayChannel> relay_channel;
@@ -296,8 +299,11 @@ int WorkerMain(const DaemonOptions& options) {
     }
     Session* const served = session.get();
     FramedMemory* const framed_memory = &framed_memory_budget;
+    relayed_unary_calls = std::make_unique<RelayedUnaryCalls>(session.get());
+    const RelayedUnaryCalls* const unary_calls = relayed_unary_calls.get();
     direct_channels = std::make_unique<DirectChannels>(
-        direct_server.get(), [served, framed_memory](int fd, FramedPeer peer) {
+        direct_server.get(), [served, framed_memory, unary_calls](int fd, FramedPeer peer) {
+          if (peer == FramedPeer::kFrontEndUnary) return ServeRelayedUnaryCalls(*unary_calls, fd);
           ServeFramedCommands(served, fd, framed_memory, peer);
         });
     // Regions' memfds and direct channels' sockets arrive from the front end on their own
@@ -322,7 +328,8 @@ int WorkerMain(const DaemonOptions& options) {
     // The front end's relayed command streams (server/frontend/command_relay.h).
     if (options.worker_relay_fd >= 0) {
       relay_channel = std::make_unique<RelayChannel>(
-          options.worker_relay_fd, [channels](int fd) { return channels->AdmitRelayed(fd); });
+          options.worker_relay_fd,
+          [channels](int fd, FramedPeer peer) { return channels->AdmitRelayed(fd, peer); });
     }
   }
   // gRPC 1.51 hangs on a blocking fd (DESIGN §2).

@@ -133,7 +133,7 @@ int Main(int argc, char** argv) {
   const int round_trips = daemon.fake() ? 500 : 1000;
   const int unary_round_trips = round_trips / 4;
   std::vector<double> ping_samples, stream_samples, unary_samples, stream_ratios, unary_ratios;
-  std::vector<double> direct_samples, direct_ratios;
+  std::vector<double> direct_samples, direct_ratios, unary_launch_samples;
   for (int round = 0; round < kRounds; ++round) {
     start = std::chrono::steady_clock::now();
     for (int i = 0; i < pings; ++i) Check(session->KeepAlive().status(), "ping");
@@ -150,6 +150,13 @@ int Main(int argc, char** argv) {
       Check(session->Synchronize(), "sync");
     }
     const double unary = Seconds(start) * 1e6 / unary_round_trips;
+    // The unary launch alone (the work queues on the device; one RPC through the relay).
+    start = std::chrono::steady_clock::now();
+    for (int i = 0; i < unary_round_trips; ++i) {
+      Check(function->Launch(config, *buffer, n), "unary launch");
+    }
+    unary_launch_samples.push_back(Seconds(start) * 1e6 / unary_round_trips);
+    Check(session->Synchronize(), "sync");
     if (direct_session) {
       start = std::chrono::steady_clock::now();
       for (int i = 0; i < round_trips; ++i) {
@@ -395,6 +402,8 @@ int Main(int argc, char** argv) {
   std::printf("%-55s %11.1f us %11.1f us %9.2fx %8s\n",
               "launch+sync round trip (unary RPCs) vs bare ping", daemon_unary_round_trip_us,
               ping_us, Median(unary_ratios), "<=2x");
+  std::printf("%-55s %11.1f us %11.1f us %9.2fx %8s\n", "unary launch alone (one RPC) vs bare ping",
+              Median(unary_launch_samples), ping_us, Median(unary_launch_samples) / ping_us, "-");
   if (direct_session) {
     std::printf("%-55s %11.1f us %11.1f us %9.2fx %8s\n",
                 "launch+sync round trip (direct channel) vs bare ping", Median(direct_samples),

@@ -543,7 +543,8 @@ TEST_P(WorkerBoundTest, TheWorkersBoundIsARefusalNotAFault) {
     EXPECT_EQ(next.code, grpc::StatusCode::RESOURCE_EXHAUSTED) << next.message;
     refusal = next.message;
   }
-  EXPECT_THAT(refusal, HasSubstr("relayed command streams, the most it may"));
+  EXPECT_THAT(refusal,
+              HasSubstr("relayed channels (command streams and unary calls), the most it may"));
   // Not a fault: once the kernel is done, the session goes on.
   v1::CommandReply reply;
   EXPECT_TRUE(spinning->Read(&reply));

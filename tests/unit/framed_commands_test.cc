@@ -15,13 +15,18 @@
 #include <memory>
 #include <string>
 #include <thread>
+#include <utility>
 
+#include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "gmock/gmock.h"
+#include "google/protobuf/descriptor.h"
+#include "gpurpc/internal/v1/worker_control.pb.h"
 #include "gtest/gtest.h"
 #include "server/parse_limit.h"
 #include "server/worker/backend/backend.h"
+#include "server/worker/service.h"
 #include "server/worker/session.h"
 #include "tests/testing/status_matchers.h"
 
@@ -288,6 +293,155 @@ TEST_F(FramedChannelTest, AChannelThatEndsMidMessageGivesItsMemoryBack) {
   channels_[channel].client = -1;
   channels_[channel].server.join();
   EXPECT_EQ(memory.free(), kFramedMemoryBytes);
+}
+
+// The front end's framed unary channels (ServeRelayedUnaryCalls): the same session, a
+// channel served on a socketpair, frames written and read by hand as a front end would.
+class RelayedUnaryTest : public FramedChannelTest {
+ protected:
+  void SetUp() override {
+    FramedChannelTest::SetUp();
+    calls_ = std::make_unique<RelayedUnaryCalls>(session_.get());
+    int fds[2];
+    ASSERT_EQ(socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, fds), 0);
+    Channel& channel = channels_.emplace_back();
+    channel.client = fds[0];
+    channel.worker = fds[1];
+    const RelayedUnaryCalls* calls = calls_.get();
+    const int worker = fds[1];
+    channel.server = std::thread([calls, worker] { ServeRelayedUnaryCalls(*calls, worker); });
+  }
+
+  void SendCall(const std::string& method, const std::string& request) {
+    internal::v1::RelayedCall call;
+    call.set_method(method);
+    call.set_request(request);
+    Send(0, Frame(call.SerializeAsString()));
+  }
+
+  // One frame: whether it is an end frame, and its bytes.
+  std::pair<bool, std::string> ReadFrame() {
+    const std::string header = ReadExactly(0, kFrameHeaderBytes);
+    uint32_t prefix = 0;
+    for (size_t i = 0; i < kFrameHeaderBytes; ++i) {
+      prefix |= uint32_t{static_cast<uint8_t>(header[i])} << (8 * i);
+    }
+    return {(prefix & kEndFrameBit) != 0, ReadExactly(0, prefix & ~kEndFrameBit)};
+  }
+
+  internal::v1::RelayedAnswer Answer() {
+    auto [end, bytes] = ReadFrame();
+    EXPECT_FALSE(end);
+    internal::v1::RelayedAnswer answer;
+    EXPECT_TRUE(answer.ParseFromString(bytes));
+    return answer;
+  }
+
+  v1::CommandError End() {
+    auto [end, bytes] = ReadFrame();
+    EXPECT_TRUE(end);
+    v1::CommandError error;
+    EXPECT_TRUE(error.ParseFromString(bytes));
+    return error;
+  }
+
+  // Whether the worker closed the channel (EOF) within a second.
+  bool Closed() {
+    if (!Answered(0, absl::Seconds(1))) return false;
+    char byte;
+    return recv(channels_[0].client, &byte, 1, MSG_DONTWAIT) == 0;
+  }
+
+  std::unique_ptr<RelayedUnaryCalls> calls_;
+};
+
+TEST_F(RelayedUnaryTest, EveryUnaryMethodOfTheSessionServicesHasAHandler) {
+  size_t unary = 0;
+  for (const char* name : {"gpurpc.v1.MemoryService", "gpurpc.v1.ModuleService",
+                           "gpurpc.v1.ExecutionService", "gpurpc.v1.HostRegionService"}) {
+    const google::protobuf::ServiceDescriptor* service =
+        google::protobuf::DescriptorPool::generated_pool()->FindServiceByName(name);
+    ASSERT_NE(service, nullptr) << name;
+    for (int i = 0; i < service->method_count(); ++i) {
+      const google::protobuf::MethodDescriptor* method = service->method(i);
+      if (method->client_streaming() || method->server_streaming()) continue;
+      ++unary;
+      const std::string path = absl::StrCat("/", name, "/", method->name());
+      EXPECT_NE(calls_->Find(path), nullptr) << path;
+      EXPECT_EQ(calls_->RequestType(path), method->input_type()) << path;
+    }
+  }
+  EXPECT_EQ(calls_->size(), unary);
+  EXPECT_EQ(calls_->Find("/gpurpc.v1.ExecutionService/CommandStream"), nullptr);
+  EXPECT_EQ(calls_->Find("/gpurpc.internal.v1.WorkerControl/Bind"), nullptr);
+}
+
+TEST_F(RelayedUnaryTest, CallsAreAnsweredInTurnAndErrorsKeepTheChannel) {
+  // A good call: the answer is the handler's response.
+  v1::GetAllocationRequest get;
+  get.set_buffer_id(buffer_);
+  SendCall("/gpurpc.v1.MemoryService/GetAllocation", get.SerializeAsString());
+  internal::v1::RelayedAnswer answer = Answer();
+  EXPECT_EQ(answer.code(), 0) << answer.message();
+  v1::GetAllocationResponse got;
+  ASSERT_TRUE(got.ParseFromString(answer.response()));
+  EXPECT_EQ(got.buffer().buffer_id(), buffer_);
+  EXPECT_EQ(got.buffer().size_bytes(), 1u << 20);
+
+  // The handler's error, with no response; the channel goes on.
+  get.set_buffer_id(buffer_ + 1000);
+  SendCall("/gpurpc.v1.MemoryService/GetAllocation", get.SerializeAsString());
+  answer = Answer();
+  EXPECT_EQ(answer.code(), static_cast<int>(grpc::StatusCode::NOT_FOUND)) << answer.message();
+  EXPECT_TRUE(answer.response().empty());
+
+  // A request that does not parse: named as the worker's gRPC server names it.
+  SendCall("/gpurpc.v1.ExecutionService/Launch", std::string("\xff\xff\xff", 3));
+  answer = Answer();
+  EXPECT_EQ(answer.code(), static_cast<int>(grpc::StatusCode::INVALID_ARGUMENT));
+  EXPECT_THAT(answer.message(), ::testing::HasSubstr("/gpurpc.v1.ExecutionService/Launch: the "
+                                                     "request is not a valid message"));
+
+  // A method no handler serves, a streaming one, and one of the private control service.
+  for (const char* method :
+       {"/gpurpc.v1.MemoryService/Nothing", "/gpurpc.v1.ExecutionService/CommandStream",
+        "/gpurpc.internal.v1.WorkerControl/Bind"}) {
+    SendCall(method, "");
+    answer = Answer();
+    EXPECT_EQ(answer.code(), static_cast<int>(grpc::StatusCode::UNIMPLEMENTED)) << method;
+  }
+
+  // Still serving.
+  get.set_buffer_id(buffer_);
+  SendCall("/gpurpc.v1.MemoryService/GetAllocation", get.SerializeAsString());
+  EXPECT_EQ(Answer().code(), 0);
+}
+
+TEST_F(RelayedUnaryTest, AnOversizedFrameEndsTheChannelWithAnEndFrame) {
+  const uint32_t length = kMaxRelayedRequestBytes + kMaxRelayedMethodBytes + 1000;
+  std::string header(kFrameHeaderBytes, '\0');
+  for (size_t i = 0; i < kFrameHeaderBytes; ++i) {
+    header[i] = static_cast<char>((length >> (8 * i)) & 0xff);
+  }
+  Send(0, header);
+  const v1::CommandError end = End();
+  EXPECT_EQ(end.code(), static_cast<int>(grpc::StatusCode::INVALID_ARGUMENT));
+  EXPECT_THAT(end.message(), ::testing::HasSubstr("more than the"));
+  EXPECT_TRUE(Closed());
+}
+
+TEST_F(RelayedUnaryTest, AFrameThatIsNotACallEndsTheChannelWithAnEndFrame) {
+  Send(0, Frame(std::string("\xff\xff\xff\xff", 4)));
+  const v1::CommandError end = End();
+  EXPECT_EQ(end.code(), static_cast<int>(grpc::StatusCode::INVALID_ARGUMENT));
+  EXPECT_THAT(end.message(), ::testing::HasSubstr("not a gpurpc.internal.v1.RelayedCall"));
+  EXPECT_TRUE(Closed());
+}
+
+TEST_F(RelayedUnaryTest, AFrontEndThatClosesMidFrameEndsTheChannelQuietly) {
+  Send(0, std::string("\x10\x00\x00\x00", 4) + "abc");
+  shutdown(channels_[0].client, SHUT_WR);
+  EXPECT_TRUE(Closed());
 }
 
 }  // namespace

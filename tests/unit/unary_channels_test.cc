@@ -1,0 +1,326 @@
+// The front end's framed unary channels (server/frontend/unary_channels.h) against a worker
+// played by the test on socketpairs: calls answered in turn on reused channels, the bound on
+// open channels, and a worker that breaks the protocol (an answer that does not parse, an
+// oversized length, an answer to no call, a close mid-call) ending the channel with the call
+// in flight answered UNAVAILABLE, not as the worker's answer.
+#include "server/frontend/unary_channels.h"
+
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <cstdint>
+#include <deque>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/synchronization/mutex.h"
+#include "absl/synchronization/notification.h"
+#include "absl/time/time.h"
+#include "common/limits.h"
+#include "gmock/gmock.h"
+#include "gpurpc/internal/v1/worker_control.pb.h"
+#include "gpurpc/v1/execution_service.pb.h"
+#include "grpcpp/support/byte_buffer.h"
+#include "grpcpp/support/slice.h"
+#include "gtest/gtest.h"
+
+namespace gpurpc::frontend {
+namespace {
+
+using ::testing::HasSubstr;
+
+grpc::ByteBuffer Buffer(const std::string& bytes) {
+  grpc::Slice slice(bytes);
+  return grpc::ByteBuffer(&slice, 1);
+}
+
+std::string String(const grpc::ByteBuffer& buffer) {
+  std::vector<grpc::Slice> slices;
+  std::string out;
+  if (!buffer.Dump(&slices).ok()) return out;
+  for (const grpc::Slice& slice : slices) {
+    out.append(reinterpret_cast<const char*>(slice.begin()), slice.size());
+  }
+  return out;
+}
+
+std::string Header(uint32_t prefix) {
+  std::string header(kFrameHeaderBytes, '\0');
+  for (size_t i = 0; i < kFrameHeaderBytes; ++i) {
+    header[i] = static_cast<char>((prefix >> (8 * i)) & 0xff);
+  }
+  return header;
+}
+
+// How one call ended.
+struct Ended {
+  grpc::Status status;
+  bool answered_by_worker = false;
+  std::string response;
+};
+
+// Collects the calls' ends.
+class Ends {
+ public:
+  UnaryChannels::Done Next() {
+    return [this](grpc::Status status, bool answered, grpc::ByteBuffer response) {
+      absl::MutexLock lock(&mu_);
+      ends_.push_back(Ended{std::move(status), answered, String(response)});
+    };
+  }
+  // Waits for the `n`th end (from 1).
+  Ended Wait(size_t n) {
+    absl::MutexLock lock(&mu_);
+    auto arrived = [this, n] { return ends_.size() >= n; };
+    EXPECT_TRUE(mu_.AwaitWithTimeout(absl::Condition(&arrived), absl::Seconds(10)));
+    return ends_.size() >= n ? ends_[n - 1] : Ended{};
+  }
+  size_t count() {
+    absl::MutexLock lock(&mu_);
+    return ends_.size();
+  }
+
+ private:
+  absl::Mutex mu_;
+  std::deque<Ended> ends_;
+};
+
+// The worker's ends of the channels the front end opened.
+class FakeWorker {
+ public:
+  ~FakeWorker() {
+    for (int fd : fds_) close(fd);
+  }
+  UnaryChannels::Opener Opener() {
+    return [this]() -> absl::StatusOr<int> {
+      if (refuse_) return absl::UnavailableError("no worker");
+      int pair[2];
+      if (socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, pair) != 0) {
+        return absl::UnavailableError("socketpair");
+      }
+      absl::MutexLock lock(&mu_);
+      fds_.push_back(pair[1]);
+      return pair[0];
+    };
+  }
+  int opened() {
+    absl::MutexLock lock(&mu_);
+    return static_cast<int>(fds_.size());
+  }
+  int fd(int i) {
+    absl::MutexLock lock(&mu_);
+    return fds_[static_cast<size_t>(i)];
+  }
+  // Reads one call from channel `i`.
+  internal::v1::RelayedCall Read(int i) {
+    const std::string header = ReadExactly(fd(i), kFrameHeaderBytes);
+    uint32_t length = 0;
+    for (size_t k = 0; k < kFrameHeaderBytes; ++k) {
+      length |= uint32_t{static_cast<uint8_t>(header[k])} << (8 * k);
+    }
+    internal::v1::RelayedCall call;
+    EXPECT_TRUE(call.ParseFromString(ReadExactly(fd(i), length)));
+    return call;
+  }
+  void Write(int i, const std::string& bytes) {
+    ASSERT_EQ(send(fd(i), bytes.data(), bytes.size(), MSG_NOSIGNAL),
+              static_cast<ssize_t>(bytes.size()));
+  }
+  void Answer(int i, grpc::StatusCode code, const std::string& response) {
+    internal::v1::RelayedAnswer answer;
+    answer.set_code(code);
+    answer.set_message(code == grpc::StatusCode::OK ? "" : "the worker says no");
+    answer.set_response(response);
+    const std::string body = answer.SerializeAsString();
+    Write(i, Header(static_cast<uint32_t>(body.size())) + body);
+  }
+  bool refuse_ = false;
+
+ private:
+  static std::string ReadExactly(int fd, size_t size) {
+    std::string out(size, '\0');
+    size_t got = 0;
+    while (got < size) {
+      const ssize_t n = recv(fd, out.data() + got, size - got, 0);
+      if (n <= 0) break;
+      got += static_cast<size_t>(n);
+    }
+    EXPECT_EQ(got, size);
+    return out;
+  }
+  absl::Mutex mu_;
+  std::vector<int> fds_;
+};
+
+constexpr char kMethod[] = "/gpurpc.v1.ExecutionService/QueryStream";
+
+TEST(UnaryChannelsTest, CallsAreAnsweredInTurnOnOneReusedChannel) {
+  FakeWorker worker;
+  Ends ends;
+  UnaryChannels channels(worker.Opener());
+  for (int i = 1; i <= 5; ++i) {
+    UnaryChannels::Done done = ends.Next();
+    const std::string request = "request " + std::to_string(i);
+    ASSERT_TRUE(channels.Call(kMethod, Buffer(request), done));
+    const internal::v1::RelayedCall call = worker.Read(0);
+    EXPECT_EQ(call.method(), kMethod);
+    EXPECT_EQ(call.request(), request);
+    worker.Answer(0, grpc::StatusCode::OK, "response " + std::to_string(i));
+    const Ended ended = ends.Wait(static_cast<size_t>(i));
+    EXPECT_TRUE(ended.status.ok()) << ended.status.error_message();
+    EXPECT_TRUE(ended.answered_by_worker);
+    EXPECT_EQ(ended.response, "response " + std::to_string(i));
+  }
+  EXPECT_EQ(worker.opened(), 1);
+  EXPECT_EQ(channels.open(), 1);
+
+  // The worker's error is its answer, with no response.
+  UnaryChannels::Done done = ends.Next();
+  ASSERT_TRUE(channels.Call(kMethod, Buffer("x"), done));
+  worker.Read(0);
+  worker.Answer(0, grpc::StatusCode::NOT_FOUND, "ignored");
+  const Ended ended = ends.Wait(6);
+  EXPECT_EQ(ended.status.error_code(), grpc::StatusCode::NOT_FOUND);
+  EXPECT_EQ(ended.status.error_message(), "the worker says no");
+  EXPECT_TRUE(ended.answered_by_worker);
+  EXPECT_EQ(ended.response, "");
+}
+
+TEST(UnaryChannelsTest, AtMostTheBoundAreOpenAndABusySessionGoesByGrpc) {
+  FakeWorker worker;
+  Ends ends;
+  UnaryChannels channels(worker.Opener());
+  for (int i = 0; i < UnaryChannels::kMaxUnaryChannels; ++i) {
+    UnaryChannels::Done done = ends.Next();
+    ASSERT_TRUE(channels.Call(kMethod, Buffer("busy"), done));
+  }
+  EXPECT_EQ(worker.opened(), UnaryChannels::kMaxUnaryChannels);
+  // Every channel has a call in flight: the next is not taken, and its `done` is kept.
+  UnaryChannels::Done extra = ends.Next();
+  EXPECT_FALSE(channels.Call(kMethod, Buffer("extra"), extra));
+  EXPECT_TRUE(static_cast<bool>(extra));
+  EXPECT_EQ(worker.opened(), UnaryChannels::kMaxUnaryChannels);
+  // One answer frees its channel for the next call.
+  worker.Read(2);
+  worker.Answer(2, grpc::StatusCode::OK, "done");
+  ends.Wait(1);
+  ASSERT_TRUE(channels.Call(kMethod, Buffer("again"), extra));
+  EXPECT_EQ(worker.Read(2).request(), "again");
+  EXPECT_EQ(worker.opened(), UnaryChannels::kMaxUnaryChannels);
+}
+
+TEST(UnaryChannelsTest, ALargeRequestOrNoWorkerGoesByGrpc) {
+  FakeWorker worker;
+  Ends ends;
+  UnaryChannels channels(worker.Opener());
+  UnaryChannels::Done done = ends.Next();
+  EXPECT_FALSE(channels.Call(kMethod, Buffer(std::string(kMaxRelayedRequestBytes + 1, 'x')), done));
+  EXPECT_EQ(worker.opened(), 0);
+  worker.refuse_ = true;
+  EXPECT_FALSE(channels.Call(kMethod, Buffer("small"), done));
+  worker.refuse_ = false;
+  // The largest request that goes framed.
+  ASSERT_TRUE(channels.Call(kMethod, Buffer(std::string(kMaxRelayedRequestBytes, 'y')), done));
+  EXPECT_EQ(worker.Read(0).request().size(), kMaxRelayedRequestBytes);
+}
+
+// What a worker that breaks the protocol does to the call in flight and to the channel.
+void ExpectBroken(const std::string& what_the_worker_sends, const std::string& reason) {
+  FakeWorker worker;
+  Ends ends;
+  UnaryChannels channels(worker.Opener());
+  UnaryChannels::Done done = ends.Next();
+  ASSERT_TRUE(channels.Call(kMethod, Buffer("call"), done));
+  worker.Read(0);
+  worker.Write(0, what_the_worker_sends);
+  const Ended ended = ends.Wait(1);
+  EXPECT_EQ(ended.status.error_code(), grpc::StatusCode::UNAVAILABLE) << reason;
+  EXPECT_THAT(ended.status.error_message(), HasSubstr(reason));
+  EXPECT_FALSE(ended.answered_by_worker);
+  // The channel is gone; the next call opens another.
+  UnaryChannels::Done next = ends.Next();
+  ASSERT_TRUE(channels.Call(kMethod, Buffer("next"), next));
+  EXPECT_EQ(worker.opened(), 2);
+  EXPECT_EQ(worker.Read(1).request(), "next");
+}
+
+TEST(UnaryChannelsTest, AnAnswerThatDoesNotParseEndsTheChannel) {
+  ExpectBroken(Header(4) + std::string("\xff\xff\xff\xff", 4), "does not parse");
+}
+
+TEST(UnaryChannelsTest, AnOversizedAnswerEndsTheChannelBeforeItIsRead) {
+  ExpectBroken(Header(static_cast<uint32_t>(kMaxMessageBytes) + 1), "over the limit");
+}
+
+TEST(UnaryChannelsTest, AWorkerThatClosesMidAnswerEndsTheCall) {
+  FakeWorker worker;
+  Ends ends;
+  UnaryChannels channels(worker.Opener());
+  UnaryChannels::Done done = ends.Next();
+  ASSERT_TRUE(channels.Call(kMethod, Buffer("call"), done));
+  worker.Read(0);
+  worker.Write(0, Header(100) + "only part");
+  shutdown(worker.fd(0), SHUT_RDWR);
+  const Ended ended = ends.Wait(1);
+  EXPECT_EQ(ended.status.error_code(), grpc::StatusCode::UNAVAILABLE);
+  EXPECT_THAT(ended.status.error_message(), HasSubstr("closed mid-frame"));
+  EXPECT_FALSE(ended.answered_by_worker);
+}
+
+TEST(UnaryChannelsTest, AnEndFrameIsTheWorkersAnswerAndEndsTheChannel) {
+  FakeWorker worker;
+  Ends ends;
+  UnaryChannels channels(worker.Opener());
+  UnaryChannels::Done done = ends.Next();
+  ASSERT_TRUE(channels.Call(kMethod, Buffer("call"), done));
+  worker.Read(0);
+  v1::CommandError refusal;
+  refusal.set_code(grpc::StatusCode::RESOURCE_EXHAUSTED);
+  refusal.set_message("too many channels");
+  const std::string body = refusal.SerializeAsString();
+  worker.Write(0, Header(static_cast<uint32_t>(body.size()) | kEndFrameBit) + body);
+  const Ended ended = ends.Wait(1);
+  EXPECT_EQ(ended.status.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED);
+  EXPECT_EQ(ended.status.error_message(), "too many channels");
+  EXPECT_TRUE(ended.answered_by_worker);
+  UnaryChannels::Done next = ends.Next();
+  ASSERT_TRUE(channels.Call(kMethod, Buffer("next"), next));
+  EXPECT_EQ(worker.opened(), 2);
+}
+
+TEST(UnaryChannelsTest, AnAnswerToNoCallEndsTheChannel) {
+  FakeWorker worker;
+  Ends ends;
+  UnaryChannels channels(worker.Opener());
+  UnaryChannels::Done done = ends.Next();
+  ASSERT_TRUE(channels.Call(kMethod, Buffer("call"), done));
+  worker.Read(0);
+  worker.Answer(0, grpc::StatusCode::OK, "one");
+  worker.Answer(0, grpc::StatusCode::OK, "two: to no call");
+  EXPECT_EQ(ends.Wait(1).response, "one");
+  // The channel closes: its socket reads the end.
+  char byte;
+  EXPECT_EQ(recv(worker.fd(0), &byte, 1, 0), 0);
+  EXPECT_EQ(ends.count(), 1u);
+  UnaryChannels::Done next = ends.Next();
+  ASSERT_TRUE(channels.Call(kMethod, Buffer("next"), next));
+  EXPECT_EQ(worker.opened(), 2);
+}
+
+TEST(UnaryChannelsTest, ClosingTheChannelsAnswersTheCallInFlight) {
+  FakeWorker worker;
+  Ends ends;
+  {
+    UnaryChannels channels(worker.Opener());
+    UnaryChannels::Done done = ends.Next();
+    ASSERT_TRUE(channels.Call(kMethod, Buffer("call"), done));
+    worker.Read(0);
+  }
+  const Ended ended = ends.Wait(1);
+  EXPECT_EQ(ended.status.error_code(), grpc::StatusCode::UNAVAILABLE);
+  EXPECT_FALSE(ended.answered_by_worker);
+}
+
+}  // namespace
+}  // namespace gpurpc::frontend
