@@ -394,7 +394,20 @@ absl::StatusOr<std::shared_ptr<SessionRecord>> SessionManager::Open(int device_o
       id = ids_.Next();
     } while (sessions_.count(id) != 0);
   }
-  if (absl::Status bound = BindWorker(**worker, id, tenant); !bound.ok()) {
+  absl::Status bound = BindWorker(**worker, id, tenant);
+  if (!bound.ok() && (*worker)->WaitExited(absl::Milliseconds(250))) {
+    // A warm worker that died while it waited in the pool, before its reaper noticed: the
+    // session gets a fresh one (once) rather than the dead one's error.
+    spdlog::warn("a warm worker for device {} had ended ({}); starting another", device_ordinal,
+                 std::string(bound.message()));
+    worker = StartWorker(device_ordinal);
+    bound =
+        worker.ok()
+            ? BindWorker(**worker, id, tenant)
+            : absl::UnavailableError(absl::StrCat("cannot start a worker for device ",
+                                                  device_ordinal, ": ", worker.status().message()));
+  }
+  if (!bound.ok()) {
     ReleaseSlot(tenant, device_ordinal);
     return bound;
   }

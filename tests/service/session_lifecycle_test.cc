@@ -35,6 +35,7 @@
 #include <fstream>
 #include <functional>
 #include <iostream>
+#include <iterator>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -894,6 +895,37 @@ TEST_F(SessionLifecycleTest, WorkerCrashAbortsTheCallInFlightThenFailsPreconditi
   std::optional<grpc::Status> end = watch.WaitForEnd();
   ASSERT_TRUE(end.has_value());
   EXPECT_TRUE(end->ok()) << end->error_message();
+}
+
+// A warm worker killed while it waits in the pool: the next OpenSession, taken before the
+// front end's reaper noticed the death or after, gets a live worker and a usable session.
+TEST_F(SessionLifecycleTest, AWarmWorkerKilledInThePoolIsReplacedForTheNextSession) {
+  StartDaemon({});
+  for (int round = 0; round < 5; ++round) {
+    // The spare: the one device worker while no session is open (the inventory worker lists
+    // devices with --device=-1).
+    pid_t spare = 0;
+    ASSERT_TRUE(Eventually([&] {
+      spare = 0;
+      int device_workers = 0;
+      for (const pid_t pid : daemon_->WorkerPids()) {
+        std::ifstream file(absl::StrCat("/proc/", pid, "/cmdline"));
+        const std::string cmdline((std::istreambuf_iterator<char>(file)),
+                                  std::istreambuf_iterator<char>());
+        if (cmdline.empty() || cmdline.find("--device=-1") != std::string::npos) continue;
+        ++device_workers;
+        spare = pid;
+      }
+      return device_workers == 1;
+    })) << "round "
+        << round << ": no single warm worker";
+    ASSERT_EQ(kill(spare, SIGKILL), 0);
+    absl::StatusOr<v1::OpenSessionResponse> opened = alice_->Open();
+    ASSERT_THAT(opened.status(), IsOk()) << "round " << round;
+    ASSERT_OK_AND_ASSIGN(uint64_t buffer, alice_->Allocate(opened->session_id(), kMiB));
+    EXPECT_OK(alice_->Roundtrip(opened->session_id(), buffer, std::string(4096, 'a')));
+    ASSERT_OK(alice_->Close(opened->session_id()));
+  }
 }
 
 // ------------------------------------------------------------------------------ reclaim
