@@ -276,9 +276,10 @@ const std::vector<Flag>& Flags() {
          return absl::OkStatus();
        }},
       {"command-relay", "framed|grpc",
-       "how the front end relays a session's command streams to its worker: framed (a "
-       "socket of the worker's framed command protocol per stream, no gRPC between them; "
-       "the default) or grpc (a gRPC call to the worker per stream, as every other call)",
+       "how the front end relays a session's command streams and unary calls to its worker: "
+       "framed (sockets of the worker's framed protocol, no gRPC between them: one per command "
+       "stream, up to 8, and up to 4 for unary calls; the default) or grpc (a gRPC call to the "
+       "worker for every call)",
        [](DaemonOptions& o, const std::string& v) {
          if (v != "framed" && v != "grpc") {
            return absl::InvalidArgumentError(
