@@ -6,7 +6,6 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstdint>
-#include <cstdlib>
 #include <cstring>
 #include <string>
 #include <system_error>
@@ -14,6 +13,8 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/time/clock.h"
+#include "common/grpc_status.h"
 #include "common/limits.h"
 #include "gpurpc/internal/v1/worker_control.pb.h"
 #include "gpurpc/v1/execution_service.pb.h"
@@ -72,64 +73,76 @@ grpc::ByteBuffer ToByteBuffer(std::string bytes) {
   return grpc::ByteBuffer(&slice, 1);
 }
 
+// A status the worker sent, as ToGrpcStatus would send it (at most 4 KiB of message).
+grpc::Status FromWorker(int32_t code, const std::string& message) {
+  const grpc::StatusCode known = CodeOf(code);
+  if (known == grpc::StatusCode::OK) return grpc::Status::OK;
+  return ToGrpcStatus(absl::Status(static_cast<absl::StatusCode>(known), message));
+}
+
+// How long no channel is opened after the worker refused one.
+constexpr absl::Duration kRefusedBackoff = absl::Seconds(1);
+
 }  // namespace
+
+UnaryChannels::Channel::~Channel() {
+  if (fd >= 0) close(fd);
+}
 
 UnaryChannels::~UnaryChannels() {
   std::vector<std::unique_ptr<Channel>> channels;
   {
-    absl::MutexLock lock(&mu_);
-    closing_ = true;
-    channels.swap(channels_);
+    absl::MutexLock lock(&shared_->mu);
+    shared_->closing = true;
+    channels.swap(shared_->channels);
     for (const auto& channel : channels) shutdown(channel->fd, SHUT_RDWR);
   }
   for (auto& channel : channels) {
-    if (channel->thread.joinable()) {
-      if (channel->thread.get_id() == std::this_thread::get_id()) {
-        // The channels would be destroyed under their own thread. A call's completion never
-        // holds the session's last reference: the proxy's reactor that holds it is deleted
-        // on gRPC's threads.
-        spdlog::critical("unary relay: a session's channels were closed from one of them");
-        std::abort();
-      }
-      channel->thread.join();
+    if (!channel->thread.joinable()) continue;
+    if (channel->thread.get_id() == std::this_thread::get_id()) {
+      // A call's completion dropped the session's last reference on this channel's thread:
+      // the thread goes on with the channel, which the shared state keeps until it is gone.
+      channel->thread.detach();
+      absl::MutexLock lock(&shared_->mu);
+      shared_->channels.push_back(std::move(channel));
+      continue;
     }
-    close(channel->fd);
+    channel->thread.join();
   }
 }
 
 int UnaryChannels::open() const {
-  absl::MutexLock lock(&mu_);
+  absl::MutexLock lock(&shared_->mu);
   int count = 0;
-  for (const auto& channel : channels_) count += channel->broken ? 0 : 1;
+  for (const auto& channel : shared_->channels) count += channel->broken ? 0 : 1;
   return count;
 }
 
-void UnaryChannels::PruneLocked() {
-  for (auto it = channels_.begin(); it != channels_.end();) {
+void UnaryChannels::PruneLocked(Shared& shared) {
+  for (auto it = shared.channels.begin(); it != shared.channels.end();) {
     Channel& channel = **it;
-    if (!channel.finished.load()) {
+    if (!channel.finished.load() || !channel.thread.joinable()) {
       ++it;
       continue;
     }
     channel.thread.join();
-    close(channel.fd);
-    it = channels_.erase(it);
+    it = shared.channels.erase(it);
   }
 }
 
 UnaryChannels::Channel* UnaryChannels::TakeLocked() {
-  PruneLocked();
-  int live = 0;
-  for (const auto& channel : channels_) {
-    if (channel->broken) continue;
-    ++live;
-    if (!channel->busy) {
+  PruneLocked(*shared_);
+  for (const auto& channel : shared_->channels) {
+    if (!channel->broken && !channel->busy) {
       channel->busy = true;
       return channel.get();
     }
   }
   // Channels whose threads are still ending count too: they are bounded as the live ones.
-  if (closing_ || channels_.size() >= static_cast<size_t>(kMaxUnaryChannels)) return nullptr;
+  if (shared_->closing || shared_->channels.size() >= static_cast<size_t>(kMaxUnaryChannels) ||
+      absl::Now() < shared_->no_channels_until) {
+    return nullptr;
+  }
   absl::StatusOr<int> fd = open_();
   if (!fd.ok()) {
     spdlog::debug("relaying a unary call by gRPC: {}", std::string(fd.status().message()));
@@ -140,13 +153,12 @@ UnaryChannels::Channel* UnaryChannels::TakeLocked() {
   channel->busy = true;
   Channel* const raw = channel.get();
   try {
-    raw->thread = std::thread([this, raw] { Loop(raw); });
+    raw->thread = std::thread([shared = shared_, raw] { Loop(shared, raw); });
   } catch (const std::system_error& e) {
     spdlog::warn("cannot start a unary relay thread ({}); relaying by gRPC", e.what());
-    close(raw->fd);
-    return nullptr;
+    return nullptr;  // `channel` closes the fd
   }
-  channels_.push_back(std::move(channel));
+  shared_->channels.push_back(std::move(channel));
   return raw;
 }
 
@@ -169,16 +181,14 @@ bool UnaryChannels::Call(const std::string& method, const grpc::ByteBuffer& requ
   for (size_t i = 0; i < kFrameHeaderBytes; ++i) {
     frame[i] = static_cast<char>((length >> (8 * i)) & 0xff);
   }
-  Channel* channel;
-  {
-    absl::MutexLock lock(&mu_);
-    channel = TakeLocked();
-    if (channel == nullptr) return false;
-    channel->done = std::move(done);
-  }
-  // The channel's socket is empty (its last answer was read whole), and the frame fits its
-  // buffer: the send does not wait. A send that fails breaks the channel: its thread then
-  // sees the end and answers the call.
+  absl::MutexLock lock(&shared_->mu);
+  Channel* const channel = TakeLocked();
+  if (channel == nullptr) return false;
+  channel->done = std::move(done);
+  // Sent under the lock, so that the channel (and its fd) cannot be pruned meanwhile; the send
+  // does not wait: the channel's socket is empty (its last answer was read whole) and the
+  // frame fits its buffer. A send that fails breaks the channel: its thread then sees the
+  // end and answers the call.
   size_t sent = 0;
   while (sent < frame.size()) {
     const ssize_t n =
@@ -194,28 +204,29 @@ bool UnaryChannels::Call(const std::string& method, const grpc::ByteBuffer& requ
   return true;
 }
 
-void UnaryChannels::Broken(Channel* channel, grpc::Status status) {
+void UnaryChannels::End(Shared& shared, Channel* channel, Outcome outcome, grpc::Status status) {
   Done done;
   {
-    absl::MutexLock lock(&mu_);
+    absl::MutexLock lock(&shared.mu);
     channel->broken = true;
     if (channel->busy) done = std::move(channel->done);
     channel->busy = false;
     channel->done = nullptr;
+    if (outcome == Outcome::kRefused) shared.no_channels_until = absl::Now() + kRefusedBackoff;
   }
-  if (done) std::move(done)(std::move(status), false, grpc::ByteBuffer());
+  if (done) std::move(done)(outcome, std::move(status), grpc::ByteBuffer());
 }
 
-void UnaryChannels::Loop(Channel* channel) {
+void UnaryChannels::Loop(const std::shared_ptr<Shared>& shared, Channel* channel) {
   const int fd = channel->fd;
   std::string frame;
   for (;;) {
     frame.clear();
     if (std::string error = ReadExactly(fd, kFrameHeaderBytes, &frame); !error.empty()) {
-      Broken(channel,
-             grpc::Status(grpc::StatusCode::UNAVAILABLE,
-                          absl::StrCat("the session's worker ended the call",
-                                       error == "closed" ? "" : absl::StrCat(" (", error, ")"))));
+      End(*shared, channel, Outcome::kBroken,
+          grpc::Status(grpc::StatusCode::UNAVAILABLE,
+                       absl::StrCat("the session's worker ended the call",
+                                    error == "closed" ? "" : absl::StrCat(" (", error, ")"))));
       break;
     }
     uint32_t prefix = 0;
@@ -233,38 +244,45 @@ void UnaryChannels::Loop(Channel* channel) {
       if (error == "closed") error = "it closed mid-frame";
     }
     if (!error.empty()) {
-      Broken(channel,
-             grpc::Status(grpc::StatusCode::UNAVAILABLE,
-                          absl::StrCat("the session's worker ended the call (", error, ")")));
+      End(*shared, channel, Outcome::kBroken,
+          grpc::Status(grpc::StatusCode::UNAVAILABLE,
+                       absl::StrCat("the session's worker ended the call (", error, ")")));
       break;
     }
-    grpc::Status status;
-    grpc::ByteBuffer response;
     if (end_frame) {
-      // The worker refused the channel (it has too many): the call's answer, and the end.
+      // The worker ended the channel: as its first frame, it refused the channel and never
+      // read the call (its status says why); later, the call is answered by it.
       v1::CommandError refusal;
       if (!refusal.ParseFromString(frame)) {
-        Broken(channel, grpc::Status(grpc::StatusCode::UNAVAILABLE,
-                                     "the session's worker ended the call (its end frame does "
-                                     "not parse)"));
+        End(*shared, channel, Outcome::kBroken,
+            grpc::Status(grpc::StatusCode::UNAVAILABLE,
+                         "the session's worker ended the call (its end frame does not parse)"));
         break;
       }
-      status = grpc::Status(CodeOf(refusal.code()), refusal.message());
-    } else {
-      internal::v1::RelayedAnswer answer;
-      if (!answer.ParseFromString(frame)) {
-        Broken(channel, grpc::Status(grpc::StatusCode::UNAVAILABLE,
-                                     "the session's worker ended the call (its answer does not "
-                                     "parse)"));
-        break;
+      bool first;
+      {
+        absl::MutexLock lock(&shared->mu);
+        first = !channel->answered_once;
       }
-      std::string().swap(frame);
-      status = grpc::Status(CodeOf(answer.code()), answer.message());
-      if (status.ok()) response = ToByteBuffer(std::move(*answer.mutable_response()));
+      End(*shared, channel, first ? Outcome::kRefused : Outcome::kAnswered,
+          FromWorker(refusal.code(), refusal.message()));
+      break;
     }
+    internal::v1::RelayedAnswer answer;
+    if (!answer.ParseFromString(frame)) {
+      End(*shared, channel, Outcome::kBroken,
+          grpc::Status(grpc::StatusCode::UNAVAILABLE,
+                       "the session's worker ended the call (its answer does not parse)"));
+      break;
+    }
+    std::string().swap(frame);
+    const grpc::Status status = FromWorker(answer.code(), answer.message());
+    grpc::ByteBuffer response;
+    if (status.ok()) response = ToByteBuffer(std::move(*answer.mutable_response()));
     Done done;
     {
-      absl::MutexLock lock(&mu_);
+      absl::MutexLock lock(&shared->mu);
+      channel->answered_once = true;
       if (!channel->busy) {
         // An answer to no call: the worker does not keep the protocol.
         channel->broken = true;
@@ -272,17 +290,14 @@ void UnaryChannels::Loop(Channel* channel) {
       } else {
         done = std::move(channel->done);
         channel->done = nullptr;
-        // Free for the next call once this one is answered; an end frame ends the channel.
-        channel->busy = false;
-        if (end_frame) channel->broken = true;
+        channel->busy = false;  // free for the next call
       }
     }
     if (!error.empty()) {
       spdlog::warn("unary relay: the worker sent {}; channel closed", error);
       break;
     }
-    std::move(done)(std::move(status), true, std::move(response));
-    if (end_frame) break;
+    std::move(done)(Outcome::kAnswered, status, std::move(response));
   }
   shutdown(fd, SHUT_RDWR);
   channel->finished.store(true);

@@ -1,5 +1,5 @@
 // A session's unary calls relayed to its worker on framed unary channels rather than on gRPC
-// calls (the proxy's RelayReactor uses them where it can, proxy.h). A relayed gRPC unary call
+// calls (SessionUnaryProxy uses them where it can, unary_proxy.h). A relayed gRPC unary call
 // costs the front end a client call of its own and the worker a call of its gRPC server, each
 // with hand-offs between gRPC's threads; on a framed channel the request is one send, the
 // worker runs the method's handler on the channel's thread (ServeRelayedUnaryCalls,
@@ -15,14 +15,19 @@
 // when the call takes it, never waits.
 //
 // Everything the worker sends is checked: a frame over kMaxMessageBytes, bytes that are not
-// a RelayedAnswer, an end frame (the worker refused the channel) or a closed socket end the
-// channel; the call in flight on it is then answered as the gRPC relay answers a call whose
-// worker broke (relay_status.h decides whether the worker died). A call whose client cancels
-// still waits for its answer (a ledger call must see what the worker did; any other call's
-// handler would run to its end on the worker's gRPC server too), and the channel then serves
-// the next call.
-#ifndef GPURPC_SERVER_FRONTEND_UNARY_RELAY_H_
-#define GPURPC_SERVER_FRONTEND_UNARY_RELAY_H_
+// a RelayedAnswer, an answer to no call or a closed socket end the channel; the call in flight
+// on it is then answered as the gRPC relay answers a call whose worker broke (relay_status.h
+// decides whether the worker died). A status message is cut to what ToGrpcStatus sends (4 KiB).
+// An end frame as a channel's first frame is the worker refusing the channel (it serves
+// kMaxRelayedChannelsPerSession at most): the call never ran, its caller relays it by gRPC, and
+// no channel is opened for the next second. A call whose client left may be abandoned by its
+// caller (the unary proxy does so for calls the ledger does not read); its answer is then
+// read and dropped, and the channel serves the next call.
+//
+// The channels and their threads share their state, so a call's completion may drop the last
+// reference to the session (and so destroy these channels) on a channel's own thread.
+#ifndef GPURPC_SERVER_FRONTEND_UNARY_CHANNELS_H_
+#define GPURPC_SERVER_FRONTEND_UNARY_CHANNELS_H_
 
 #include <atomic>
 #include <functional>
@@ -36,6 +41,7 @@
 #include "absl/functional/any_invocable.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
 #include "grpcpp/support/byte_buffer.h"
 #include "grpcpp/support/status.h"
 
@@ -46,17 +52,20 @@ class UnaryChannels {
   // Framed unary channels a session keeps open at most.
   static constexpr int kMaxUnaryChannels = 4;
 
-  // How a call ended: the worker's answer (`answered_by_worker`, with `response` for OK), or
-  // a broken channel (UNAVAILABLE, not answered by the worker).
-  using Done = absl::AnyInvocable<void(grpc::Status status, bool answered_by_worker,
-                                       grpc::ByteBuffer response) &&>;
+  // How a call ended: the worker's answer (`status`, with `response` for OK); a broken channel
+  // (`status` UNAVAILABLE, made up here); or the worker refused the channel and never ran the
+  // call (`status` is its refusal).
+  enum class Outcome { kAnswered, kBroken, kRefused };
+  using Done =
+      absl::AnyInvocable<void(Outcome outcome, grpc::Status status, grpc::ByteBuffer response) &&>;
 
   // Opens a channel to the worker: the front end's end of a connected stream socket, blocking
   // (WorkerProcess::OpenUnaryChannel); the channels take and close it.
   using Opener = std::function<absl::StatusOr<int>()>;
-  explicit UnaryChannels(Opener open) : open_(std::move(open)) {}
+  explicit UnaryChannels(Opener open)
+      : open_(std::move(open)), shared_(std::make_shared<Shared>()) {}
   // Shuts every channel down and joins their threads (a call still in flight is answered
-  // UNAVAILABLE first).
+  // UNAVAILABLE first); on a channel's own thread, that thread finishes on its own.
   ~UnaryChannels();
   UnaryChannels(const UnaryChannels&) = delete;
   UnaryChannels& operator=(const UnaryChannels&) = delete;
@@ -67,35 +76,42 @@ class UnaryChannels {
   // left as it was) when the call cannot go framed: no channel is free, the request is larger
   // than kMaxRelayedRequestBytes, or no channel could be opened. The caller then relays the
   // call by gRPC.
-  bool Call(const std::string& method, const grpc::ByteBuffer& request, Done& done)
-      ABSL_LOCKS_EXCLUDED(mu_);
+  bool Call(const std::string& method, const grpc::ByteBuffer& request, Done& done);
 
   // Channels open now (for tests and metrics).
-  int open() const ABSL_LOCKS_EXCLUDED(mu_);
+  int open() const;
 
  private:
   struct Channel {
+    ~Channel();  // closes fd (the thread is joined or detached by then)
     int fd = -1;
     std::thread thread;
-    Done done;                          // the call in flight (guarded by mu_)
-    bool busy = false;                  // guarded by mu_
-    bool broken = false;                // guarded by mu_: its thread has ended or is ending
+    // Guarded by Shared::mu.
+    Done done;                          // the call in flight
+    bool busy = false;                  // a call is in flight
+    bool broken = false;                // its thread has ended or is ending
+    bool answered_once = false;         // a frame came: an end frame now is no refusal
     std::atomic<bool> finished{false};  // its thread returned: it may be joined
   };
+  struct Shared {
+    absl::Mutex mu;
+    std::vector<std::unique_ptr<Channel>> channels ABSL_GUARDED_BY(mu);
+    bool closing ABSL_GUARDED_BY(mu) = false;
+    absl::Time no_channels_until ABSL_GUARDED_BY(mu) = absl::InfinitePast();
+  };
   // The channel's thread: reads answers and completes the calls, until the channel ends.
-  void Loop(Channel* channel) ABSL_LOCKS_EXCLUDED(mu_);
-  // Ends `channel`'s call in flight (if any) with `status` and marks it broken.
-  void Broken(Channel* channel, grpc::Status status) ABSL_LOCKS_EXCLUDED(mu_);
+  static void Loop(const std::shared_ptr<Shared>& shared, Channel* channel);
+  // Ends `channel`'s call in flight (if any) with `outcome` and `status`, and marks the
+  // channel broken.
+  static void End(Shared& shared, Channel* channel, Outcome outcome, grpc::Status status);
   // Joins and forgets the channels whose threads returned.
-  void PruneLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  Channel* TakeLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  static void PruneLocked(Shared& shared) ABSL_EXCLUSIVE_LOCKS_REQUIRED(shared.mu);
+  Channel* TakeLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(shared_->mu);
 
   const Opener open_;
-  mutable absl::Mutex mu_;
-  std::vector<std::unique_ptr<Channel>> channels_ ABSL_GUARDED_BY(mu_);
-  bool closing_ ABSL_GUARDED_BY(mu_) = false;
+  const std::shared_ptr<Shared> shared_;
 };
 
 }  // namespace gpurpc::frontend
 
-#endif  // GPURPC_SERVER_FRONTEND_UNARY_RELAY_H_
+#endif  // GPURPC_SERVER_FRONTEND_UNARY_CHANNELS_H_

@@ -4,8 +4,10 @@
 #include <string>
 #include <utility>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/synchronization/mutex.h"
 #include "common/grpc_status.h"
 #include "gpurpc/v1/execution_service.pb.h"
 #include "gpurpc/v1/host_region_service.pb.h"
@@ -62,32 +64,79 @@ class UnaryRelay final : public grpc::ServerUnaryReactor {
       return Refuse(ToGrpcStatus(admitted));
     }
     if (relayed_.to_worker != nullptr) relayed_.to_worker->Increment(request->Length());
+    request_ = request;
     if (framed) {
-      UnaryChannels::Done done = [this](grpc::Status status, bool answered_by_worker,
-                                        grpc::ByteBuffer answer) {
-        WorkerDone(status, answered_by_worker, &answer);
+      // The completion may come after this relay is gone (a call abandoned in OnCancel): it
+      // reaches the relay through `framed_`, which it shares.
+      framed_ = std::make_shared<FramedCall>(this);
+      UnaryChannels::Done done = [call = framed_](UnaryChannels::Outcome outcome,
+                                                  grpc::Status status, grpc::ByteBuffer answer) {
+        UnaryRelay* relay;
+        {
+          absl::MutexLock lock(&call->mu);
+          relay = std::exchange(call->relay, nullptr);
+        }
+        // Null: the client's call already ended; the answer is dropped.
+        if (relay != nullptr) relay->FramedDone(outcome, std::move(status), &answer);
       };
       const bool sent = session_->unary_channels().Call(method_.path, *request, done);
       if (metrics_ != nullptr) metrics_->UnaryCallRelayed(sent);
       if (sent) return;
+      framed_.reset();
     } else if (metrics_ != nullptr) {
       metrics_->UnaryCallRelayed(false);
     }
-    session_->stub().UnaryCall(&worker_context_, method_.path, grpc::StubOptions(), request,
+    StartGrpc();
+  }
+
+  // The client cancelled or its deadline passed. A call the ledger does not read ends at once:
+  // a gRPC worker call is cancelled, a framed one abandoned (the worker runs its handler to
+  // the end, and the answer is dropped). A ledger call waits for the worker's answer, so
+  // that the ledger sees what the worker did.
+  void OnCancel() override {
+    if (method_.ledger != Ledger::kNone) return;
+    worker_context_.TryCancel();
+    if (framed_ == nullptr) return;
+    bool abandoned;
+    {
+      absl::MutexLock lock(&framed_->mu);
+      abandoned = framed_->relay != nullptr;
+      framed_->relay = nullptr;
+    }
+    if (!abandoned) return;  // answered meanwhile: that answer finishes the call
+    ledger_.AfterWorker(grpc::Status(grpc::StatusCode::CANCELLED, "abandoned"));
+    session_->EndCall();
+    Finish(grpc::Status(grpc::StatusCode::CANCELLED,
+                        "the client cancelled the call, or its deadline passed"));
+  }
+  void OnDone() override { delete this; }
+
+ private:
+  // What a framed call's completion shares with its relay.
+  struct FramedCall {
+    explicit FramedCall(UnaryRelay* r) : relay(r) {}
+    absl::Mutex mu;
+    UnaryRelay* relay ABSL_GUARDED_BY(mu) = nullptr;  // null once answered or abandoned
+  };
+
+  // Relays the request to the worker as a gRPC call.
+  void StartGrpc() {
+    session_->stub().UnaryCall(&worker_context_, method_.path, grpc::StubOptions(), request_,
                                &from_worker_, [this](grpc::Status status) {
                                  // The trailers are read only for a status to translate.
                                  WorkerDone(status, !status.ok() && AnsweredByWorker(), nullptr);
                                });
   }
 
-  void OnCancel() override {
-    // Ends a gRPC worker call at once (a framed call's answer is waited for: the worker runs
-    // the handler to its end either way).
-    if (method_.ledger == Ledger::kNone) worker_context_.TryCancel();
+  // A framed call ended. A channel the worker refused never ran the call: it goes by gRPC.
+  void FramedDone(UnaryChannels::Outcome outcome, grpc::Status status, grpc::ByteBuffer* answer) {
+    if (outcome == UnaryChannels::Outcome::kRefused) {
+      if (metrics_ != nullptr) metrics_->UnaryCallRelayed(false);
+      return StartGrpc();
+    }
+    WorkerDone(status, outcome == UnaryChannels::Outcome::kAnswered, answer);
   }
-  void OnDone() override { delete this; }
 
- private:
   // Refused before the worker saw the request.
   void Refuse(grpc::Status status) {
     ledger_.AfterWorker(grpc::Status(grpc::StatusCode::CANCELLED, "not sent to the worker"));
@@ -128,7 +177,10 @@ class UnaryRelay final : public grpc::ServerUnaryReactor {
   FrontendMetrics* const metrics_;
   const FrontendMetrics::RelayCounters relayed_;
   CallLedger ledger_;
-  grpc::ByteBuffer* const response_;  // gRPC's, written before Finish
+  grpc::ByteBuffer* const response_;           // gRPC's, written before Finish
+  const grpc::ByteBuffer* request_ = nullptr;  // gRPC's, valid until OnDone
+  // Set before the call is bound (Start runs in the handler), read by OnCancel after.
+  std::shared_ptr<FramedCall> framed_;
   grpc::ClientContext worker_context_;
   grpc::ByteBuffer from_worker_;
 };

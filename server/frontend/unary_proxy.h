@@ -11,7 +11,10 @@
 // small, else as a gRPC call; either way the worker runs the same handler and the client sees
 // the same answer. A worker's death or fault turns into the session's FAULTED state
 // (relay_status.h). A call with no request message is refused UNIMPLEMENTED before the worker
-// sees it (gRPC reads one message of a unary call; more are not read).
+// sees it (gRPC reads one message of a unary call; more are not read). A call whose client
+// cancels or whose deadline passes ends at once (its framed answer, when it comes, is dropped),
+// but a call the ledger reads waits for the worker's answer, so that the ledger records what
+// the worker did.
 #ifndef GPURPC_SERVER_FRONTEND_UNARY_PROXY_H_
 #define GPURPC_SERVER_FRONTEND_UNARY_PROXY_H_
 

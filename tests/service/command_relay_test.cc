@@ -24,6 +24,7 @@
 #include "gmock/gmock.h"
 #include "gpurpc/client.h"
 #include "gpurpc/v1/execution_service.grpc.pb.h"
+#include "gpurpc/v1/memory_service.grpc.pb.h"
 #include "grpcpp/grpcpp.h"
 #include "gtest/gtest.h"
 #include "tests/testing/daemon.h"
@@ -163,6 +164,16 @@ class Daemon {
   }
 
   // A command stream of the session; `context` must outlive it.
+  // A unary GetMemInfo of the session.
+  grpc::Status GetMemInfo() {
+    grpc::ClientContext context;
+    context.AddMetadata("gpurpc-session", std::to_string(session_->id()));
+    context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(60));
+    v1::GetMemInfoResponse response;
+    return v1::MemoryService::NewStub(channel_)->GetMemInfo(&context, v1::GetMemInfoRequest(),
+                                                            &response);
+  }
+
   std::unique_ptr<Stream> Open(grpc::ClientContext* context) {
     context->AddMetadata("gpurpc-session", std::to_string(session_->id()));
     context->set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(120));
@@ -545,6 +556,19 @@ TEST_P(WorkerBoundTest, TheWorkersBoundIsARefusalNotAFault) {
   }
   EXPECT_THAT(refusal,
               HasSubstr("relayed channels (command streams and unary calls), the most it may"));
+  // Unary calls at the bound: more at once than the session's open unary channels, so that
+  // new ones are opened and refused; those calls go by gRPC instead, and every call answers.
+  {
+    std::vector<grpc::Status> statuses(8);
+    std::vector<std::thread> callers;
+    for (size_t i = 0; i < statuses.size(); ++i) {
+      callers.emplace_back([&, i] { statuses[i] = daemon_->GetMemInfo(); });
+    }
+    for (std::thread& caller : callers) caller.join();
+    for (const grpc::Status& status : statuses) {
+      EXPECT_TRUE(status.ok()) << status.error_code() << " " << status.error_message();
+    }
+  }
   // Not a fault: once the kernel is done, the session goes on.
   v1::CommandReply reply;
   EXPECT_TRUE(spinning->Read(&reply));

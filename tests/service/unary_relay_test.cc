@@ -281,6 +281,8 @@ class Daemon {
   }
 
   TestDaemon& daemon() { return *daemon_; }
+  int metrics_port() const { return metrics_port_; }
+  const std::shared_ptr<grpc::Channel>& channel() const { return channel_; }
   Client& client() { return *client_; }
   Session& session() { return *session_; }
   uint64_t session_id() const { return session_id_ != 0 ? session_id_ : session_->id(); }
@@ -926,6 +928,52 @@ TEST_F(UnaryRelayTest, AWorkerKilledUnderAFramedCallFaultsTheSession) {
   const Answer by_grpc = KillTheWorkerUnderASync("grpc");
   EXPECT_EQ(framed.code, by_grpc.code);
   EXPECT_EQ(framed.message, by_grpc.message);
+}
+
+// A client that gives up on a call waiting in the worker (its deadline passes) ends its call
+// in the daemon at once on both relays: the gRPC relay cancels its worker call, the framed
+// relay abandons the framed call (its answer comes later and is dropped). The session does not
+// count it in flight any longer, and serves other calls meanwhile.
+TEST_P(UnaryRelayBothRelaysTest, ACallWhoseClientGaveUpEndsAtOnce) {
+  std::unique_ptr<Daemon> d = Daemon::Start(GetParam());
+  ASSERT_NE(d, nullptr);
+  auto module = testing::CompileFakeKernels(d->session());
+  ASSERT_THAT(module, IsOk());
+  auto spin = module->GetFunction("spin_us");
+  ASSERT_THAT(spin, IsOk());
+  LaunchConfig config;
+  ASSERT_THAT(spin->Launch(config, uint64_t{20'000'000}), IsOk());  // 20 s
+  const absl::Time start = absl::Now();
+  {
+    ExecutionStub stub(d->channel());
+    grpc::ClientContext context;
+    d->Prepare(&context);
+    context.set_deadline(std::chrono::system_clock::now() + std::chrono::milliseconds(300));
+    v1::SynchronizeSessionResponse response;
+    const grpc::Status status =
+        stub.SynchronizeSession(&context, v1::SynchronizeSessionRequest(), &response);
+    ASSERT_EQ(status.error_code(), grpc::StatusCode::DEADLINE_EXCEEDED) << status.error_message();
+  }
+  // The daemon answered the call (with its deadline or a cancel) long before the kernel ends.
+  auto ended = [&] {
+    auto body = GetMetrics(d->metrics_port());
+    if (!body.ok()) return false;
+    for (absl::string_view line : absl::StrSplit(*body, '\n')) {
+      if (absl::StartsWith(line, "gpurpc_rpcs_total{") &&
+          absl::StrContains(line, "/gpurpc.v1.ExecutionService/SynchronizeSession") &&
+          !absl::StrContains(line, "code=\"OK\"")) {
+        return true;
+      }
+    }
+    return false;
+  };
+  EXPECT_TRUE(Eventually(ended, absl::Seconds(8)))
+      << "the abandoned SynchronizeSession was still in the daemon after 8 s";
+  EXPECT_LT(absl::Now() - start, absl::Seconds(15));
+  // Other calls of the session go on while the kernel runs.
+  v1::GetMemInfoResponse info;
+  const grpc::Status other = d->Call(&MemoryStub::GetMemInfo, v1::GetMemInfoRequest(), &info);
+  EXPECT_TRUE(other.ok()) << other.error_message();
 }
 
 // ------------------------------------------------------- the ledger

@@ -55,18 +55,19 @@ std::string Header(uint32_t prefix) {
 
 // How one call ended.
 struct Ended {
+  UnaryChannels::Outcome outcome = UnaryChannels::Outcome::kBroken;
   grpc::Status status;
-  bool answered_by_worker = false;
   std::string response;
+  bool answered_by_worker() const { return outcome == UnaryChannels::Outcome::kAnswered; }
 };
 
 // Collects the calls' ends.
 class Ends {
  public:
   UnaryChannels::Done Next() {
-    return [this](grpc::Status status, bool answered, grpc::ByteBuffer response) {
+    return [this](UnaryChannels::Outcome outcome, grpc::Status status, grpc::ByteBuffer response) {
       absl::MutexLock lock(&mu_);
-      ends_.push_back(Ended{std::move(status), answered, String(response)});
+      ends_.push_back(Ended{outcome, std::move(status), String(response)});
     };
   }
   // Waits for the `n`th end (from 1).
@@ -169,7 +170,7 @@ TEST(UnaryChannelsTest, CallsAreAnsweredInTurnOnOneReusedChannel) {
     worker.Answer(0, grpc::StatusCode::OK, "response " + std::to_string(i));
     const Ended ended = ends.Wait(static_cast<size_t>(i));
     EXPECT_TRUE(ended.status.ok()) << ended.status.error_message();
-    EXPECT_TRUE(ended.answered_by_worker);
+    EXPECT_TRUE(ended.answered_by_worker());
     EXPECT_EQ(ended.response, "response " + std::to_string(i));
   }
   EXPECT_EQ(worker.opened(), 1);
@@ -183,7 +184,7 @@ TEST(UnaryChannelsTest, CallsAreAnsweredInTurnOnOneReusedChannel) {
   const Ended ended = ends.Wait(6);
   EXPECT_EQ(ended.status.error_code(), grpc::StatusCode::NOT_FOUND);
   EXPECT_EQ(ended.status.error_message(), "the worker says no");
-  EXPECT_TRUE(ended.answered_by_worker);
+  EXPECT_TRUE(ended.answered_by_worker());
   EXPECT_EQ(ended.response, "");
 }
 
@@ -237,7 +238,7 @@ void ExpectBroken(const std::string& what_the_worker_sends, const std::string& r
   const Ended ended = ends.Wait(1);
   EXPECT_EQ(ended.status.error_code(), grpc::StatusCode::UNAVAILABLE) << reason;
   EXPECT_THAT(ended.status.error_message(), HasSubstr(reason));
-  EXPECT_FALSE(ended.answered_by_worker);
+  EXPECT_FALSE(ended.answered_by_worker());
   // The channel is gone; the next call opens another.
   UnaryChannels::Done next = ends.Next();
   ASSERT_TRUE(channels.Call(kMethod, Buffer("next"), next));
@@ -265,28 +266,73 @@ TEST(UnaryChannelsTest, AWorkerThatClosesMidAnswerEndsTheCall) {
   const Ended ended = ends.Wait(1);
   EXPECT_EQ(ended.status.error_code(), grpc::StatusCode::UNAVAILABLE);
   EXPECT_THAT(ended.status.error_message(), HasSubstr("closed mid-frame"));
-  EXPECT_FALSE(ended.answered_by_worker);
+  EXPECT_FALSE(ended.answered_by_worker());
 }
 
-TEST(UnaryChannelsTest, AnEndFrameIsTheWorkersAnswerAndEndsTheChannel) {
+std::string EndFrame(grpc::StatusCode code, const std::string& message) {
+  v1::CommandError error;
+  error.set_code(code);
+  error.set_message(message);
+  const std::string body = error.SerializeAsString();
+  return Header(static_cast<uint32_t>(body.size()) | kEndFrameBit) + body;
+}
+
+TEST(UnaryChannelsTest, AChannelTheWorkerRefusesHandsTheCallBackAndBacksOff) {
+  FakeWorker worker;
+  Ends ends;
+  UnaryChannels channels(worker.Opener());
+  UnaryChannels::Done done = ends.Next();
+  ASSERT_TRUE(channels.Call(kMethod, Buffer("call"), done));
+  // The worker refuses the channel before it reads anything.
+  worker.Write(0, EndFrame(grpc::StatusCode::RESOURCE_EXHAUSTED, "too many channels"));
+  const Ended ended = ends.Wait(1);
+  EXPECT_EQ(ended.outcome, UnaryChannels::Outcome::kRefused);
+  EXPECT_EQ(ended.status.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED);
+  EXPECT_EQ(ended.status.error_message(), "too many channels");
+  // No channel is opened for a while: the next call goes by gRPC.
+  UnaryChannels::Done next = ends.Next();
+  EXPECT_FALSE(channels.Call(kMethod, Buffer("next"), next));
+  EXPECT_EQ(worker.opened(), 1);
+}
+
+TEST(UnaryChannelsTest, AnEndFrameAfterAnAnswerIsTheWorkersAnswer) {
+  FakeWorker worker;
+  Ends ends;
+  UnaryChannels channels(worker.Opener());
+  UnaryChannels::Done first = ends.Next();
+  ASSERT_TRUE(channels.Call(kMethod, Buffer("one"), first));
+  worker.Read(0);
+  worker.Answer(0, grpc::StatusCode::OK, "one");
+  ends.Wait(1);
+  UnaryChannels::Done second = ends.Next();
+  ASSERT_TRUE(channels.Call(kMethod, Buffer("two"), second));
+  worker.Read(0);
+  worker.Write(0, EndFrame(grpc::StatusCode::INVALID_ARGUMENT, "bad frame"));
+  const Ended ended = ends.Wait(2);
+  EXPECT_EQ(ended.outcome, UnaryChannels::Outcome::kAnswered);
+  EXPECT_EQ(ended.status.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  // The channel is gone; the next call opens another.
+  UnaryChannels::Done next = ends.Next();
+  ASSERT_TRUE(channels.Call(kMethod, Buffer("next"), next));
+  EXPECT_EQ(worker.opened(), 2);
+}
+
+TEST(UnaryChannelsTest, AWorkersStatusMessageIsCutToWhatGrpcWouldSend) {
   FakeWorker worker;
   Ends ends;
   UnaryChannels channels(worker.Opener());
   UnaryChannels::Done done = ends.Next();
   ASSERT_TRUE(channels.Call(kMethod, Buffer("call"), done));
   worker.Read(0);
-  v1::CommandError refusal;
-  refusal.set_code(grpc::StatusCode::RESOURCE_EXHAUSTED);
-  refusal.set_message("too many channels");
-  const std::string body = refusal.SerializeAsString();
-  worker.Write(0, Header(static_cast<uint32_t>(body.size()) | kEndFrameBit) + body);
+  internal::v1::RelayedAnswer answer;
+  answer.set_code(grpc::StatusCode::ABORTED);
+  answer.set_message(std::string(8 << 20, 'm'));
+  const std::string body = answer.SerializeAsString();
+  worker.Write(0, Header(static_cast<uint32_t>(body.size())) + body);
   const Ended ended = ends.Wait(1);
-  EXPECT_EQ(ended.status.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED);
-  EXPECT_EQ(ended.status.error_message(), "too many channels");
-  EXPECT_TRUE(ended.answered_by_worker);
-  UnaryChannels::Done next = ends.Next();
-  ASSERT_TRUE(channels.Call(kMethod, Buffer("next"), next));
-  EXPECT_EQ(worker.opened(), 2);
+  EXPECT_EQ(ended.status.error_code(), grpc::StatusCode::ABORTED);
+  EXPECT_LE(ended.status.error_message().size(), 4096u + 64u);
+  EXPECT_THAT(ended.status.error_message(), HasSubstr("truncated"));
 }
 
 TEST(UnaryChannelsTest, AnAnswerToNoCallEndsTheChannel) {
@@ -319,7 +365,7 @@ TEST(UnaryChannelsTest, ClosingTheChannelsAnswersTheCallInFlight) {
   }
   const Ended ended = ends.Wait(1);
   EXPECT_EQ(ended.status.error_code(), grpc::StatusCode::UNAVAILABLE);
-  EXPECT_FALSE(ended.answered_by_worker);
+  EXPECT_FALSE(ended.answered_by_worker());
 }
 
 }  // namespace
