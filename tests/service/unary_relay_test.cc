@@ -943,7 +943,6 @@ TEST_P(UnaryRelayBothRelaysTest, ACallWhoseClientGaveUpEndsAtOnce) {
   ASSERT_THAT(spin, IsOk());
   LaunchConfig config;
   ASSERT_THAT(spin->Launch(config, uint64_t{20'000'000}), IsOk());  // 20 s
-  const absl::Time start = absl::Now();
   {
     ExecutionStub stub(d->channel());
     grpc::ClientContext context;
@@ -969,7 +968,6 @@ TEST_P(UnaryRelayBothRelaysTest, ACallWhoseClientGaveUpEndsAtOnce) {
   };
   EXPECT_TRUE(Eventually(ended, absl::Seconds(8)))
       << "the abandoned SynchronizeSession was still in the daemon after 8 s";
-  EXPECT_LT(absl::Now() - start, absl::Seconds(15));
   // Other calls of the session go on while the kernel runs.
   v1::GetMemInfoResponse info;
   const grpc::Status other = d->Call(&MemoryStub::GetMemInfo, v1::GetMemInfoRequest(), &info);
