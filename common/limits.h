@@ -16,6 +16,8 @@ inline constexpr int kMaxMessageBytes = 80 << 20;
 inline constexpr size_t kFrameHeaderBytes = 4;
 inline constexpr uint32_t kEndFrameBit = 0x80000000u;
 static_assert(static_cast<uint64_t>(kMaxMessageBytes) < kEndFrameBit);
+// The largest end frame (a status) the front end accepts from a worker.
+inline constexpr size_t kMaxEndFrameBytes = 64 << 10;
 // The largest request the front end relays on a framed unary channel
 // (server/frontend/unary_channels.h); a larger one goes by gRPC. Small enough that a frame of it
 // fits an idle socket's buffer at once. The worker refuses a RelayedCall frame over this plus

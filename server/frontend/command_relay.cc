@@ -35,11 +35,9 @@ namespace gpurpc::frontend {
 namespace {
 
 constexpr char kCommandStreamMethod[] = "/gpurpc.v1.ExecutionService/CommandStream";
-// The framing (kFrameHeaderBytes, kEndFrameBit) is common/limits.h's.
-// The largest reply accepted from the worker (a message's limit, as on the gRPC relay), and
-// the largest end frame (a status).
+// The framing (kFrameHeaderBytes, kEndFrameBit, kMaxEndFrameBytes) is common/limits.h's.
+// The largest reply accepted from the worker: a message's limit, as on the gRPC relay.
 constexpr size_t kMaxReplyBytes = kMaxMessageBytes;
-constexpr size_t kMaxEndFrameBytes = 64 << 10;
 // What a send takes at most from a message's pieces at once.
 constexpr int kMaxIovecs = 64;
 
@@ -342,11 +340,9 @@ class FramedCommandRelay final : public grpc::ServerGenericBidiReactor {
           if (!error.ParseFromArray(frame.bytes.get(), static_cast<int>(frame.size))) {
             return WorkerSideEnded("its end frame does not parse");
           }
-          const bool known = error.code() >= 0 && error.code() <= grpc::StatusCode::UNAUTHENTICATED;
+          grpc::Status end = StatusFromWorker(error.code(), error.message());
           absl::MutexLock lock(&mu_);
-          end_status_ = grpc::Status(
-              known ? static_cast<grpc::StatusCode>(error.code()) : grpc::StatusCode::UNKNOWN,
-              error.message());
+          end_status_ = std::move(end);
           has_end_status_ = true;
           continue;  // the socket closes next
         }

@@ -60,4 +60,12 @@ grpc::Status TranslateWorkerStatus(SessionRecord& session, const std::string& me
   }
 }
 
+grpc::Status StatusFromWorker(int32_t code, const std::string& message) {
+  const grpc::StatusCode known = code >= 0 && code <= grpc::StatusCode::UNAUTHENTICATED
+                                     ? static_cast<grpc::StatusCode>(code)
+                                     : grpc::StatusCode::UNKNOWN;
+  if (known == grpc::StatusCode::OK) return grpc::Status::OK;
+  return ToGrpcStatus(absl::Status(static_cast<absl::StatusCode>(known), message));
+}
+
 }  // namespace gpurpc::frontend

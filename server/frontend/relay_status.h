@@ -1,9 +1,11 @@
 // What a client is answered when its session's worker answered a relayed call, or when the
-// call to the worker broke: shared by the relays of server/frontend/proxy.h and
-// server/frontend/command_relay.h.
+// call to the worker broke: shared by the relays of server/frontend/proxy.h,
+// server/frontend/unary_proxy.h and server/frontend/command_relay.h.
+
 #ifndef GPURPC_SERVER_FRONTEND_RELAY_STATUS_H_
 #define GPURPC_SERVER_FRONTEND_RELAY_STATUS_H_
 
+#include <cstdint>
 #include <string>
 
 #include "grpcpp/support/status.h"
@@ -23,6 +25,11 @@ namespace gpurpc::frontend {
 // takes.
 grpc::Status TranslateWorkerStatus(SessionRecord& session, const std::string& method,
                                    const grpc::Status& status, bool answered_by_worker);
+
+// A status a worker sent in a frame of the framed protocols (an end frame's CommandError, a
+// RelayedAnswer): a code outside google.rpc.Code is UNKNOWN, and the message is cut and
+// escaped as ToGrpcStatus does (at most 4 KiB), as the gRPC relay would have passed it on.
+grpc::Status StatusFromWorker(int32_t code, const std::string& message);
 
 }  // namespace gpurpc::frontend
 

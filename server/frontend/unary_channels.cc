@@ -14,18 +14,16 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/time/clock.h"
-#include "common/grpc_status.h"
 #include "common/limits.h"
 #include "gpurpc/internal/v1/worker_control.pb.h"
 #include "gpurpc/v1/execution_service.pb.h"
 #include "grpcpp/support/slice.h"
+#include "server/frontend/relay_status.h"
 #include "spdlog/spdlog.h"
 
 namespace gpurpc::frontend {
 namespace {
 
-// The largest end frame (a status) accepted from the worker.
-constexpr size_t kMaxEndFrameBytes = 64 << 10;
 // An answer is read in pieces of at most this many bytes, so that a length the worker
 // announces and never sends holds no more memory than what arrived.
 constexpr size_t kReadPieceBytes = 1 << 20;
@@ -55,12 +53,6 @@ std::string ReadExactly(int fd, size_t size, std::string* out) {
   return std::string();
 }
 
-grpc::StatusCode CodeOf(int32_t code) {
-  return code >= 0 && code <= grpc::StatusCode::UNAUTHENTICATED
-             ? static_cast<grpc::StatusCode>(code)
-             : grpc::StatusCode::UNKNOWN;
-}
-
 // A response's bytes handed to gRPC without a copy.
 grpc::ByteBuffer ToByteBuffer(std::string bytes) {
   if (bytes.empty()) {
@@ -71,13 +63,6 @@ grpc::ByteBuffer ToByteBuffer(std::string bytes) {
   grpc::Slice slice(
       owned->data(), owned->size(), [](void* p) { delete static_cast<std::string*>(p); }, owned);
   return grpc::ByteBuffer(&slice, 1);
-}
-
-// A status the worker sent, as ToGrpcStatus would send it (at most 4 KiB of message).
-grpc::Status FromWorker(int32_t code, const std::string& message) {
-  const grpc::StatusCode known = CodeOf(code);
-  if (known == grpc::StatusCode::OK) return grpc::Status::OK;
-  return ToGrpcStatus(absl::Status(static_cast<absl::StatusCode>(known), message));
 }
 
 // How long no channel is opened after the worker refused one.
@@ -265,7 +250,7 @@ void UnaryChannels::Loop(const std::shared_ptr<Shared>& shared, Channel* channel
         first = !channel->answered_once;
       }
       End(*shared, channel, first ? Outcome::kRefused : Outcome::kAnswered,
-          FromWorker(refusal.code(), refusal.message()));
+          StatusFromWorker(refusal.code(), refusal.message()));
       break;
     }
     internal::v1::RelayedAnswer answer;
@@ -276,7 +261,7 @@ void UnaryChannels::Loop(const std::shared_ptr<Shared>& shared, Channel* channel
       break;
     }
     std::string().swap(frame);
-    const grpc::Status status = FromWorker(answer.code(), answer.message());
+    const grpc::Status status = StatusFromWorker(answer.code(), answer.message());
     grpc::ByteBuffer response;
     if (status.ok()) response = ToByteBuffer(std::move(*answer.mutable_response()));
     Done done;

@@ -568,52 +568,13 @@ int TcpPort(const std::string& host_port) {
   return std::atoi(host_port.substr(host_port.rfind(':') + 1).c_str());
 }
 
-// GET /metrics from the daemon's --metrics-listen port on loopback: the body, "" without a
-// whole 200 answer within 10 s.
-std::string ScrapeMetrics(int port) {
-  const int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  if (fd < 0) return "";
-  sockaddr_in address{};
-  address.sin_family = AF_INET;
-  address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  address.sin_port = htons(static_cast<uint16_t>(port));
-  const std::string request = "GET /metrics HTTP/1.1\r\nHost: test\r\nConnection: close\r\n\r\n";
-  std::string answer;
-  bool ended = false;
-  if (connect(fd, reinterpret_cast<sockaddr*>(&address), sizeof(address)) == 0 &&
-      send(fd, request.data(), request.size(), MSG_NOSIGNAL) ==
-          static_cast<ssize_t>(request.size())) {
-    const absl::Time deadline = absl::Now() + absl::Seconds(10);
-    std::vector<char> buffer(64 * 1024);
-    while (!ended) {
-      const absl::Duration left = deadline - absl::Now();
-      if (left <= absl::ZeroDuration()) break;
-      pollfd p{fd, POLLIN, 0};
-      const int ready = poll(&p, 1, static_cast<int>(absl::ToInt64Milliseconds(left)) + 1);
-      if (ready < 0 && errno == EINTR) continue;
-      if (ready <= 0) break;
-      const ssize_t n = recv(fd, buffer.data(), buffer.size(), 0);
-      if (n < 0 && errno == EINTR) continue;
-      if (n <= 0) {
-        ended = n == 0;  // the server closes after its answer
-      } else {
-        answer.append(buffer.data(), static_cast<size_t>(n));
-      }
-    }
-  }
-  close(fd);
-  const size_t body = answer.find("\r\n\r\n");
-  if (!ended || answer.rfind("HTTP/1.1 200", 0) != 0 || body == std::string::npos) return "";
-  return answer.substr(body + 4);
-}
-
 // gpurpc_relayed_bytes_total{direction="to_worker"} of `method` (e.g.
 // "MemoryService/UploadStream") on the daemon's /metrics at `port`: the bytes of that
 // method's requests that the front end has handed to session workers. The series appears
 // when the front end takes the first call of the method (a request without fields counts 0
 // bytes); nullopt before that, or without an answer.
 std::optional<uint64_t> RelayedToWorkerAt(int port, const std::string& method) {
-  const std::string body = ScrapeMetrics(port);
+  const std::string body = ::gpurpc::testing::ScrapeMetrics(port).value_or("");
   const std::string series = absl::StrCat("\ngpurpc_relayed_bytes_total{method=\"/gpurpc.v1.",
                                           method, "\",direction=\"to_worker\"} ");
   const size_t at = body.find(series);

@@ -151,50 +151,6 @@ struct Answer {
 
 // ------------------------------------------------------------------------- metrics
 
-// GET /metrics on 127.0.0.1:`port`: the body.
-absl::StatusOr<std::string> GetMetrics(int port) {
-  const int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  if (fd < 0) return absl::InternalError(absl::StrCat("socket: ", std::strerror(errno)));
-  sockaddr_in address{};
-  address.sin_family = AF_INET;
-  address.sin_port = htons(static_cast<uint16_t>(port));
-  address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  if (connect(fd, reinterpret_cast<sockaddr*>(&address), sizeof(address)) != 0) {
-    const std::string error = std::strerror(errno);
-    close(fd);
-    return absl::UnavailableError(absl::StrCat("connect: ", error));
-  }
-  const std::string request = "GET /metrics HTTP/1.1\r\nHost: test\r\nConnection: close\r\n\r\n";
-  size_t sent = 0;
-  while (sent < request.size()) {
-    const ssize_t n = send(fd, request.data() + sent, request.size() - sent, MSG_NOSIGNAL);
-    if (n <= 0) break;
-    sent += static_cast<size_t>(n);
-  }
-  std::string raw;
-  const absl::Time deadline = absl::Now() + absl::Seconds(20);
-  char buffer[65536];
-  bool closed = false;
-  while (!closed && absl::Now() < deadline) {
-    pollfd p{fd, POLLIN, 0};
-    if (poll(&p, 1, 100) <= 0) continue;
-    const ssize_t n = recv(fd, buffer, sizeof(buffer), 0);
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) {
-      closed = true;
-    } else {
-      raw.append(buffer, static_cast<size_t>(n));
-    }
-  }
-  close(fd);
-  if (!closed) return absl::DeadlineExceededError("/metrics did not end its answer in 20 s");
-  const size_t body = raw.find("\r\n\r\n");
-  if (raw.rfind("HTTP/1.1 200", 0) != 0 || body == std::string::npos) {
-    return absl::InternalError(absl::StrCat("not a 200 answer: '", raw.substr(0, 200), "'"));
-  }
-  return raw.substr(body + 4);
-}
-
 // gpurpc_unary_calls_relayed_total by relay.
 struct Relayed {
   double framed = 0;
@@ -291,7 +247,7 @@ class Daemon {
 
   // The counters now (a failed scrape fails the test).
   Relayed Scrape() const {
-    auto body = GetMetrics(metrics_port_);
+    auto body = testing::ScrapeMetrics(metrics_port_);
     EXPECT_THAT(body, IsOk());
     if (!body.ok()) return Relayed{-1, -1};
     auto relayed = ParseRelayed(*body);
@@ -955,7 +911,7 @@ TEST_P(UnaryRelayBothRelaysTest, ACallWhoseClientGaveUpEndsAtOnce) {
   }
   // The daemon answered the call (with its deadline or a cancel) long before the kernel ends.
   auto ended = [&] {
-    auto body = GetMetrics(d->metrics_port());
+    auto body = testing::ScrapeMetrics(d->metrics_port());
     if (!body.ok()) return false;
     for (absl::string_view line : absl::StrSplit(*body, '\n')) {
       if (absl::StartsWith(line, "gpurpc_rpcs_total{") &&

@@ -4,6 +4,7 @@
 #include <dlfcn.h>
 #include <fcntl.h>
 #include <netinet/in.h>
+#include <poll.h>
 #include <signal.h>
 #include <spawn.h>
 #include <sys/socket.h>
@@ -11,6 +12,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -21,6 +23,8 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
 #include "gpurpc/v1/device_service.grpc.pb.h"
 #include "grpcpp/grpcpp.h"
 
@@ -229,6 +233,49 @@ absl::StatusOr<TestToken> MakeToken(const std::string& tenant) {
     return absl::InternalError(absl::StrCat("`", command, "` failed (status ", status, "): ", out));
   }
   return TestToken{lines[0], lines[1]};
+}
+
+absl::StatusOr<std::string> ScrapeMetrics(int port) {
+  const int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) return absl::InternalError(absl::StrCat("socket: ", std::strerror(errno)));
+  sockaddr_in address{};
+  address.sin_family = AF_INET;
+  address.sin_port = htons(static_cast<uint16_t>(port));
+  address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  if (connect(fd, reinterpret_cast<sockaddr*>(&address), sizeof(address)) != 0) {
+    const std::string error = std::strerror(errno);
+    close(fd);
+    return absl::UnavailableError(absl::StrCat("connect: ", error));
+  }
+  const std::string request = "GET /metrics HTTP/1.1\r\nHost: test\r\nConnection: close\r\n\r\n";
+  size_t sent = 0;
+  while (sent < request.size()) {
+    const ssize_t n = send(fd, request.data() + sent, request.size() - sent, MSG_NOSIGNAL);
+    if (n <= 0) break;
+    sent += static_cast<size_t>(n);
+  }
+  std::string raw;
+  const absl::Time deadline = absl::Now() + absl::Seconds(20);
+  char buffer[65536];
+  bool closed = false;
+  while (!closed && absl::Now() < deadline) {
+    pollfd p{fd, POLLIN, 0};
+    if (poll(&p, 1, 100) <= 0) continue;
+    const ssize_t n = recv(fd, buffer, sizeof(buffer), 0);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) {
+      closed = true;
+    } else {
+      raw.append(buffer, static_cast<size_t>(n));
+    }
+  }
+  close(fd);
+  if (!closed) return absl::DeadlineExceededError("/metrics did not end its answer in 20 s");
+  const size_t body = raw.find("\r\n\r\n");
+  if (raw.rfind("HTTP/1.1 200", 0) != 0 || body == std::string::npos) {
+    return absl::InternalError(absl::StrCat("not a 200 answer: '", raw.substr(0, 200), "'"));
+  }
+  return raw.substr(body + 4);
 }
 
 absl::StatusOr<int> FreeLoopbackPort() {

@@ -84,6 +84,10 @@ absl::Status CudaAvailable();
 // A loopback TCP port that was free a moment ago.
 absl::StatusOr<int> FreeLoopbackPort();
 
+// GET /metrics from a daemon's --metrics-listen port on loopback: the body of a whole 200
+// answer, read within 20 s.
+absl::StatusOr<std::string> ScrapeMetrics(int port);
+
 // A bearer token for `tenant` from `gpurpcd --new-token` (TestDaemon::Binary()): the token,
 // and its line for a --tokens-file.
 struct TestToken {
