@@ -1,5 +1,6 @@
 #include "server/frontend/unary_channels.h"
 
+#include <poll.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -9,6 +10,7 @@
 #include <cstring>
 #include <string>
 #include <system_error>
+#include <thread>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -68,7 +70,54 @@ grpc::ByteBuffer ToByteBuffer(std::string bytes) {
 // How long no channel is opened after the worker refused one.
 constexpr absl::Duration kRefusedBackoff = absl::Seconds(1);
 
+// Calling threads waiting for an answer now, and how many may.
+std::atomic<int> waiting_callers{0};
+std::atomic<int> max_waiters{
+    std::clamp(static_cast<int>(std::thread::hardware_concurrency()) / 4, 1, 8)};
+
+// Takes a waiting slot, if one is free.
+bool BeginInlineWait() {
+  int now = waiting_callers.load();
+  while (now < max_waiters.load()) {
+    if (waiting_callers.compare_exchange_weak(now, now + 1)) return true;
+  }
+  return false;
+}
+
+// Waits up to `wait` for `fd` to have something to read (or to end). True when it has.
+bool WaitReadable(int fd, absl::Duration wait) {
+  const absl::Time deadline = absl::Now() + wait;
+  for (;;) {
+    const timespec left = absl::ToTimespec(std::max(deadline - absl::Now(), absl::ZeroDuration()));
+    pollfd watched{fd, POLLIN, 0};
+    const int n = ppoll(&watched, 1, &left, nullptr);
+    if (n > 0) return true;
+    if (n == 0 || errno != EINTR) return n != 0;  // timed out; an error is the reader's to see
+  }
+}
+
+// Whether `fd`, a channel with no call in flight, is still as it should be: open, and with
+// nothing to read.
+bool IdleAndOpen(int fd) {
+  char byte;
+  const ssize_t n = recv(fd, &byte, 1, MSG_PEEK | MSG_DONTWAIT);
+  if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) return true;
+  if (n > 0) {
+    spdlog::warn("unary relay: the worker sent an answer to no call; channel closed");
+  } else {
+    spdlog::debug("unary relay: an idle channel ended ({}); it is closed",
+                  n == 0 ? "closed by the worker" : std::strerror(errno));
+  }
+  return false;
+}
+
 }  // namespace
+
+int UnaryChannels::max_inline_waiters() { return max_waiters.load(); }
+
+void UnaryChannels::set_max_inline_waiters_for_test(int max) { max_waiters.store(max); }
+
+int UnaryChannels::inline_waiters() { return waiting_callers.load(); }
 
 UnaryChannels::Channel::~Channel() {
   if (fd >= 0) close(fd);
@@ -80,7 +129,10 @@ UnaryChannels::~UnaryChannels() {
     absl::MutexLock lock(&shared_->mu);
     shared_->closing = true;
     channels.swap(shared_->channels);
-    for (const auto& channel : channels) shutdown(channel->fd, SHUT_RDWR);
+    for (const auto& channel : channels) {
+      shutdown(channel->fd, SHUT_RDWR);
+      channel->wake.Signal();
+    }
   }
   for (auto& channel : channels) {
     if (!channel->thread.joinable()) continue;
@@ -118,10 +170,13 @@ void UnaryChannels::PruneLocked(Shared& shared) {
 UnaryChannels::Channel* UnaryChannels::TakeLocked() {
   PruneLocked(*shared_);
   for (const auto& channel : shared_->channels) {
-    if (!channel->broken && !channel->busy) {
-      channel->busy = true;
-      return channel.get();
+    if (channel->broken || channel->busy) continue;
+    if (!IdleAndOpen(channel->fd)) {
+      BreakLocked(*shared_, channel.get());
+      continue;
     }
+    channel->busy = true;
+    return channel.get();
   }
   // Channels whose threads are still ending count too: they are bounded as the live ones.
   if (shared_->closing || shared_->channels.size() >= static_cast<size_t>(kMaxUnaryChannels) ||
@@ -147,7 +202,8 @@ UnaryChannels::Channel* UnaryChannels::TakeLocked() {
   return raw;
 }
 
-bool UnaryChannels::Call(const std::string& method, const grpc::ByteBuffer& request, Done& done) {
+bool UnaryChannels::Call(const std::string& method, const grpc::ByteBuffer& request, Done& done,
+                         absl::Duration wait) {
   if (request.Length() > kMaxRelayedRequestBytes || method.size() > kMaxRelayedMethodBytes) {
     return false;
   }
@@ -166,36 +222,63 @@ bool UnaryChannels::Call(const std::string& method, const grpc::ByteBuffer& requ
   for (size_t i = 0; i < kFrameHeaderBytes; ++i) {
     frame[i] = static_cast<char>((length >> (8 * i)) & 0xff);
   }
-  absl::MutexLock lock(&shared_->mu);
-  Channel* const channel = TakeLocked();
-  if (channel == nullptr) return false;
-  channel->done = std::move(done);
-  // Sent under the lock, so that the channel (and its fd) cannot be pruned meanwhile; the send
-  // does not wait: the channel's socket is empty (its last answer was read whole) and the
-  // frame fits its buffer. A send that fails breaks the channel: its thread then sees the
-  // end and answers the call.
-  size_t sent = 0;
-  while (sent < frame.size()) {
-    const ssize_t n =
-        send(channel->fd, frame.data() + sent, frame.size() - sent, MSG_NOSIGNAL | MSG_DONTWAIT);
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) {
-      spdlog::debug("unary relay: send: {}", n < 0 ? std::strerror(errno) : "nothing sent");
-      shutdown(channel->fd, SHUT_RDWR);
-      break;
+  Channel* channel;
+  {
+    absl::MutexLock lock(&shared_->mu);
+    channel = TakeLocked();
+    if (channel == nullptr) return false;
+    channel->done = std::move(done);
+    // Sent under the lock, so that the channel (and its fd) cannot be pruned meanwhile; the
+    // send does not wait: the channel's socket is empty (its last answer was read whole) and
+    // the frame fits its buffer. A send that fails breaks the channel: its reader then sees
+    // the end and answers the call.
+    size_t sent = 0;
+    while (sent < frame.size()) {
+      const ssize_t n =
+          send(channel->fd, frame.data() + sent, frame.size() - sent, MSG_NOSIGNAL | MSG_DONTWAIT);
+      if (n < 0 && errno == EINTR) continue;
+      if (n <= 0) {
+        spdlog::debug("unary relay: send: {}", n < 0 ? std::strerror(errno) : "nothing sent");
+        shutdown(channel->fd, SHUT_RDWR);
+        break;
+      }
+      sent += static_cast<size_t>(n);
     }
-    sent += static_cast<size_t>(n);
+    if (wait <= absl::ZeroDuration() || !BeginInlineWait()) {
+      channel->thread_reads = true;
+      channel->wake.Signal();
+      return true;
+    }
   }
+  // This thread waits for the answer. Meanwhile nobody else reads the channel, and it stays
+  // (it is busy and not broken, so it is neither taken nor pruned); the caller keeps these
+  // channels alive.
+  const bool arrived = WaitReadable(channel->fd, wait);
+  waiting_callers.fetch_sub(1);
+  if (arrived) {
+    // Completes the call here; the channel may be gone once this returns.
+    ReadAnswer(*shared_, channel);
+    return true;
+  }
+  absl::MutexLock lock(&shared_->mu);
+  channel->thread_reads = true;
+  channel->wake.Signal();
   return true;
+}
+
+void UnaryChannels::BreakLocked(Shared& shared, Channel* channel) {
+  channel->broken = true;
+  channel->wake.Signal();
 }
 
 void UnaryChannels::End(Shared& shared, Channel* channel, Outcome outcome, grpc::Status status) {
   Done done;
   {
     absl::MutexLock lock(&shared.mu);
-    channel->broken = true;
+    BreakLocked(shared, channel);
     if (channel->busy) done = std::move(channel->done);
     channel->busy = false;
+    channel->thread_reads = false;
     channel->done = nullptr;
     if (outcome == Outcome::kRefused) shared.no_channels_until = absl::Now() + kRefusedBackoff;
   }
@@ -203,89 +286,93 @@ void UnaryChannels::End(Shared& shared, Channel* channel, Outcome outcome, grpc:
 }
 
 void UnaryChannels::Loop(const std::shared_ptr<Shared>& shared, Channel* channel) {
-  const int fd = channel->fd;
-  std::string frame;
   for (;;) {
-    frame.clear();
-    if (std::string error = ReadExactly(fd, kFrameHeaderBytes, &frame); !error.empty()) {
-      End(*shared, channel, Outcome::kBroken,
-          grpc::Status(grpc::StatusCode::UNAVAILABLE,
-                       absl::StrCat("the session's worker ended the call",
-                                    error == "closed" ? "" : absl::StrCat(" (", error, ")"))));
-      break;
-    }
-    uint32_t prefix = 0;
-    for (size_t i = 0; i < kFrameHeaderBytes; ++i) {
-      prefix |= uint32_t{static_cast<uint8_t>(frame[i])} << (8 * i);
-    }
-    const bool end_frame = (prefix & kEndFrameBit) != 0;
-    const size_t length = prefix & ~kEndFrameBit;
-    frame.clear();
-    std::string error;
-    if (length > (end_frame ? kMaxEndFrameBytes : static_cast<size_t>(kMaxMessageBytes))) {
-      error = absl::StrFormat("it announced a frame of %d bytes, over the limit", length);
-    } else {
-      error = ReadExactly(fd, length, &frame);
-      if (error == "closed") error = "it closed mid-frame";
-    }
-    if (!error.empty()) {
-      End(*shared, channel, Outcome::kBroken,
-          grpc::Status(grpc::StatusCode::UNAVAILABLE,
-                       absl::StrCat("the session's worker ended the call (", error, ")")));
-      break;
-    }
-    if (end_frame) {
-      // The worker ended the channel: as its first frame, it refused the channel and never
-      // read the call (its status says why); later, the call is answered by it.
-      v1::CommandError refusal;
-      if (!refusal.ParseFromString(frame)) {
-        End(*shared, channel, Outcome::kBroken,
-            grpc::Status(grpc::StatusCode::UNAVAILABLE,
-                         "the session's worker ended the call (its end frame does not parse)"));
-        break;
-      }
-      bool first;
-      {
-        absl::MutexLock lock(&shared->mu);
-        first = !channel->answered_once;
-      }
-      End(*shared, channel, first ? Outcome::kRefused : Outcome::kAnswered,
-          StatusFromWorker(refusal.code(), refusal.message()));
-      break;
-    }
-    internal::v1::RelayedAnswer answer;
-    if (!answer.ParseFromString(frame)) {
-      End(*shared, channel, Outcome::kBroken,
-          grpc::Status(grpc::StatusCode::UNAVAILABLE,
-                       "the session's worker ended the call (its answer does not parse)"));
-      break;
-    }
-    std::string().swap(frame);
-    const grpc::Status status = StatusFromWorker(answer.code(), answer.message());
-    grpc::ByteBuffer response;
-    if (status.ok()) response = ToByteBuffer(std::move(*answer.mutable_response()));
-    Done done;
     {
       absl::MutexLock lock(&shared->mu);
-      channel->answered_once = true;
-      if (!channel->busy) {
-        // An answer to no call: the worker does not keep the protocol.
-        channel->broken = true;
-        error = "an answer to no call";
-      } else {
-        done = std::move(channel->done);
-        channel->done = nullptr;
-        channel->busy = false;  // free for the next call
+      while (!channel->thread_reads && !channel->broken && !shared->closing) {
+        channel->wake.Wait(&shared->mu);
       }
+      // A call handed over is answered even when closing: the shut-down socket ends it.
+      if (!channel->thread_reads) break;
     }
-    if (!error.empty()) {
-      spdlog::warn("unary relay: the worker sent {}; channel closed", error);
-      break;
-    }
-    std::move(done)(Outcome::kAnswered, status, std::move(response));
+    if (!ReadAnswer(*shared, channel)) break;
   }
-  shutdown(fd, SHUT_RDWR);
+  shutdown(channel->fd, SHUT_RDWR);
   channel->finished.store(true);
+}
+
+bool UnaryChannels::ReadAnswer(Shared& shared, Channel* channel) {
+  const int fd = channel->fd;
+  std::string frame;
+  if (std::string error = ReadExactly(fd, kFrameHeaderBytes, &frame); !error.empty()) {
+    End(shared, channel, Outcome::kBroken,
+        grpc::Status(grpc::StatusCode::UNAVAILABLE,
+                     absl::StrCat("the session's worker ended the call",
+                                  error == "closed" ? "" : absl::StrCat(" (", error, ")"))));
+    return false;
+  }
+  uint32_t prefix = 0;
+  for (size_t i = 0; i < kFrameHeaderBytes; ++i) {
+    prefix |= uint32_t{static_cast<uint8_t>(frame[i])} << (8 * i);
+  }
+  const bool end_frame = (prefix & kEndFrameBit) != 0;
+  const size_t length = prefix & ~kEndFrameBit;
+  frame.clear();
+  std::string error;
+  if (length > (end_frame ? kMaxEndFrameBytes : static_cast<size_t>(kMaxMessageBytes))) {
+    error = absl::StrFormat("it announced a frame of %d bytes, over the limit", length);
+  } else {
+    error = ReadExactly(fd, length, &frame);
+    if (error == "closed") error = "it closed mid-frame";
+  }
+  if (!error.empty()) {
+    End(shared, channel, Outcome::kBroken,
+        grpc::Status(grpc::StatusCode::UNAVAILABLE,
+                     absl::StrCat("the session's worker ended the call (", error, ")")));
+    return false;
+  }
+  if (end_frame) {
+    // The worker ended the channel: as its first frame, it refused the channel and never
+    // read the call (its status says why); later, the call is answered by it.
+    v1::CommandError refusal;
+    if (!refusal.ParseFromString(frame)) {
+      End(shared, channel, Outcome::kBroken,
+          grpc::Status(grpc::StatusCode::UNAVAILABLE,
+                       "the session's worker ended the call (its end frame does not parse)"));
+      return false;
+    }
+    bool first;
+    {
+      absl::MutexLock lock(&shared.mu);
+      first = !channel->answered_once;
+    }
+    End(shared, channel, first ? Outcome::kRefused : Outcome::kAnswered,
+        StatusFromWorker(refusal.code(), refusal.message()));
+    return false;
+  }
+  internal::v1::RelayedAnswer answer;
+  if (!answer.ParseFromString(frame)) {
+    End(shared, channel, Outcome::kBroken,
+        grpc::Status(grpc::StatusCode::UNAVAILABLE,
+                     "the session's worker ended the call (its answer does not parse)"));
+    return false;
+  }
+  std::string().swap(frame);
+  const grpc::Status status = StatusFromWorker(answer.code(), answer.message());
+  grpc::ByteBuffer response;
+  if (status.ok()) response = ToByteBuffer(std::move(*answer.mutable_response()));
+  Done done;
+  {
+    absl::MutexLock lock(&shared.mu);
+    channel->answered_once = true;
+    done = std::move(channel->done);
+    channel->done = nullptr;
+    // Free for the next call, which may be handed to the thread before this one is done.
+    channel->busy = false;
+    channel->thread_reads = false;
+  }
+  std::move(done)(Outcome::kAnswered, status, std::move(response));
+  return true;
 }
 
 }  // namespace gpurpc::frontend

@@ -14,10 +14,19 @@
 // kMaxRelayedRequestBytes (common/limits.h), so a send to a channel, whose socket is empty
 // when the call takes it, never waits.
 //
+// Who reads the answer: the calling thread may wait for it itself, for a bounded time (`wait`
+// in Call), and complete the call there; a short call then costs no hand-off between threads.
+// At most max_inline_waiters() calling threads of the process wait so at once (they are
+// gRPC's threads, which serve every client). A call whose answer has not come by then, or
+// that may not wait, is handed to the channel's thread, which reads that answer and
+// completes the call. A channel's socket is read only while a call is in flight on it.
+//
 // Everything the worker sends is checked: a frame over kMaxMessageBytes, bytes that are not
-// a RelayedAnswer, an answer to no call or a closed socket end the channel; the call in flight
-// on it is then answered as the gRPC relay answers a call whose worker broke (relay_status.h
-// decides whether the worker died). A status message is cut to what ToGrpcStatus sends (4 KiB).
+// a RelayedAnswer or a closed socket end the channel; the call in flight on it is then
+// answered as the gRPC relay answers a call whose worker broke (relay_status.h decides
+// whether the worker died). Bytes that arrive on an idle channel (an answer to no call) or an
+// idle channel the worker closed are found when the channel is next taken: the channel ends
+// and the call takes another. A status message is cut to what ToGrpcStatus sends (4 KiB).
 // An end frame as a channel's first frame is the worker refusing the channel (it serves
 // kMaxRelayedChannelsPerSession at most): the call never ran, its caller relays it by gRPC, and
 // no channel is opened for the next second. A call whose client left may be abandoned by its
@@ -25,7 +34,9 @@
 // read and dropped, and the channel serves the next call.
 //
 // The channels and their threads share their state, so a call's completion may drop the last
-// reference to the session (and so destroy these channels) on a channel's own thread.
+// reference to the session (and so destroy these channels) on a channel's own thread. A
+// call's completion on the calling thread must not destroy them: the caller keeps them alive
+// until Call returns.
 #ifndef GPURPC_SERVER_FRONTEND_UNARY_CHANNELS_H_
 #define GPURPC_SERVER_FRONTEND_UNARY_CHANNELS_H_
 
@@ -70,16 +81,28 @@ class UnaryChannels {
   UnaryChannels(const UnaryChannels&) = delete;
   UnaryChannels& operator=(const UnaryChannels&) = delete;
 
+  // How long the relay lets a calling thread wait for a short call's answer (unary_proxy.cc).
+  static constexpr absl::Duration kShortCallWait = absl::Microseconds(250);
+
   // Sends `request` of `method` (a unary method of the session services) on a free channel,
-  // opening one when fewer than kMaxUnaryChannels are open; `done` runs once, on the
-  // channel's thread, when the call ends; it is moved from only then. False (and `done` is
-  // left as it was) when the call cannot go framed: no channel is free, the request is larger
-  // than kMaxRelayedRequestBytes, or no channel could be opened. The caller then relays the
-  // call by gRPC.
-  bool Call(const std::string& method, const grpc::ByteBuffer& request, Done& done);
+  // opening one when fewer than kMaxUnaryChannels are open. `done` runs once, when the call
+  // ends: on this thread before Call returns when the answer came within `wait` (and a
+  // waiting slot was free), else on the channel's thread. `done` is moved from only when the
+  // call went framed. False (and `done` is left as it was) when the call cannot go framed: no
+  // channel is free, the request is larger than kMaxRelayedRequestBytes, or no channel could
+  // be opened. The caller then relays the call by gRPC.
+  bool Call(const std::string& method, const grpc::ByteBuffer& request, Done& done,
+            absl::Duration wait = absl::ZeroDuration());
 
   // Channels open now (for tests and metrics).
   int open() const;
+
+  // Calling threads that may wait for an answer at once, over the whole process: a quarter of
+  // the machine's hardware threads, 1 to 8, so that most of gRPC's threads stay free.
+  static int max_inline_waiters();
+  static void set_max_inline_waiters_for_test(int max);
+  // Calling threads waiting for an answer now (for tests).
+  static int inline_waiters();
 
  private:
   struct Channel {
@@ -89,8 +112,10 @@ class UnaryChannels {
     // Guarded by Shared::mu.
     Done done;                          // the call in flight
     bool busy = false;                  // a call is in flight
+    bool thread_reads = false;          // ... and its thread is to read the answer
     bool broken = false;                // its thread has ended or is ending
     bool answered_once = false;         // a frame came: an end frame now is no refusal
+    absl::CondVar wake;                 // thread_reads, broken or closing changed
     std::atomic<bool> finished{false};  // its thread returned: it may be joined
   };
   struct Shared {
@@ -99,11 +124,18 @@ class UnaryChannels {
     bool closing ABSL_GUARDED_BY(mu) = false;
     absl::Time no_channels_until ABSL_GUARDED_BY(mu) = absl::InfinitePast();
   };
-  // The channel's thread: reads answers and completes the calls, until the channel ends.
+  // The channel's thread: reads the answers of the calls handed to it and completes those
+  // calls, until the channel ends.
   static void Loop(const std::shared_ptr<Shared>& shared, Channel* channel);
+  // Reads the answer of `channel`'s call in flight (waiting for it) and completes the call.
+  // False when the channel ended.
+  static bool ReadAnswer(Shared& shared, Channel* channel);
   // Ends `channel`'s call in flight (if any) with `outcome` and `status`, and marks the
   // channel broken.
   static void End(Shared& shared, Channel* channel, Outcome outcome, grpc::Status status);
+  // The channel may not be used again; its thread ends.
+  static void BreakLocked(Shared& shared, Channel* channel)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(shared.mu);
   // Joins and forgets the channels whose threads returned.
   static void PruneLocked(Shared& shared) ABSL_EXCLUSIVE_LOCKS_REQUIRED(shared.mu);
   Channel* TakeLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(shared_->mu);

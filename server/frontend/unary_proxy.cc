@@ -24,6 +24,22 @@
 namespace gpurpc::frontend {
 namespace {
 
+// How long the gRPC thread that took a framed call may wait for its answer and complete the
+// call itself (UnaryChannels::Call): a short call then costs no hand-off to the channel's
+// thread. Not for the methods that usually take milliseconds (NVRTC, the driver's JIT,
+// pinning a host region), whose wait would only hold the gRPC thread.
+absl::Duration AnswerWait(Ledger ledger) {
+  switch (ledger) {
+    case Ledger::kCompile:
+    case Ledger::kLinkModule:
+    case Ledger::kLoadModule:
+    case Ledger::kRegisterRegion:
+      return absl::ZeroDuration();
+    default:
+      return UnaryChannels::kShortCallWait;
+  }
+}
+
 // One relayed call, from the handler to OnDone (it deletes itself).
 class UnaryRelay final : public grpc::ServerUnaryReactor {
  public:
@@ -79,7 +95,8 @@ class UnaryRelay final : public grpc::ServerUnaryReactor {
         // Null: the client's call already ended; the answer is dropped.
         if (relay != nullptr) relay->FramedDone(outcome, std::move(status), &answer);
       };
-      const bool sent = session_->unary_channels().Call(method_.path, *request, done);
+      const bool sent =
+          session_->unary_channels().Call(method_.path, *request, done, AnswerWait(method_.ledger));
       if (metrics_ != nullptr) metrics_->UnaryCallRelayed(sent);
       if (sent) return;
       framed_.reset();

@@ -1,8 +1,10 @@
 // The front end's framed unary channels (server/frontend/unary_channels.h) against a worker
 // played by the test on socketpairs: calls answered in turn on reused channels, the bound on
-// open channels, and a worker that breaks the protocol (an answer that does not parse, an
-// oversized length, an answer to no call, a close mid-call) ending the channel with the call
-// in flight answered UNAVAILABLE, not as the worker's answer.
+// open channels, answers completed on the calling thread when they come within its wait (and
+// by the channel's thread when not, or when no waiting slot is free), and a worker that breaks
+// the protocol (an answer that does not parse, an oversized length, an answer to no call, a
+// close mid-call or while idle) ending the channel with the call in flight answered
+// UNAVAILABLE, not as the worker's answer.
 #include "server/frontend/unary_channels.h"
 
 #include <sys/socket.h>
@@ -11,11 +13,13 @@
 #include <cstdint>
 #include <deque>
 #include <string>
+#include <thread>
 #include <utility>
 #include <vector>
 
 #include "absl/synchronization/mutex.h"
 #include "absl/synchronization/notification.h"
+#include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "common/limits.h"
 #include "gmock/gmock.h"
@@ -58,6 +62,7 @@ struct Ended {
   UnaryChannels::Outcome outcome = UnaryChannels::Outcome::kBroken;
   grpc::Status status;
   std::string response;
+  std::thread::id thread;  // where the call was completed
   bool answered_by_worker() const { return outcome == UnaryChannels::Outcome::kAnswered; }
 };
 
@@ -67,7 +72,8 @@ class Ends {
   UnaryChannels::Done Next() {
     return [this](UnaryChannels::Outcome outcome, grpc::Status status, grpc::ByteBuffer response) {
       absl::MutexLock lock(&mu_);
-      ends_.push_back(Ended{outcome, std::move(status), String(response)});
+      ends_.push_back(
+          Ended{outcome, std::move(status), String(response), std::this_thread::get_id()});
     };
   }
   // Waits for the `n`th end (from 1).
@@ -335,7 +341,7 @@ TEST(UnaryChannelsTest, AWorkersStatusMessageIsCutToWhatGrpcWouldSend) {
   EXPECT_THAT(ended.status.error_message(), HasSubstr("truncated"));
 }
 
-TEST(UnaryChannelsTest, AnAnswerToNoCallEndsTheChannel) {
+TEST(UnaryChannelsTest, AnAnswerToNoCallEndsTheChannelWhenItIsNextTaken) {
   FakeWorker worker;
   Ends ends;
   UnaryChannels channels(worker.Opener());
@@ -345,10 +351,153 @@ TEST(UnaryChannelsTest, AnAnswerToNoCallEndsTheChannel) {
   worker.Answer(0, grpc::StatusCode::OK, "one");
   worker.Answer(0, grpc::StatusCode::OK, "two: to no call");
   EXPECT_EQ(ends.Wait(1).response, "one");
-  // The channel closes: its socket reads the end.
+  // The next call finds the stray answer on the idle channel: that channel closes (its socket
+  // reads the end), and the call goes on a new one, where it gets its own answer.
+  UnaryChannels::Done next = ends.Next();
+  ASSERT_TRUE(channels.Call(kMethod, Buffer("next"), next));
+  EXPECT_EQ(worker.opened(), 2);
   char byte;
   EXPECT_EQ(recv(worker.fd(0), &byte, 1, 0), 0);
-  EXPECT_EQ(ends.count(), 1u);
+  EXPECT_EQ(worker.Read(1).request(), "next");
+  worker.Answer(1, grpc::StatusCode::OK, "next's");
+  EXPECT_EQ(ends.Wait(2).response, "next's");
+}
+
+TEST(UnaryChannelsTest, AnIdleChannelTheWorkerClosedIsNotUsedAgain) {
+  FakeWorker worker;
+  Ends ends;
+  UnaryChannels channels(worker.Opener());
+  UnaryChannels::Done done = ends.Next();
+  ASSERT_TRUE(channels.Call(kMethod, Buffer("call"), done));
+  worker.Read(0);
+  worker.Answer(0, grpc::StatusCode::OK, "one");
+  ends.Wait(1);
+  shutdown(worker.fd(0), SHUT_RDWR);
+  UnaryChannels::Done next = ends.Next();
+  ASSERT_TRUE(channels.Call(kMethod, Buffer("next"), next));
+  EXPECT_EQ(worker.opened(), 2);
+  EXPECT_EQ(worker.Read(1).request(), "next");
+  worker.Answer(1, grpc::StatusCode::OK, "two");
+  const Ended ended = ends.Wait(2);
+  EXPECT_TRUE(ended.status.ok()) << ended.status.error_message();
+  EXPECT_EQ(ended.response, "two");
+  EXPECT_EQ(ends.count(), 2u);
+}
+
+// The worker's side on a thread of its own: reads `calls` calls on the first channel (once it
+// is open) and answers each after `delay`.
+class AnsweringWorker {
+ public:
+  AnsweringWorker(FakeWorker& worker, int calls, absl::Duration delay = absl::ZeroDuration())
+      : thread_([&worker, calls, delay] {
+          while (worker.opened() == 0) absl::SleepFor(absl::Microseconds(100));
+          for (int k = 0; k < calls; ++k) {
+            const internal::v1::RelayedCall call = worker.Read(0);
+            absl::SleepFor(delay);
+            worker.Answer(0, grpc::StatusCode::OK, "answer to " + call.request());
+          }
+        }) {}
+  ~AnsweringWorker() { thread_.join(); }
+
+ private:
+  std::thread thread_;
+};
+
+TEST(UnaryChannelsTest, AnAnswerWithinTheWaitIsCompletedOnTheCallingThread) {
+  FakeWorker worker;
+  Ends ends;
+  UnaryChannels channels(worker.Opener());
+  AnsweringWorker answering(worker, 3);
+  for (int i = 1; i <= 3; ++i) {
+    UnaryChannels::Done done = ends.Next();
+    const std::string request = "call " + std::to_string(i);
+    ASSERT_TRUE(channels.Call(kMethod, Buffer(request), done, absl::Seconds(30)));
+    // Completed before Call returned, here.
+    ASSERT_EQ(ends.count(), static_cast<size_t>(i));
+    const Ended ended = ends.Wait(static_cast<size_t>(i));
+    EXPECT_EQ(ended.response, "answer to " + request);
+    EXPECT_EQ(ended.thread, std::this_thread::get_id());
+  }
+  EXPECT_EQ(worker.opened(), 1);
+  EXPECT_EQ(UnaryChannels::inline_waiters(), 0);
+}
+
+TEST(UnaryChannelsTest, AnAnswerLaterThanTheWaitIsCompletedByTheChannelsThread) {
+  FakeWorker worker;
+  Ends ends;
+  UnaryChannels channels(worker.Opener());
+  UnaryChannels::Done done = ends.Next();
+  ASSERT_TRUE(channels.Call(kMethod, Buffer("slow"), done, absl::Milliseconds(1)));
+  EXPECT_EQ(ends.count(), 0u);  // the worker has not even read the call
+  EXPECT_EQ(UnaryChannels::inline_waiters(), 0);
+  EXPECT_EQ(worker.Read(0).request(), "slow");
+  worker.Answer(0, grpc::StatusCode::OK, "late");
+  const Ended ended = ends.Wait(1);
+  EXPECT_EQ(ended.response, "late");
+  EXPECT_NE(ended.thread, std::this_thread::get_id());
+  // The channel serves the next call, which may wait again.
+  AnsweringWorker answering(worker, 1);
+  UnaryChannels::Done next = ends.Next();
+  ASSERT_TRUE(channels.Call(kMethod, Buffer("quick"), next, absl::Seconds(30)));
+  EXPECT_EQ(ends.Wait(2).response, "answer to quick");
+  EXPECT_EQ(ends.Wait(2).thread, std::this_thread::get_id());
+  EXPECT_EQ(worker.opened(), 1);
+}
+
+TEST(UnaryChannelsTest, NoMoreThanTheBoundOfCallingThreadsWait) {
+  const int saved = UnaryChannels::max_inline_waiters();
+  UnaryChannels::set_max_inline_waiters_for_test(1);
+  FakeWorker first_worker, second_worker;
+  Ends ends;
+  UnaryChannels first(first_worker.Opener()), second(second_worker.Opener());
+  // One thread waits for an answer that does not come yet...
+  std::thread waiting([&] {
+    UnaryChannels::Done done = ends.Next();
+    ASSERT_TRUE(first.Call(kMethod, Buffer("waits"), done, absl::Seconds(60)));
+  });
+  for (int i = 0; i < 10000 && UnaryChannels::inline_waiters() == 0; ++i) {
+    absl::SleepFor(absl::Milliseconds(1));
+  }
+  ASSERT_EQ(UnaryChannels::inline_waiters(), 1);
+  // ... so another call, of another session, does not wait, though its worker answers at
+  // once: its channel's thread completes it.
+  {
+    AnsweringWorker answering(second_worker, 1);
+    UnaryChannels::Done done = ends.Next();
+    ASSERT_TRUE(second.Call(kMethod, Buffer("does not wait"), done, absl::Seconds(60)));
+  }
+  const Ended second_end = ends.Wait(1);
+  EXPECT_EQ(second_end.response, "answer to does not wait");
+  EXPECT_NE(second_end.thread, std::this_thread::get_id());
+  // The waiting thread completes its own call.
+  EXPECT_EQ(first_worker.Read(0).request(), "waits");
+  first_worker.Answer(0, grpc::StatusCode::OK, "first");
+  waiting.join();
+  const Ended first_end = ends.Wait(2);
+  EXPECT_EQ(first_end.response, "first");
+  EXPECT_NE(first_end.thread, second_end.thread);
+  EXPECT_EQ(UnaryChannels::inline_waiters(), 0);
+  UnaryChannels::set_max_inline_waiters_for_test(saved);
+}
+
+TEST(UnaryChannelsTest, AWorkerThatBreaksTheChannelDuringTheWaitEndsTheCallThere) {
+  FakeWorker worker;
+  Ends ends;
+  UnaryChannels channels(worker.Opener());
+  std::thread breaking([&] {
+    while (worker.opened() == 0) absl::SleepFor(absl::Microseconds(100));
+    worker.Read(0);
+    shutdown(worker.fd(0), SHUT_RDWR);
+  });
+  UnaryChannels::Done done = ends.Next();
+  ASSERT_TRUE(channels.Call(kMethod, Buffer("call"), done, absl::Seconds(30)));
+  breaking.join();
+  ASSERT_EQ(ends.count(), 1u);
+  const Ended ended = ends.Wait(1);
+  EXPECT_EQ(ended.status.error_code(), grpc::StatusCode::UNAVAILABLE);
+  EXPECT_FALSE(ended.answered_by_worker());
+  EXPECT_EQ(ended.thread, std::this_thread::get_id());
+  // The next call opens another channel.
   UnaryChannels::Done next = ends.Next();
   ASSERT_TRUE(channels.Call(kMethod, Buffer("next"), next));
   EXPECT_EQ(worker.opened(), 2);
