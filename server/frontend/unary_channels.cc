@@ -1,11 +1,13 @@
 #include "server/frontend/unary_channels.h"
 
 #include <poll.h>
+#include <sys/ioctl.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
+#include <chrono>
 #include <cstdint>
 #include <cstring>
 #include <string>
@@ -86,14 +88,36 @@ bool BeginInlineWait() {
 
 // Waits up to `wait` for `fd` to have something to read (or to end). True when it has.
 bool WaitReadable(int fd, absl::Duration wait) {
-  const absl::Time deadline = absl::Now() + wait;
+  const auto deadline = std::chrono::steady_clock::now() + absl::ToChronoNanoseconds(wait);
   for (;;) {
-    const timespec left = absl::ToTimespec(std::max(deadline - absl::Now(), absl::ZeroDuration()));
+    const auto left = std::max(deadline - std::chrono::steady_clock::now(),
+                               std::chrono::steady_clock::duration::zero());
+    const timespec timeout = absl::ToTimespec(absl::FromChrono(left));
     pollfd watched{fd, POLLIN, 0};
-    const int n = ppoll(&watched, 1, &left, nullptr);
+    const int n = ppoll(&watched, 1, &timeout, nullptr);
     if (n > 0) return true;
     if (n == 0 || errno != EINTR) return n != 0;  // timed out; an error is the reader's to see
   }
+}
+
+// Whether a whole frame of at most the limits is in `fd`'s socket, so that reading it cannot
+// wait.
+bool WholeFrameQueued(int fd) {
+  unsigned char header[kFrameHeaderBytes];
+  if (recv(fd, header, sizeof(header), MSG_PEEK | MSG_DONTWAIT) !=
+      static_cast<ssize_t>(sizeof(header))) {
+    return false;
+  }
+  uint32_t prefix = 0;
+  for (size_t i = 0; i < kFrameHeaderBytes; ++i) prefix |= uint32_t{header[i]} << (8 * i);
+  const size_t length = prefix & ~kEndFrameBit;
+  if (length >
+      ((prefix & kEndFrameBit) != 0 ? kMaxEndFrameBytes : static_cast<size_t>(kMaxMessageBytes))) {
+    return false;
+  }
+  int queued = 0;
+  return ioctl(fd, FIONREAD, &queued) == 0 && queued >= 0 &&
+         static_cast<size_t>(queued) >= kFrameHeaderBytes + length;
 }
 
 // Whether `fd`, a channel with no call in flight, is still as it should be: open, and with
@@ -253,14 +277,18 @@ bool UnaryChannels::Call(const std::string& method, const grpc::ByteBuffer& requ
   // This thread waits for the answer. Meanwhile nobody else reads the channel, and it stays
   // (it is busy and not broken, so it is neither taken nor pruned); the caller keeps these
   // channels alive.
-  const bool arrived = WaitReadable(channel->fd, wait);
+  std::optional<Frame> answer;
+  if (WaitReadable(channel->fd, wait) && WholeFrameQueued(channel->fd)) {
+    answer = ReadFrame(*shared_, channel);  // does not wait: the frame is in the socket
+  }
   waiting_callers.fetch_sub(1);
-  if (arrived) {
+  if (answer.has_value() && answer->outcome != Outcome::kBroken) {
     // Completes the call here; the channel may be gone once this returns.
-    ReadAnswer(*shared_, channel);
+    Complete(*shared_, channel, *std::move(answer));
     return true;
   }
   absl::MutexLock lock(&shared_->mu);
+  channel->read_already = std::move(answer);
   channel->thread_reads = true;
   channel->wake.Signal();
   return true;
@@ -287,6 +315,7 @@ void UnaryChannels::End(Shared& shared, Channel* channel, Outcome outcome, grpc:
 
 void UnaryChannels::Loop(const std::shared_ptr<Shared>& shared, Channel* channel) {
   for (;;) {
+    std::optional<Frame> frame;
     {
       absl::MutexLock lock(&shared->mu);
       while (!channel->thread_reads && !channel->broken && !shared->closing) {
@@ -294,73 +323,82 @@ void UnaryChannels::Loop(const std::shared_ptr<Shared>& shared, Channel* channel
       }
       // A call handed over is answered even when closing: the shut-down socket ends it.
       if (!channel->thread_reads) break;
+      frame = std::move(channel->read_already);
+      channel->read_already.reset();
     }
-    if (!ReadAnswer(*shared, channel)) break;
+    if (!Complete(*shared, channel,
+                  frame.has_value() ? *std::move(frame) : ReadFrame(*shared, channel))) {
+      break;
+    }
   }
   shutdown(channel->fd, SHUT_RDWR);
   channel->finished.store(true);
 }
 
-bool UnaryChannels::ReadAnswer(Shared& shared, Channel* channel) {
+UnaryChannels::Frame UnaryChannels::ReadFrame(Shared& shared, Channel* channel) {
   const int fd = channel->fd;
-  std::string frame;
-  if (std::string error = ReadExactly(fd, kFrameHeaderBytes, &frame); !error.empty()) {
-    End(shared, channel, Outcome::kBroken,
-        grpc::Status(grpc::StatusCode::UNAVAILABLE,
-                     absl::StrCat("the session's worker ended the call",
-                                  error == "closed" ? "" : absl::StrCat(" (", error, ")"))));
-    return false;
+  auto broken = [](std::string message) {
+    Frame frame;
+    frame.status = grpc::Status(grpc::StatusCode::UNAVAILABLE, std::move(message));
+    return frame;
+  };
+  std::string bytes;
+  if (std::string error = ReadExactly(fd, kFrameHeaderBytes, &bytes); !error.empty()) {
+    return broken(absl::StrCat("the session's worker ended the call",
+                               error == "closed" ? "" : absl::StrCat(" (", error, ")")));
   }
   uint32_t prefix = 0;
   for (size_t i = 0; i < kFrameHeaderBytes; ++i) {
-    prefix |= uint32_t{static_cast<uint8_t>(frame[i])} << (8 * i);
+    prefix |= uint32_t{static_cast<uint8_t>(bytes[i])} << (8 * i);
   }
   const bool end_frame = (prefix & kEndFrameBit) != 0;
   const size_t length = prefix & ~kEndFrameBit;
-  frame.clear();
+  bytes.clear();
   std::string error;
   if (length > (end_frame ? kMaxEndFrameBytes : static_cast<size_t>(kMaxMessageBytes))) {
     error = absl::StrFormat("it announced a frame of %d bytes, over the limit", length);
   } else {
-    error = ReadExactly(fd, length, &frame);
+    error = ReadExactly(fd, length, &bytes);
     if (error == "closed") error = "it closed mid-frame";
   }
   if (!error.empty()) {
-    End(shared, channel, Outcome::kBroken,
-        grpc::Status(grpc::StatusCode::UNAVAILABLE,
-                     absl::StrCat("the session's worker ended the call (", error, ")")));
-    return false;
+    return broken(absl::StrCat("the session's worker ended the call (", error, ")"));
   }
   if (end_frame) {
     // The worker ended the channel: as its first frame, it refused the channel and never
     // read the call (its status says why); later, the call is answered by it.
     v1::CommandError refusal;
-    if (!refusal.ParseFromString(frame)) {
-      End(shared, channel, Outcome::kBroken,
-          grpc::Status(grpc::StatusCode::UNAVAILABLE,
-                       "the session's worker ended the call (its end frame does not parse)"));
-      return false;
+    if (!refusal.ParseFromString(bytes)) {
+      return broken("the session's worker ended the call (its end frame does not parse)");
     }
     bool first;
     {
       absl::MutexLock lock(&shared.mu);
       first = !channel->answered_once;
     }
-    End(shared, channel, first ? Outcome::kRefused : Outcome::kAnswered,
-        StatusFromWorker(refusal.code(), refusal.message()));
-    return false;
+    Frame frame;
+    frame.outcome = first ? Outcome::kRefused : Outcome::kAnswered;
+    frame.status = StatusFromWorker(refusal.code(), refusal.message());
+    return frame;
   }
   internal::v1::RelayedAnswer answer;
-  if (!answer.ParseFromString(frame)) {
-    End(shared, channel, Outcome::kBroken,
-        grpc::Status(grpc::StatusCode::UNAVAILABLE,
-                     "the session's worker ended the call (its answer does not parse)"));
+  if (!answer.ParseFromString(bytes)) {
+    return broken("the session's worker ended the call (its answer does not parse)");
+  }
+  std::string().swap(bytes);
+  Frame frame;
+  frame.outcome = Outcome::kAnswered;
+  frame.status = StatusFromWorker(answer.code(), answer.message());
+  if (frame.status.ok()) frame.response = ToByteBuffer(std::move(*answer.mutable_response()));
+  frame.ends_channel = false;
+  return frame;
+}
+
+bool UnaryChannels::Complete(Shared& shared, Channel* channel, Frame frame) {
+  if (frame.ends_channel) {
+    End(shared, channel, frame.outcome, std::move(frame.status));
     return false;
   }
-  std::string().swap(frame);
-  const grpc::Status status = StatusFromWorker(answer.code(), answer.message());
-  grpc::ByteBuffer response;
-  if (status.ok()) response = ToByteBuffer(std::move(*answer.mutable_response()));
   Done done;
   {
     absl::MutexLock lock(&shared.mu);
@@ -371,7 +409,7 @@ bool UnaryChannels::ReadAnswer(Shared& shared, Channel* channel) {
     channel->busy = false;
     channel->thread_reads = false;
   }
-  std::move(done)(Outcome::kAnswered, status, std::move(response));
+  std::move(done)(Outcome::kAnswered, std::move(frame.status), std::move(frame.response));
   return true;
 }
 

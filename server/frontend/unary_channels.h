@@ -17,9 +17,13 @@
 // Who reads the answer: the calling thread may wait for it itself, for a bounded time (`wait`
 // in Call), and complete the call there; a short call then costs no hand-off between threads.
 // At most max_inline_waiters() calling threads of the process wait so at once (they are
-// gRPC's threads, which serve every client). A call whose answer has not come by then, or
-// that may not wait, is handed to the channel's thread, which reads that answer and
-// completes the call. A channel's socket is read only while a call is in flight on it.
+// gRPC's threads, which serve every client). The calling thread reads a frame only once the
+// whole frame is in the socket, so a worker that sends part of one cannot hold it, and it
+// completes only a call the worker answered (or refused): a frame that breaks the channel
+// is completed by the channel's thread, since that may wait for the worker's exit. A call
+// whose answer has not come within the wait, or that may not wait, is handed to the
+// channel's thread, which reads that answer and completes the call. A channel's socket is
+// read only while a call is in flight on it.
 //
 // Everything the worker sends is checked: a frame over kMaxMessageBytes, bytes that are not
 // a RelayedAnswer or a closed socket end the channel; the call in flight on it is then
@@ -43,6 +47,7 @@
 #include <atomic>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <thread>
 #include <utility>
@@ -105,6 +110,13 @@ class UnaryChannels {
   static int inline_waiters();
 
  private:
+  // One frame read from a channel: what it means for the call in flight.
+  struct Frame {
+    Outcome outcome = Outcome::kBroken;
+    grpc::Status status;
+    grpc::ByteBuffer response;  // for an OK answer
+    bool ends_channel = true;   // the channel cannot carry another call
+  };
   struct Channel {
     ~Channel();  // closes fd (the thread is joined or detached by then)
     int fd = -1;
@@ -113,6 +125,7 @@ class UnaryChannels {
     Done done;                          // the call in flight
     bool busy = false;                  // a call is in flight
     bool thread_reads = false;          // ... and its thread is to read the answer
+    std::optional<Frame> read_already;  // ... or to complete it with this broken frame
     bool broken = false;                // its thread has ended or is ending
     bool answered_once = false;         // a frame came: an end frame now is no refusal
     absl::CondVar wake;                 // thread_reads, broken or closing changed
@@ -127,9 +140,10 @@ class UnaryChannels {
   // The channel's thread: reads the answers of the calls handed to it and completes those
   // calls, until the channel ends.
   static void Loop(const std::shared_ptr<Shared>& shared, Channel* channel);
-  // Reads the answer of `channel`'s call in flight (waiting for it) and completes the call.
-  // False when the channel ended.
-  static bool ReadAnswer(Shared& shared, Channel* channel);
+  // Reads the frame that answers `channel`'s call in flight, waiting for it.
+  static Frame ReadFrame(Shared& shared, Channel* channel);
+  // Completes `channel`'s call in flight with `frame`. False when the channel ended.
+  static bool Complete(Shared& shared, Channel* channel, Frame frame);
   // Ends `channel`'s call in flight (if any) with `outcome` and `status`, and marks the
   // channel broken.
   static void End(Shared& shared, Channel* channel, Outcome outcome, grpc::Status status);
