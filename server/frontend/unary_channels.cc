@@ -268,11 +268,12 @@ bool UnaryChannels::Call(const std::string& method, const grpc::ByteBuffer& requ
       }
       sent += static_cast<size_t>(n);
     }
-    if (wait <= absl::ZeroDuration() || !BeginInlineWait()) {
+    if (wait <= absl::ZeroDuration() || shared_->caller_waiting || !BeginInlineWait()) {
       channel->thread_reads = true;
       channel->wake.Signal();
       return true;
     }
+    shared_->caller_waiting = true;
   }
   // This thread waits for the answer. Meanwhile nobody else reads the channel, and it stays
   // (it is busy and not broken, so it is neither taken nor pruned); the caller keeps these
@@ -282,15 +283,19 @@ bool UnaryChannels::Call(const std::string& method, const grpc::ByteBuffer& requ
     answer = ReadFrame(*shared_, channel);  // does not wait: the frame is in the socket
   }
   waiting_callers.fetch_sub(1);
-  if (answer.has_value() && answer->outcome != Outcome::kBroken) {
-    // Completes the call here; the channel may be gone once this returns.
-    Complete(*shared_, channel, *std::move(answer));
-    return true;
+  const bool here = answer.has_value() && answer->outcome != Outcome::kBroken;
+  {
+    absl::MutexLock lock(&shared_->mu);
+    shared_->caller_waiting = false;
+    if (!here) {
+      channel->read_already = std::move(answer);
+      channel->thread_reads = true;
+      channel->wake.Signal();
+      return true;
+    }
   }
-  absl::MutexLock lock(&shared_->mu);
-  channel->read_already = std::move(answer);
-  channel->thread_reads = true;
-  channel->wake.Signal();
+  // Completes the call here; the channel may be gone once this returns.
+  Complete(*shared_, channel, *std::move(answer));
   return true;
 }
 

@@ -17,7 +17,8 @@
 // Who reads the answer: the calling thread may wait for it itself, for a bounded time (`wait`
 // in Call), and complete the call there; a short call then costs no hand-off between threads.
 // At most max_inline_waiters() calling threads of the process wait so at once (they are
-// gRPC's threads, which serve every client). The calling thread reads a frame only once the
+// gRPC's threads, which serve every client), and one per session, so that one session's
+// calls cannot take every waiting slot. The calling thread reads a frame only once the
 // whole frame is in the socket, so a worker that sends part of one cannot hold it, and it
 // completes only a call the worker answered (or refused): a frame that breaks the channel
 // is completed by the channel's thread, since that may wait for the worker's exit. A call
@@ -136,6 +137,7 @@ class UnaryChannels {
     std::vector<std::unique_ptr<Channel>> channels ABSL_GUARDED_BY(mu);
     bool closing ABSL_GUARDED_BY(mu) = false;
     absl::Time no_channels_until ABSL_GUARDED_BY(mu) = absl::InfinitePast();
+    bool caller_waiting ABSL_GUARDED_BY(mu) = false;  // a calling thread waits for an answer
   };
   // The channel's thread: reads the answers of the calls handed to it and completes those
   // calls, until the channel ends.

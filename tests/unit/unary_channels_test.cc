@@ -387,17 +387,18 @@ TEST(UnaryChannelsTest, AnIdleChannelTheWorkerClosedIsNotUsedAgain) {
   EXPECT_EQ(ends.count(), 2u);
 }
 
-// The worker's side on a thread of its own: reads `calls` calls on the first channel (once it
-// is open) and answers each after `delay`.
+// The worker's side on a thread of its own: reads `calls` calls on channel `i` (once it is
+// open) and answers each after `delay`.
 class AnsweringWorker {
  public:
-  AnsweringWorker(FakeWorker& worker, int calls, absl::Duration delay = absl::ZeroDuration())
-      : thread_([&worker, calls, delay] {
-          while (worker.opened() == 0) absl::SleepFor(absl::Microseconds(100));
+  AnsweringWorker(FakeWorker& worker, int calls, absl::Duration delay = absl::ZeroDuration(),
+                  int i = 0)
+      : thread_([&worker, calls, delay, i] {
+          while (worker.opened() <= i) absl::SleepFor(absl::Microseconds(100));
           for (int k = 0; k < calls; ++k) {
-            const internal::v1::RelayedCall call = worker.Read(0);
+            const internal::v1::RelayedCall call = worker.Read(i);
             absl::SleepFor(delay);
-            worker.Answer(0, grpc::StatusCode::OK, "answer to " + call.request());
+            worker.Answer(i, grpc::StatusCode::OK, "answer to " + call.request());
           }
         }) {}
   ~AnsweringWorker() { thread_.join(); }
@@ -492,6 +493,41 @@ TEST(UnaryChannelsTest, NoMoreThanTheBoundOfCallingThreadsWait) {
   EXPECT_EQ(first_end.response, "first");
   EXPECT_EQ(first_end.thread, waiting_id);
   EXPECT_EQ(UnaryChannels::inline_waiters(), 0);
+}
+
+TEST(UnaryChannelsTest, OneCallingThreadPerSessionWaits) {
+  WaitersBound bound(4);
+  FakeWorker worker;
+  Ends ends;
+  UnaryChannels channels(worker.Opener());
+  std::thread waiting([&] {
+    UnaryChannels::Done done = ends.Next();
+    EXPECT_TRUE(channels.Call(kMethod, Buffer("waits"), done, absl::Seconds(60)));
+  });
+  const std::thread::id waiting_id = waiting.get_id();
+  for (int i = 0; i < 10000 && UnaryChannels::inline_waiters() == 0; ++i) {
+    absl::SleepFor(absl::Milliseconds(1));
+  }
+  EXPECT_EQ(UnaryChannels::inline_waiters(), 1);
+  // The session's second call, on its second channel, does not wait though slots are free.
+  {
+    AnsweringWorker answering(worker, 1, absl::ZeroDuration(), 1);
+    UnaryChannels::Done done = ends.Next();
+    EXPECT_TRUE(channels.Call(kMethod, Buffer("second"), done, absl::Seconds(60)));
+  }
+  const Ended second_end = ends.Wait(1);
+  EXPECT_EQ(second_end.response, "answer to second");
+  EXPECT_NE(second_end.thread, std::this_thread::get_id());
+  EXPECT_EQ(worker.Read(0).request(), "waits");
+  worker.Answer(0, grpc::StatusCode::OK, "first");
+  waiting.join();
+  EXPECT_EQ(ends.Wait(2).thread, waiting_id);
+  // Once it is done, the session's next call may wait again.
+  AnsweringWorker answering(worker, 1);
+  UnaryChannels::Done next = ends.Next();
+  EXPECT_TRUE(channels.Call(kMethod, Buffer("third"), next, absl::Seconds(60)));
+  EXPECT_EQ(ends.count(), 3u);
+  EXPECT_EQ(ends.Wait(3).thread, std::this_thread::get_id());
 }
 
 TEST(UnaryChannelsTest, PartOfAFrameDoesNotHoldTheCallingThread) {
