@@ -92,11 +92,12 @@ class UnaryChannels {
 
   // Sends `request` of `method` (a unary method of the session services) on a free channel,
   // opening one when fewer than kMaxUnaryChannels are open. `done` runs once, when the call
-  // ends: on this thread before Call returns when the answer came within `wait` (and a
-  // waiting slot was free), else on the channel's thread. `done` is moved from only when the
-  // call went framed. False (and `done` is left as it was) when the call cannot go framed: no
-  // channel is free, the request is larger than kMaxRelayedRequestBytes, or no channel could
-  // be opened. The caller then relays the call by gRPC.
+  // ends: on this thread before Call returns when the worker's whole answer (or refusal) was
+  // in the socket within `wait` and a waiting slot was free, else on the channel's thread
+  // (see above). `done` is moved from only when the call went framed. False (and `done` is
+  // left as it was) when the call cannot go framed: no channel is free, the request is larger
+  // than kMaxRelayedRequestBytes, or no channel could be opened. The caller then relays the
+  // call by gRPC.
   bool Call(const std::string& method, const grpc::ByteBuffer& request, Done& done,
             absl::Duration wait = absl::ZeroDuration());
 
