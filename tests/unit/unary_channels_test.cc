@@ -118,6 +118,10 @@ class FakeWorker {
     absl::MutexLock lock(&mu_);
     return static_cast<int>(fds_.size());
   }
+  // Waits until channel `i` is open (the front end opens it on its first call).
+  void WaitOpened(int i) {
+    while (opened() <= i) absl::SleepFor(absl::Microseconds(100));
+  }
   int fd(int i) {
     absl::MutexLock lock(&mu_);
     return fds_[static_cast<size_t>(i)];
@@ -394,7 +398,7 @@ class AnsweringWorker {
   AnsweringWorker(FakeWorker& worker, int calls, absl::Duration delay = absl::ZeroDuration(),
                   int i = 0)
       : thread_([&worker, calls, delay, i] {
-          while (worker.opened() <= i) absl::SleepFor(absl::Microseconds(100));
+          worker.WaitOpened(i);
           for (int k = 0; k < calls; ++k) {
             const internal::v1::RelayedCall call = worker.Read(i);
             absl::SleepFor(delay);
@@ -460,20 +464,27 @@ class WaitersBound {
   const int saved_;
 };
 
+// Starts a call with a long wait on a thread of its own, whose worker does not answer yet,
+// and returns that thread once the call waits.
+std::thread CallThatWaits(UnaryChannels& channels, Ends& ends) {
+  std::thread waiting([&channels, &ends] {
+    UnaryChannels::Done done = ends.Next();
+    EXPECT_TRUE(channels.Call(kMethod, Buffer("waits"), done, absl::Seconds(60)));
+  });
+  for (int i = 0; i < 10000 && UnaryChannels::inline_waiters() == 0; ++i) {
+    absl::SleepFor(absl::Milliseconds(1));
+  }
+  return waiting;
+}
+
 TEST(UnaryChannelsTest, NoMoreThanTheBoundOfCallingThreadsWait) {
   WaitersBound bound(1);
   FakeWorker first_worker, second_worker;
   Ends ends;
   UnaryChannels first(first_worker.Opener()), second(second_worker.Opener());
   // One thread waits for an answer that does not come yet...
-  std::thread waiting([&] {
-    UnaryChannels::Done done = ends.Next();
-    EXPECT_TRUE(first.Call(kMethod, Buffer("waits"), done, absl::Seconds(60)));
-  });
+  std::thread waiting = CallThatWaits(first, ends);
   const std::thread::id waiting_id = waiting.get_id();
-  for (int i = 0; i < 10000 && UnaryChannels::inline_waiters() == 0; ++i) {
-    absl::SleepFor(absl::Milliseconds(1));
-  }
   EXPECT_EQ(UnaryChannels::inline_waiters(), 1);
   // ... so another call, of another session, does not wait, though its worker answers at
   // once: its channel's thread completes it.
@@ -500,14 +511,8 @@ TEST(UnaryChannelsTest, OneCallingThreadPerSessionWaits) {
   FakeWorker worker;
   Ends ends;
   UnaryChannels channels(worker.Opener());
-  std::thread waiting([&] {
-    UnaryChannels::Done done = ends.Next();
-    EXPECT_TRUE(channels.Call(kMethod, Buffer("waits"), done, absl::Seconds(60)));
-  });
+  std::thread waiting = CallThatWaits(channels, ends);
   const std::thread::id waiting_id = waiting.get_id();
-  for (int i = 0; i < 10000 && UnaryChannels::inline_waiters() == 0; ++i) {
-    absl::SleepFor(absl::Milliseconds(1));
-  }
   EXPECT_EQ(UnaryChannels::inline_waiters(), 1);
   // The session's second call, on its second channel, does not wait though slots are free.
   {
@@ -540,7 +545,7 @@ TEST(UnaryChannelsTest, PartOfAFrameDoesNotHoldTheCallingThread) {
   const std::string frame = Header(static_cast<uint32_t>(body.size())) + body;
   absl::Notification returned;
   std::thread trickling([&] {
-    while (worker.opened() == 0) absl::SleepFor(absl::Microseconds(100));
+    worker.WaitOpened(0);
     worker.Read(0);
     worker.Write(0, frame.substr(0, 6));
     // The rest comes once the call was handed over (or after 2 s, when the calling thread
@@ -565,7 +570,7 @@ TEST(UnaryChannelsTest, AFrameThatBreaksTheChannelIsCompletedByTheChannelsThread
   Ends ends;
   UnaryChannels channels(worker.Opener());
   std::thread breaking([&] {
-    while (worker.opened() == 0) absl::SleepFor(absl::Microseconds(100));
+    worker.WaitOpened(0);
     worker.Read(0);
     worker.Write(0, Header(4) + std::string("\xff\xff\xff\xff", 4));
   });
@@ -583,7 +588,7 @@ TEST(UnaryChannelsTest, ARefusalWithinTheWaitHandsTheCallBackOnTheCallingThread)
   Ends ends;
   UnaryChannels channels(worker.Opener());
   std::thread refusing([&] {
-    while (worker.opened() == 0) absl::SleepFor(absl::Microseconds(100));
+    worker.WaitOpened(0);
     worker.Read(0);
     worker.Write(0, EndFrame(grpc::StatusCode::RESOURCE_EXHAUSTED, "too many channels"));
   });
@@ -602,7 +607,7 @@ TEST(UnaryChannelsTest, AWorkerThatClosesTheChannelDuringTheWaitEndsTheCall) {
   Ends ends;
   UnaryChannels channels(worker.Opener());
   std::thread breaking([&] {
-    while (worker.opened() == 0) absl::SleepFor(absl::Microseconds(100));
+    worker.WaitOpened(0);
     worker.Read(0);
     shutdown(worker.fd(0), SHUT_RDWR);
   });
