@@ -134,10 +134,9 @@ absl::Status UploadImpl(SessionCore& core, const DeviceRef& dst, absl::Span<cons
     }
     if (written) done += n;  // else the daemon ended the call: its status says why
   }
-  grpc::ByteBuffer answer;
   bool ok = false;
   if (written) call->WritesDone();
-  call->Read(&answer);
+  call->Read();  // the answer (UploadStreamResponse has nothing the client uses)
   call->Finish();
   if (!call->Await(internal::RawStreamCall::kFinish, internal::DeadlineAfter(timeout), &ok)) {
     internal::RawStreamCall::End(std::move(call));
@@ -177,21 +176,20 @@ absl::Status DownloadImpl(SessionCore& core, const DeviceRef& src, absl::Span<ui
   std::string serialized = request.SerializeAsString();
   grpc::Slice request_slice(serialized);
   call->WriteLast(grpc::ByteBuffer(&request_slice, 1));
-  grpc::ByteBuffer chunks[2];
   size_t done = 0;
-  call->Read(&chunks[0]);
-  for (int k = 0;; ++k) {
+  // The next chunk is read into the call's other buffer while one is copied.
+  grpc::ByteBuffer* arriving = call->Read();
+  for (;;) {
     bool read = false;
     if (!call->Await(internal::RawStreamCall::kRead, internal::DeadlineAfter(timeout), &read)) {
       internal::RawStreamCall::End(std::move(call));
       return StreamStepTimeout("DownloadStream", timeout, done, out.size());
     }
     if (!read) break;
-    grpc::ByteBuffer& chunk = chunks[k % 2];
-    call->Read(&chunks[(k + 1) % 2]);
-    absl::Status copied = internal::CopyChunkField(&chunk, v1::DownloadResponse::kDataFieldNumber,
+    grpc::ByteBuffer* chunk = std::exchange(arriving, call->Read());
+    absl::Status copied = internal::CopyChunkField(chunk, v1::DownloadResponse::kDataFieldNumber,
                                                    out, &done, "DownloadStream");
-    chunk.Clear();
+    chunk->Clear();
     if (!copied.ok()) {
       internal::RawStreamCall::End(std::move(call));  // cancels it
       return copied;

@@ -203,9 +203,12 @@ void RawStreamCall::WritesDone() {
   stream_->WritesDone(TagOf(kWritesDone));
 }
 
-void RawStreamCall::Read(grpc::ByteBuffer* message) {
+grpc::ByteBuffer* RawStreamCall::Read() {
+  grpc::ByteBuffer* message = &received_[next_received_];
+  next_received_ ^= 1;
   Started(kRead);
   stream_->Read(message, TagOf(kRead));
+  return message;
 }
 
 void RawStreamCall::Finish() {

@@ -211,7 +211,11 @@ class RawStreamCall final : public Drainable {
   void Write(const grpc::ByteBuffer& message);
   void WriteLast(const grpc::ByteBuffer& message);
   void WritesDone();
-  void Read(grpc::ByteBuffer* message);
+  // Starts reading the next message into one of the call's two buffers, in turn, and returns
+  // it. The buffers are the call's, so a read abandoned with the call (End) still has somewhere
+  // to land; a buffer holds its message once the read finished and is reused by the read after
+  // next.
+  grpc::ByteBuffer* Read();
   void Finish();
   const grpc::Status& status() const { return status_; }
 
@@ -232,6 +236,8 @@ class RawStreamCall final : public Drainable {
   grpc::ClientContext context_;
   std::unique_ptr<grpc::GenericClientAsyncReaderWriter> stream_;
   grpc::Status status_;
+  grpc::ByteBuffer received_[2];
+  int next_received_ = 0;
   bool pending_[kOpCount] = {};
   bool done_[kOpCount] = {};
   bool ok_[kOpCount] = {};
