@@ -276,9 +276,10 @@ const std::vector<Flag>& Flags() {
          return absl::OkStatus();
        }},
       {"command-relay", "framed|grpc",
-       "how the front end relays a session's command streams and unary calls to its worker: "
-       "framed (sockets of the worker's framed protocol, no gRPC between them: one per command "
-       "stream, up to 8, and up to 4 for unary calls; the default) or grpc (a gRPC call to the "
+       "how the front end relays a session's command streams, unary calls and streamed "
+       "transfers to its worker: framed (sockets of the worker's framed protocol, no gRPC "
+       "between them: one per command stream, up to 8, up to 4 for unary calls, and one per "
+       "UploadStream or DownloadStream, up to 8; the default) or grpc (a gRPC call to the "
        "worker for every call)",
        [](DaemonOptions& o, const std::string& v) {
          if (v != "framed" && v != "grpc") {

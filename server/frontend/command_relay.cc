@@ -35,6 +35,8 @@ namespace gpurpc::frontend {
 namespace {
 
 constexpr char kCommandStreamMethod[] = "/gpurpc.v1.ExecutionService/CommandStream";
+constexpr char kUploadStreamMethod[] = "/gpurpc.v1.MemoryService/UploadStream";
+constexpr char kDownloadStreamMethod[] = "/gpurpc.v1.MemoryService/DownloadStream";
 // The framing (kFrameHeaderBytes, kEndFrameBit, kMaxEndFrameBytes) is common/limits.h's.
 // The largest reply accepted from the worker: a message's limit, as on the gRPC relay.
 constexpr size_t kMaxReplyBytes = kMaxMessageBytes;
@@ -58,12 +60,20 @@ grpc::ByteBuffer ToByteBuffer(Frame frame) {
   return grpc::ByteBuffer(&slice, 1);
 }
 
-class FramedCommandRelay final : public grpc::ServerGenericBidiReactor {
+class FramedRelay final : public grpc::ServerGenericBidiReactor {
  public:
-  // Takes `fd` (our end of the channel, non-blocking) and `wake_fd` (an eventfd).
-  FramedCommandRelay(std::shared_ptr<SessionRecord> session, int fd, int wake_fd,
-                     FrontendMetrics::RelayCounters counters)
-      : session_(std::move(session)), fd_(fd), wake_fd_(wake_fd), counters_(counters) {}
+  // Relays a call of `method` (a command stream, or one streamed transfer: `kind`, whose
+  // relay slot it holds). Takes `fd` (our end of the channel, non-blocking) and `wake_fd` (an
+  // eventfd).
+  FramedRelay(std::shared_ptr<SessionRecord> session, const char* method,
+              SessionRecord::RelayKind kind, int fd, int wake_fd,
+              FrontendMetrics::RelayCounters counters)
+      : session_(std::move(session)),
+        method_(method),
+        kind_(kind),
+        fd_(fd),
+        wake_fd_(wake_fd),
+        counters_(counters) {}
 
   // Starts the thread and the first read. Returns false (and the reactor is not started:
   // the caller deletes it) when the thread cannot be started.
@@ -72,19 +82,26 @@ class FramedCommandRelay final : public grpc::ServerGenericBidiReactor {
     try {
       thread_ = std::thread([this] { Loop(); });
     } catch (const std::system_error& e) {
-      spdlog::warn("session {}: cannot start a command relay thread ({}); relaying by gRPC",
+      spdlog::warn("session {}: cannot start a framed relay thread ({}); relaying by gRPC",
                    session_->id(), e.what());
       return false;
     }
-    session_->Touch();
+    // A command stream stays open for the life of a client: it keeps the session alive by its
+    // traffic, not by being open (as on the gRPC relay, proxy.cc); a transfer is a call in
+    // flight until the worker's side ends.
+    if (kind_ == SessionRecord::RelayKind::kTransfer) {
+      session_->BeginCall();
+    } else {
+      session_->Touch();
+    }
     StartRead(&from_client_);
     return true;
   }
 
-  ~FramedCommandRelay() override {
+  ~FramedRelay() override {
     close(fd_);
     close(wake_fd_);
-    session_->GiveRelaySlot();
+    session_->GiveRelaySlot(kind_);
   }
 
   void OnReadDone(bool ok) override ABSL_LOCKS_EXCLUDED(mu_) {
@@ -138,7 +155,7 @@ class FramedCommandRelay final : public grpc::ServerGenericBidiReactor {
     if (thread_.joinable()) {
       if (thread_.get_id() == std::this_thread::get_id()) {
         // gRPC runs a bidi reactor's OnDone on its own threads, never inline in Finish.
-        spdlog::critical("command relay: OnDone ran on the relay's own thread");
+        spdlog::critical("framed relay: OnDone ran on the relay's own thread");
         std::abort();
       }
       thread_.join();
@@ -373,17 +390,23 @@ class FramedCommandRelay final : public grpc::ServerGenericBidiReactor {
       } else {
         status = grpc::Status(
             grpc::StatusCode::UNAVAILABLE,
-            absl::StrCat("the session's worker ended the command stream",
-                         broken.empty() ? std::string() : absl::StrCat(" (", broken, ")")));
+            absl::StrCat(
+                "the session's worker ended the ",
+                kind_ == SessionRecord::RelayKind::kTransfer ? "transfer" : "command stream",
+                broken.empty() ? std::string() : absl::StrCat(" (", broken, ")")));
       }
     }
     // Records a fault the worker reported or a worker that ended (as the gRPC relay does,
     // whether or not the client is still there). May wait for a dying worker: unlocked, on
     // this thread.
-    status = TranslateWorkerStatus(*session_, kCommandStreamMethod, status, answered_by_worker);
+    status = TranslateWorkerStatus(*session_, method_, status, answered_by_worker);
     if (client_gone) status = grpc::Status(grpc::StatusCode::CANCELLED, "the client went away");
     absl::MutexLock lock(&mu_);
-    session_->Touch();
+    if (kind_ == SessionRecord::RelayKind::kTransfer) {
+      session_->EndCall();
+    } else {
+      session_->Touch();
+    }
     worker_done_ = true;
     out_pending_ = false;
     final_status_ = std::move(status);
@@ -391,6 +414,8 @@ class FramedCommandRelay final : public grpc::ServerGenericBidiReactor {
   }
 
   const std::shared_ptr<SessionRecord> session_;
+  const char* const method_;
+  const SessionRecord::RelayKind kind_;
   const int fd_;
   const int wake_fd_;
   const FrontendMetrics::RelayCounters counters_;
@@ -424,30 +449,50 @@ class FramedCommandRelay final : public grpc::ServerGenericBidiReactor {
 
 }  // namespace
 
-grpc::ServerGenericBidiReactor* StartFramedCommandRelay(
-    const std::shared_ptr<SessionRecord>& session, FrontendMetrics* metrics) {
-  if (!session->TakeRelaySlot()) return nullptr;
-  absl::StatusOr<int> fd = session->worker().OpenCommandChannel();
+namespace {
+
+grpc::ServerGenericBidiReactor* StartFramedRelay(const std::shared_ptr<SessionRecord>& session,
+                                                 const char* method, SessionRecord::RelayKind kind,
+                                                 FrontendMetrics* metrics) {
+  if (!session->TakeRelaySlot(kind)) return nullptr;
+  absl::StatusOr<int> fd =
+      kind == SessionRecord::RelayKind::kCommandStream
+          ? session->worker().OpenCommandChannel()
+          : session->worker().OpenTransferChannel(absl::string_view(method) == kUploadStreamMethod);
   const int wake_fd = fd.ok() ? eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK) : -1;
   if (!fd.ok() || wake_fd < 0) {
-    spdlog::debug("session {}: relaying a command stream by gRPC: {}", session->id(),
+    spdlog::debug("session {}: relaying {} by gRPC: {}", session->id(), method,
                   fd.ok() ? absl::StrCat("eventfd: ", std::strerror(errno))
                           : std::string(fd.status().message()));
     if (fd.ok()) close(*fd);
-    session->GiveRelaySlot();
+    session->GiveRelaySlot(kind);
     return nullptr;
   }
   fcntl(*fd, F_SETFL, fcntl(*fd, F_GETFL) | O_NONBLOCK);
   const FrontendMetrics::RelayCounters counters =
-      metrics != nullptr ? metrics->Relay(kCommandStreamMethod)
+      metrics != nullptr ? metrics->Relay(method)
                          : FrontendMetrics::RelayCounters{nullptr, nullptr};
   // The relay owns the fds and the slot from here (its destructor gives them back).
-  auto* relay = new FramedCommandRelay(session, *fd, wake_fd, counters);
+  auto* relay = new FramedRelay(session, method, kind, *fd, wake_fd, counters);
   if (!relay->Start()) {
     delete relay;
     return nullptr;
   }
   return relay;
+}
+
+}  // namespace
+
+grpc::ServerGenericBidiReactor* StartFramedCommandRelay(
+    const std::shared_ptr<SessionRecord>& session, FrontendMetrics* metrics) {
+  return StartFramedRelay(session, kCommandStreamMethod, SessionRecord::RelayKind::kCommandStream,
+                          metrics);
+}
+
+grpc::ServerGenericBidiReactor* StartFramedTransferRelay(
+    const std::shared_ptr<SessionRecord>& session, bool upload, FrontendMetrics* metrics) {
+  return StartFramedRelay(session, upload ? kUploadStreamMethod : kDownloadStreamMethod,
+                          SessionRecord::RelayKind::kTransfer, metrics);
 }
 
 }  // namespace gpurpc::frontend

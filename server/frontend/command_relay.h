@@ -23,6 +23,18 @@
 // ends that channel without running more): the worker bounds those threads itself
 // (kMaxRelayedChannelsPerSession), answering a channel over its bound with an end frame
 // RESOURCE_EXHAUSTED, which the client gets as the stream's status.
+//
+// The same relay carries a client's streamed transfers (MemoryService.UploadStream and
+// DownloadStream), one call per framed transfer channel (WorkerProcess::OpenTransferChannel),
+// served by the worker with the gRPC server's own handlers (ServeRelayedTransfer,
+// server/worker/framed_commands.h): the upload's chunks go out as frames without waiting for
+// the worker to take each (the socket's buffer holds what it can), the download's come back
+// as fast as the worker fills them, with one gRPC hop instead of two. The worker checks every
+// message itself (the parse bound the gRPC relay checks here, the one request of a download)
+// and ends the channel with the call's status as an end frame. A transfer is a call in flight
+// for the session's idle reclaim (SessionRecord::BeginCall) until the worker's side ends. At
+// most kMaxRelayedCommandStreams transfers per session go so at once, beside as many command
+// streams; more go by gRPC.
 #ifndef GPURPC_SERVER_FRONTEND_COMMAND_RELAY_H_
 #define GPURPC_SERVER_FRONTEND_COMMAND_RELAY_H_
 
@@ -40,6 +52,12 @@ namespace gpurpc::frontend {
 // stream by gRPC. `metrics` may be null.
 grpc::ServerGenericBidiReactor* StartFramedCommandRelay(
     const std::shared_ptr<SessionRecord>& session, FrontendMetrics* metrics);
+
+// The same for an UploadStream (`upload`) or DownloadStream call, on a framed transfer
+// channel; null when the session relays kMaxRelayedCommandStreams transfers already or no
+// channel could be made.
+grpc::ServerGenericBidiReactor* StartFramedTransferRelay(
+    const std::shared_ptr<SessionRecord>& session, bool upload, FrontendMetrics* metrics);
 
 }  // namespace gpurpc::frontend
 

@@ -171,6 +171,14 @@ FrontendMetrics::FrontendMetrics(const DaemonOptions& options)
       {"relay"});
   streams_framed_ = streams->WithLabels({"framed"});
   streams_grpc_ = streams->WithLabels({"grpc"});
+  auto* transfers = registry_.AddCounter(
+      "gpurpc_transfer_streams_total",
+      "UploadStream and DownloadStream calls the front end relayed, by how: framed (a framed "
+      "transfer channel to the worker) or grpc (a gRPC call to the worker: "
+      "--command-relay=grpc, or a session relaying 8 transfers already)",
+      {"relay"});
+  transfers_framed_ = transfers->WithLabels({"framed"});
+  transfers_grpc_ = transfers->WithLabels({"grpc"});
   auto* unary = registry_.AddCounter(
       "gpurpc_unary_calls_relayed_total",
       "Unary calls of the session services the front end relayed to workers, by how: framed (a "
@@ -383,6 +391,10 @@ void FrontendMetrics::WatchdogKill() { watchdog_kills_->Increment(); }
 
 void FrontendMetrics::CommandStreamRelayed(bool framed) {
   (framed ? streams_framed_ : streams_grpc_)->Increment();
+}
+
+void FrontendMetrics::TransferRelayed(bool framed) {
+  (framed ? transfers_framed_ : transfers_grpc_)->Increment();
 }
 
 void FrontendMetrics::UnaryCallRelayed(bool framed) {

@@ -71,6 +71,9 @@ class FrontendMetrics final : public CallObserver {
   void CompileAnswered(bool cache_hit);
   // A command stream began, relayed on a framed channel or by gRPC (command_relay.h).
   void CommandStreamRelayed(bool framed);
+  // An UploadStream or DownloadStream began, relayed on a framed transfer channel or by gRPC
+  // (command_relay.h).
+  void TransferRelayed(bool framed);
   // A unary call went to the worker, on a framed unary channel or by gRPC (unary_channels.h).
   void UnaryCallRelayed(bool framed);
 
@@ -125,6 +128,8 @@ class FrontendMetrics final : public CallObserver {
   metrics::Counter* cache_misses_;
   metrics::Counter* streams_framed_;
   metrics::Counter* streams_grpc_;
+  metrics::Counter* transfers_framed_;
+  metrics::Counter* transfers_grpc_;
   metrics::Counter* unary_framed_;
   metrics::Counter* unary_grpc_;
 

@@ -67,6 +67,8 @@ const absl::flat_hash_map<std::string, MethodShape>& SessionMethods() {
 }
 
 constexpr char kCommandStreamMethod[] = "/gpurpc.v1.ExecutionService/CommandStream";
+constexpr char kUploadStreamMethod[] = "/gpurpc.v1.MemoryService/UploadStream";
+constexpr char kDownloadStreamMethod[] = "/gpurpc.v1.MemoryService/DownloadStream";
 
 // Answers a call at once with a status.
 class RejectReactor final : public grpc::ServerGenericBidiReactor {
@@ -421,6 +423,13 @@ grpc::ServerGenericBidiReactor* SessionProxy::CreateReactor(
     grpc::ServerGenericBidiReactor* relay =
         framed_relay_ ? StartFramedCommandRelay(*session, metrics_) : nullptr;
     if (metrics_ != nullptr) metrics_->CommandStreamRelayed(relay != nullptr);
+    if (relay != nullptr) return relay;
+  }
+  const bool upload = context->method() == kUploadStreamMethod;
+  if (upload || context->method() == kDownloadStreamMethod) {
+    grpc::ServerGenericBidiReactor* relay =
+        framed_relay_ ? StartFramedTransferRelay(*session, upload, metrics_) : nullptr;
+    if (metrics_ != nullptr) metrics_->TransferRelayed(relay != nullptr);
     if (relay != nullptr) return relay;
   }
   return new RelayReactor(context, *std::move(session), method->second, metrics_);

@@ -128,18 +128,21 @@ class SessionRecord {
     return calls_in_flight_.load() == 0 &&
            absl::Nanoseconds(absl::GetCurrentTimeNanos() - last_activity_ns_.load()) > timeout;
   }
-  // Command streams relayed on framed channels (server/frontend/command_relay.h) at once:
-  // TakeRelaySlot is false when kMaxRelayedCommandStreams are (the stream then goes by gRPC);
+  // Calls relayed on framed channels (server/frontend/command_relay.h) at once, by kind:
+  // TakeRelaySlot is false when kMaxRelayedCommandStreams command streams, or as many
+  // streamed transfers (UploadStream, DownloadStream), are (the call then goes by gRPC);
   // GiveRelaySlot when one ends.
+  enum class RelayKind { kCommandStream = 0, kTransfer = 1 };
   static constexpr int kMaxRelayedCommandStreams = 8;
-  bool TakeRelaySlot() {
-    int open = relayed_streams_.load();
+  bool TakeRelaySlot(RelayKind kind) {
+    std::atomic<int>& relayed = relayed_[static_cast<int>(kind)];
+    int open = relayed.load();
     while (open < kMaxRelayedCommandStreams) {
-      if (relayed_streams_.compare_exchange_weak(open, open + 1)) return true;
+      if (relayed.compare_exchange_weak(open, open + 1)) return true;
     }
     return false;
   }
-  void GiveRelaySlot() { --relayed_streams_; }
+  void GiveRelaySlot(RelayKind kind) { --relayed_[static_cast<int>(kind)]; }
 
   // True once a WatchSession stream was opened; then the grace period replaces the idle
   // timeout. Open streams now.
@@ -168,8 +171,8 @@ class SessionRecord {
   bool watched_ ABSL_GUARDED_BY(mu_) = false;
   std::atomic<int64_t> last_activity_ns_;
   std::atomic<int> calls_in_flight_{0};
-  std::atomic<int> relayed_streams_{0};
-  FrontendMetrics* metrics_ = nullptr;  // set by the manager before the record is shared
+  std::atomic<int> relayed_[2] = {0, 0};  // by RelayKind
+  FrontendMetrics* metrics_ = nullptr;    // set by the manager before the record is shared
 
   friend class SessionManager;
   // Device memory ledger, guarded by the manager's mutex.

@@ -82,6 +82,11 @@ class WorkerProcess {
   absl::StatusOr<int> OpenCommandChannel() { return OpenRelayedChannel("c"); }
   // The same for a framed unary channel (server/frontend/unary_channels.h).
   absl::StatusOr<int> OpenUnaryChannel() { return OpenRelayedChannel("u"); }
+  // The same for a framed transfer channel, which carries one UploadStream (`upload`) or
+  // DownloadStream call (server/frontend/command_relay.h).
+  absl::StatusOr<int> OpenTransferChannel(bool upload) {
+    return OpenRelayedChannel(upload ? "U" : "D");
+  }
 
   // Called once, on the reaper thread, when the process ends (at once if it already has).
   void SetExitCallback(std::function<void(const std::string& description)> callback)
@@ -95,7 +100,7 @@ class WorkerProcess {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(region_mu_);
   void Reap() ABSL_LOCKS_EXCLUDED(mu_);
   // Hands a fresh channel to the worker on the relay channel, tagged `kind` ("c": commands,
-  // "u": unary calls).
+  // "u": unary calls, "U" / "D": an upload / a download).
   absl::StatusOr<int> OpenRelayedChannel(const char* kind);
 
   const pid_t pid_;

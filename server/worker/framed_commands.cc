@@ -1,11 +1,16 @@
 #include "server/worker/framed_commands.h"
 
 #include <sys/socket.h>
+#include <sys/uio.h>
 
 #include <algorithm>
 #include <cerrno>
+#include <climits>
 #include <cstring>
+#include <memory>
 #include <string>
+#include <string_view>
+#include <utility>
 #include <vector>
 
 #include "absl/strings/escaping.h"
@@ -14,6 +19,8 @@
 #include "common/grpc_status.h"
 #include "common/limits.h"
 #include "gpurpc/internal/v1/worker_control.pb.h"
+#include "gpurpc/v1/memory_service.pb.h"
+#include "grpcpp/support/slice.h"
 #include "server/worker/raw_messages.h"
 #include "spdlog/spdlog.h"
 
@@ -202,6 +209,206 @@ void Serve(Session* session, int fd, FramedMemory* memory, FramedPeer peer) {
   }
 }
 
+// Reads exactly `size` bytes from `fd` into `to`. CANCELLED "closed" when the peer closed its
+// end before the first of them, UNAVAILABLE for a short read or an error.
+absl::Status RecvExactly(int fd, char* to, size_t size) {
+  size_t read_so_far = 0;
+  while (read_so_far < size) {
+    const ssize_t n = recv(fd, to + read_so_far, size - read_so_far, 0);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) {
+      const int error = errno;
+      if (n == 0 && read_so_far == 0) return absl::CancelledError("closed");
+      return absl::UnavailableError(n == 0 ? std::string("the front end closed mid-message")
+                                           : absl::StrCat("recv: ", std::strerror(error)));
+    }
+    read_so_far += static_cast<size_t>(n);
+  }
+  return absl::OkStatus();
+}
+
+// A front end's framed transfer channel as the handler's RawMessages: each frame is one of the
+// client's messages, read into memory taken from the worker's FramedMemory first (held until
+// the handler asks for the next message), and checked against the parse bound of the method's
+// request type before the handler sees it; each message the handler writes goes back as one frame.
+class FramedMessages final : public RawMessages {
+ public:
+  FramedMessages(int fd, FramedMemory* memory, const char* method,
+                 const google::protobuf::Descriptor& type)
+      : fd_(fd), memory_(memory), method_(method), type_(type) {}
+
+  bool Read(grpc::ByteBuffer* message) override {
+    if (ended_ || !error_.ok()) return false;
+    char header[kFrameHeaderBytes];
+    if (absl::Status read = RecvExactly(fd_, header, kFrameHeaderBytes); !read.ok()) {
+      // Closed between messages: the client half-closed (or left, and then nobody reads what
+      // the handler says).
+      if (read.code() != absl::StatusCode::kCancelled) {
+        spdlog::debug("framed transfer channel: {}", std::string(read.message()));
+      }
+      ended_ = true;
+      return false;
+    }
+    ++index_;
+    uint64_t length = 0;
+    for (size_t i = 0; i < kFrameHeaderBytes; ++i) {
+      length |= static_cast<uint64_t>(static_cast<uint8_t>(header[i])) << (8 * i);
+    }
+    if (length > static_cast<uint64_t>(kMaxMessageBytes)) {
+      error_ = absl::InvalidArgumentError(
+          absl::StrFormat("%s: message %d announces %d bytes, more than the %d a message may have",
+                          method_, index_, length, kMaxMessageBytes));
+      return false;
+    }
+    // The handler is done with the message before (it asks for the next one into the same
+    // buffer): it goes, and its memory comes back, before this one's is taken, so that no
+    // channel waits for memory while it holds some (framed_commands.h).
+    message->Clear();
+    held_.reset();
+    auto hold = std::make_unique<MemoryHold>(memory_, static_cast<size_t>(length));
+    std::unique_ptr<char[]> bytes(new char[length > 0 ? length : 1]);
+    if (absl::Status read = RecvExactly(fd_, bytes.get(), static_cast<size_t>(length));
+        !read.ok()) {
+      spdlog::debug("framed transfer channel: message {}: {}", index_, std::string(read.message()));
+      ended_ = true;
+      return false;
+    }
+    if (absl::Status size = CheckParsedBytes(
+            type_, std::string_view(bytes.get(), static_cast<size_t>(length)),
+            [&] { return absl::StrFormat("%s: message %d of the stream", method_, index_); });
+        !size.ok()) {
+      error_ = std::move(size);
+      return false;
+    }
+    char* const raw = bytes.release();
+    grpc::Slice slice(
+        raw, static_cast<size_t>(length), [](void* p) { delete[] static_cast<char*>(p); }, raw);
+    *message = grpc::ByteBuffer(&slice, 1);
+    held_ = std::move(hold);
+    return true;
+  }
+
+  bool Write(const grpc::ByteBuffer& message) override {
+    std::vector<grpc::Slice> slices;
+    if (!message.Dump(&slices).ok()) return false;
+    size_t length = 0;
+    for (const grpc::Slice& slice : slices) length += slice.size();
+    char header[kFrameHeaderBytes];
+    for (size_t i = 0; i < kFrameHeaderBytes; ++i) {
+      header[i] = static_cast<char>((length >> (8 * i)) & 0xff);
+    }
+    std::vector<iovec> pieces;
+    pieces.reserve(slices.size() + 1);
+    pieces.push_back({header, kFrameHeaderBytes});
+    for (const grpc::Slice& slice : slices) {
+      if (slice.size() > 0) {
+        pieces.push_back({const_cast<uint8_t*>(slice.begin()), slice.size()});
+      }
+    }
+    return SendPieces(pieces);
+  }
+
+  // After the last message the handler read: true when the client half-closed there; false
+  // when another message follows (its bytes are not read) or the channel broke.
+  bool NothingFollows() {
+    char header[kFrameHeaderBytes];
+    const absl::Status read = RecvExactly(fd_, header, kFrameHeaderBytes);
+    ended_ = true;
+    return read.code() == absl::StatusCode::kCancelled;
+  }
+
+  // What went wrong with the client's bytes, OK when nothing did: it ends the call, whatever
+  // the handler made of the missing message.
+  const absl::Status& error() const { return error_; }
+  // The client's messages ended (half-close) rather than broke.
+  bool ended() const { return ended_; }
+
+ private:
+  bool SendPieces(std::vector<iovec>& pieces) {
+    size_t next = 0;
+    while (next < pieces.size()) {
+      msghdr header{};
+      header.msg_iov = pieces.data() + next;
+      header.msg_iovlen = std::min<size_t>(pieces.size() - next, IOV_MAX);
+      ssize_t sent = sendmsg(fd_, &header, MSG_NOSIGNAL);
+      if (sent < 0) {
+        if (errno == EINTR) continue;
+        spdlog::debug("framed transfer channel: sendmsg: {}", std::strerror(errno));
+        return false;
+      }
+      while (next < pieces.size() && static_cast<size_t>(sent) >= pieces[next].iov_len) {
+        sent -= static_cast<ssize_t>(pieces[next].iov_len);
+        ++next;
+      }
+      if (sent > 0) {
+        pieces[next].iov_base = static_cast<char*>(pieces[next].iov_base) + sent;
+        pieces[next].iov_len -= static_cast<size_t>(sent);
+      }
+    }
+    return true;
+  }
+
+  const int fd_;
+  FramedMemory* const memory_;
+  const char* const method_;
+  const google::protobuf::Descriptor& type_;
+  std::unique_ptr<MemoryHold> held_;  // the last message's memory
+  uint64_t index_ = 0;
+  bool ended_ = false;
+  absl::Status error_;
+};
+
+// The first message of a call that takes exactly one, once the client half-closed after it;
+// then no more. (The gRPC relay holds such a request until the half-close, so that a call with
+// none or more than one is refused before it runs: so is this one.)
+class OneRequest final : public RawMessages {
+ public:
+  OneRequest(FramedMessages* messages, grpc::ByteBuffer request)
+      : messages_(messages), request_(std::move(request)) {}
+  bool Read(grpc::ByteBuffer* message) override {
+    if (taken_) return false;
+    taken_ = true;
+    *message = std::move(request_);
+    return true;
+  }
+  bool Write(const grpc::ByteBuffer& message) override { return messages_->Write(message); }
+
+ private:
+  FramedMessages* const messages_;
+  grpc::ByteBuffer request_;
+  bool taken_ = false;
+};
+
+// The end frame of a transfer: the handler's status, as its gRPC server would send it.
+void SendEnd(int fd, const grpc::Status& status) {
+  v1::CommandError error;
+  error.set_code(static_cast<int32_t>(status.error_code()));
+  error.set_message(status.error_message().substr(0, kMaxEndFrameBytes / 2));
+  (void)SendFrame(fd, error, kEndFrameBit);  // the channel ends either way
+}
+
+grpc::Status ServeTransfer(Session* session, int fd, FramedMemory* memory, bool upload) {
+  if (upload) {
+    FramedMessages messages(fd, memory, "/gpurpc.v1.MemoryService/UploadStream",
+                            *v1::UploadStreamRequest::descriptor());
+    grpc::Status status = ServeUploadStream(session, &messages);
+    return messages.error().ok() ? status : ToGrpcStatus(messages.error());
+  }
+  static constexpr char kMethod[] = "/gpurpc.v1.MemoryService/DownloadStream";
+  FramedMessages messages(fd, memory, kMethod, *v1::DownloadRequest::descriptor());
+  grpc::ByteBuffer request;
+  const bool one = messages.Read(&request);
+  if (!messages.error().ok()) return ToGrpcStatus(messages.error());
+  const bool more = one && !messages.NothingFollows();
+  if (!one || more) {
+    return grpc::Status(grpc::StatusCode::UNIMPLEMENTED,
+                        absl::StrFormat("%s takes exactly one request message; this call sent %s",
+                                        kMethod, one ? "more" : "none"));
+  }
+  OneRequest single(&messages, std::move(request));
+  return ServeDownloadStream(session, &single);
+}
+
 }  // namespace
 
 absl::Status AnswerBatch(Session* session, const v1::CommandBatch& batch, uint64_t* last_sequence,
@@ -311,6 +518,11 @@ void ServeRelayedUnaryCalls(const RelayedUnaryCalls& calls, int fd) {
 
 void ServeFramedCommands(Session* session, int fd, FramedMemory* memory, FramedPeer peer) {
   Serve(session, fd, memory, peer);
+  shutdown(fd, SHUT_RDWR);
+}
+
+void ServeRelayedTransfer(Session* session, int fd, FramedMemory* memory, FramedPeer peer) {
+  SendEnd(fd, ServeTransfer(session, fd, memory, peer == FramedPeer::kFrontEndUpload));
   shutdown(fd, SHUT_RDWR);
 }
 

@@ -94,8 +94,16 @@ absl::Status AnswerBatch(Session* session, const v1::CommandBatch& batch, uint64
 // errors read as CommandStream's own on the worker's gRPC server, since the client made a
 // CommandStream call.
 // kFrontEndUnary: the front end's framed unary channel, served by ServeRelayedUnaryCalls
-// rather than as a command stream.
-enum class FramedPeer { kDirectClient, kFrontEndRelay, kFrontEndUnary };
+// rather than as a command stream; kFrontEndUpload and kFrontEndDownload: a client's
+// MemoryService.UploadStream or DownloadStream call relayed on a framed transfer channel,
+// served by ServeRelayedTransfer.
+enum class FramedPeer {
+  kDirectClient,
+  kFrontEndRelay,
+  kFrontEndUnary,
+  kFrontEndUpload,
+  kFrontEndDownload
+};
 
 // Serves the framed protocol on the connected stream socket `fd` (blocking; not closed here)
 // until the client closes its end or shuts it down, the client breaks the protocol, or a
@@ -115,6 +123,21 @@ void ServeFramedCommands(Session* session, int fd, FramedMemory* memory,
 // small, so these channels take nothing from FramedMemory; an answer (at most a message's
 // size: a Download's bytes) is held until it is sent, as the gRPC server holds it.
 void ServeRelayedUnaryCalls(const RelayedUnaryCalls& calls, int fd);
+
+// Serves one relayed MemoryService.UploadStream (`peer` kFrontEndUpload) or DownloadStream
+// (kFrontEndDownload) call on the front end's framed transfer channel `fd` (blocking; not
+// closed here; server/frontend/command_relay.h): each frame from the front end is one of the
+// client's messages, each message the handler sends goes back as one frame, and the call's
+// status ends the channel as an end frame; then shuts `fd` down. The handlers are the gRPC
+// server's own (ServeUploadStream, ServeDownloadStream, service.h), so the checks and errors
+// are theirs. The bytes are the tenant's: a frame over kMaxMessageBytes, or one whose parse
+// would take more than its ParsedBytesLimit, ends the call INVALID_ARGUMENT before anything
+// parses it; a DownloadStream with other than one request message ends UNIMPLEMENTED, as the
+// gRPC relay refuses it. A message's bytes are taken from `memory` before they are read and
+// held until the handler asks for the next message, which frees it first (one message per
+// channel, taken while none is held). A front end that stops reading a download holds the handler
+// in its send.
+void ServeRelayedTransfer(Session* session, int fd, FramedMemory* memory, FramedPeer peer);
 
 // Ends a relayed channel that is not served (a refusal): sends its end frame with `status`
 // (not OK; a few KiB at most, which a fresh socket takes at once), and leaves `fd` open.

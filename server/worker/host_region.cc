@@ -141,6 +141,19 @@ absl::Status CheckChannelSocket(int fd) {
   return absl::OkStatus();
 }
 
+// The peer a relayed channel's kind names (WorkerProcess::OpenRelayedChannel), null for none.
+const FramedPeer* RelayedPeer(const std::string& kind) {
+  static constexpr FramedPeer kCommands = FramedPeer::kFrontEndRelay;
+  static constexpr FramedPeer kUnary = FramedPeer::kFrontEndUnary;
+  static constexpr FramedPeer kUpload = FramedPeer::kFrontEndUpload;
+  static constexpr FramedPeer kDownload = FramedPeer::kFrontEndDownload;
+  if (kind == "c") return &kCommands;
+  if (kind == "u") return &kUnary;
+  if (kind == "U") return &kUpload;
+  if (kind == "D") return &kDownload;
+  return nullptr;
+}
+
 }  // namespace
 
 size_t DirectChannels::FramedCountLocked(FramedPeer peer) const {
@@ -179,12 +192,11 @@ absl::Status DirectChannels::AdmitRelayed(int fd, FramedPeer peer) {
   if (absl::Status checked = CheckChannelSocket(fd); !checked.ok()) return checked;
   absl::MutexLock lock(&mu_);
   Prune();
-  const size_t open =
-      FramedCountLocked(FramedPeer::kFrontEndRelay) + FramedCountLocked(FramedPeer::kFrontEndUnary);
+  const size_t open = framed_.size() - FramedCountLocked(FramedPeer::kDirectClient);
   if (open >= kMaxRelayedChannelsPerSession) {
     return absl::ResourceExhaustedError(absl::StrFormat(
-        "this session has %d relayed channels (command streams and unary calls), the most it "
-        "may",
+        "this session has %d relayed channels (command streams, unary calls and transfers), "
+        "the most it may",
         open));
   }
   return StartFramedLocked(fd, peer);
@@ -235,17 +247,15 @@ void RelayChannel::Loop() {
       }
       return;
     }
-    if (datagram.truncated || datagram.fds.size() != 1 ||
-        (datagram.bytes != "c" && datagram.bytes != "u")) {
+    const FramedPeer* const peer = RelayedPeer(datagram.bytes);
+    if (datagram.truncated || datagram.fds.size() != 1 || peer == nullptr) {
       spdlog::warn("relay channel: a malformed datagram ({} bytes, {} descriptors); dropped",
                    datagram.bytes.size(), datagram.fds.size());
       continue;  // its descriptors close with it
     }
     // Admitted, the channel is served on a duplicate; refused, it gets an end frame that
     // says why (the client's stream ends with that status). This one closes here either way.
-    const FramedPeer peer =
-        datagram.bytes == "u" ? FramedPeer::kFrontEndUnary : FramedPeer::kFrontEndRelay;
-    if (absl::Status admitted = admit_(datagram.fds[0], peer); !admitted.ok()) {
+    if (absl::Status admitted = admit_(datagram.fds[0], *peer); !admitted.ok()) {
       spdlog::warn("relay channel: a relayed channel was refused: {}",
                    std::string(admitted.message()));
       RefuseRelayedChannel(datagram.fds[0], admitted);

@@ -41,10 +41,11 @@ inline constexpr size_t kHostRegionTicketBytes = 16;
 // Direct channels (HostRegionService.OpenDirectChannel) one session may hold open, and
 // tickets for them it may hold unused.
 inline constexpr size_t kMaxDirectChannelsPerSession = 8;
-// Framed channels the front end may relay a session's command streams and unary calls on at
-// once (RelayChannel), as many as the worker's gRPC server has threads for the gRPC relay. The
-// front end relays at most SessionRecord::kMaxRelayedCommandStreams at once, but a stream whose
-// client left frees its place there while its worker thread still finishes the batch it runs.
+// Framed channels the front end may relay a session's command streams, unary calls and
+// streamed transfers on at once (RelayChannel), as many as the worker's gRPC server has threads for
+// the gRPC relay. The front end relays at most SessionRecord::kMaxRelayedCommandStreams at once,
+// but a stream whose client left frees its place there while its worker thread still finishes the
+// batch it runs.
 inline constexpr size_t kMaxRelayedChannelsPerSession = 64;
 
 // A client's memfd mapped shared read-write; unmapped when destroyed.
@@ -72,9 +73,10 @@ absl::StatusOr<std::string> NewAttachTicket();
 // The direct channels of a session's worker: client socket ends (passed on the region
 // socket) served either by the worker's second gRPC server, which has only ExecutionService,
 // or, framed, by a thread of their own that runs `serve_framed(fd, kDirectClient)` (the
-// framed command protocol, framed_commands.h); and the front end's relayed command streams
-// and unary calls (RelayChannel), framed, each on a thread that runs `serve_framed(fd,
-// kFrontEndRelay)` or `serve_framed(fd, kFrontEndUnary)`.
+// framed command protocol, framed_commands.h); and the front end's relayed command streams,
+// unary calls and streamed transfers (RelayChannel), framed, each on a thread that runs
+// `serve_framed(fd, peer)` with its FramedPeer (kFrontEndRelay, kFrontEndUnary,
+// kFrontEndUpload, kFrontEndDownload).
 class DirectChannels {
  public:
   using ServeFramedFn = std::function<void(int fd, FramedPeer peer)>;
@@ -93,8 +95,9 @@ class DirectChannels {
   // (RESOURCE_EXHAUSTED).
   absl::Status Admit(int fd, bool framed) ABSL_LOCKS_EXCLUDED(mu_);
   // Serves `fd` (not taken), a channel the front end relays a command stream
-  // (FramedPeer::kFrontEndRelay) or unary calls (kFrontEndUnary) on, after the same check of
-  // the socket; RESOURCE_EXHAUSTED when kMaxRelayedChannelsPerSession of both kinds are open.
+  // (FramedPeer::kFrontEndRelay), unary calls (kFrontEndUnary) or a streamed transfer
+  // (kFrontEndUpload, kFrontEndDownload) on, after the same check of the socket;
+  // RESOURCE_EXHAUSTED when kMaxRelayedChannelsPerSession of these kinds are open.
   // These do not count against the client's kMaxDirectChannelsPerSession.
   absl::Status AdmitRelayed(int fd, FramedPeer peer) ABSL_LOCKS_EXCLUDED(mu_);
 
@@ -142,11 +145,11 @@ class RegionChannel {
 // The worker's end of the relay channel (--worker-relay-fd, a SOCK_SEQPACKET socketpair
 // with the front end, which nobody else holds): each datagram is one byte with one
 // descriptor, one end of a socketpair on which the front end relays a client's command stream
-// ('c', server/frontend/command_relay.h) or unary calls ('u', server/frontend/unary_channels.h);
-// it goes to `admit` (DirectChannels::AdmitRelayed) with its FramedPeer. There
-// is no answer on this channel: a channel that cannot be admitted gets an end frame with the
-// refusal (RefuseRelayedChannel) and is closed. Ends when the front end closes its end; the
-// destructor shuts the socket down and joins.
+// ('c', server/frontend/command_relay.h), unary calls ('u', server/frontend/unary_channels.h)
+// or one UploadStream ('U') or DownloadStream ('D') call (command_relay.h); it goes to `admit`
+// (DirectChannels::AdmitRelayed) with its FramedPeer. There is no answer on this channel: a channel
+// that cannot be admitted gets an end frame with the refusal (RefuseRelayedChannel) and is closed.
+// Ends when the front end closes its end; the destructor shuts the socket down and joins.
 class RelayChannel {
  public:
   using AdmitFn = std::function<absl::Status(int fd, FramedPeer peer)>;

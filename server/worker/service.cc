@@ -168,6 +168,139 @@ class ChunksAhead {
   static inline std::atomic<int> helpers_{0};  // ChunksAhead alive in this worker
 };
 
+// The gRPC server's stream as RawMessages.
+class GrpcMessages final : public RawMessages {
+ public:
+  explicit GrpcMessages(RawStream* stream) : stream_(stream) {}
+  bool Read(grpc::ByteBuffer* message) override { return stream_->Read(message); }
+  bool Write(const grpc::ByteBuffer& message) override { return stream_->Write(message); }
+
+ private:
+  RawStream* const stream_;
+};
+
+// An UploadStream message longer than a chunk and its other fields may be: refused before
+// it is split (its other fields are copied for parsing), naming it.
+grpc::Status ChunkMessageSize(const grpc::ByteBuffer& raw, uint64_t index) {
+  constexpr uint64_t kMaxChunkMessageBytes = kMaxTransferChunkBytes + (64 << 10);
+  const uint64_t length = raw.Valid() ? raw.Length() : 0;
+  if (length <= kMaxChunkMessageBytes) return grpc::Status::OK;
+  return grpc::Status(
+      grpc::StatusCode::INVALID_ARGUMENT,
+      absl::StrFormat("UploadStream: message %d is %d bytes, more than a chunk of %d bytes and "
+                      "its other fields may take (%d); send 1 MiB chunks",
+                      index, length, kMaxTransferChunkBytes, kMaxChunkMessageBytes));
+}
+
+}  // namespace
+
+// UploadStream (raw messages): each chunk goes to the device from the received bytes,
+// piece by piece when they came in several (the backend copies each into its staging).
+grpc::Status ServeUploadStream(Session* session, RawMessages* stream) {
+  static constexpr char kType[] = "gpurpc.v1.UploadStreamRequest";
+  grpc::ByteBuffer raw;
+  if (!stream->Read(&raw)) {
+    return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                        "UploadStream: no message; the first names the destination");
+  }
+  uint64_t index = 1;
+  v1::UploadStreamRequest first;
+  SplitMessage chunk;
+  if (grpc::Status size = ChunkMessageSize(raw, index); !size.ok()) return size;
+  if (!SplitBytesField(&raw, v1::UploadStreamRequest::kDataFieldNumber, &first, &chunk)) {
+    return NotParsed("/gpurpc.v1.MemoryService/UploadStream", index, kType);
+  }
+  const uint64_t total = first.total_size_bytes();
+  auto base = session->Resolve(first.destination(), total, "UploadStream destination");
+  if (!base.ok()) return ToGrpcStatus(base.status());
+  const uint64_t stream_id = first.stream_id();
+  uint64_t written = 0;
+  v1::UploadStreamRequest later;  // the fields of later messages are not used
+  for (;;) {
+    if (chunk.size > kMaxTransferChunkBytes) {
+      return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                          absl::StrFormat("UploadStream: a chunk of %d bytes exceeds the limit "
+                                          "of %d bytes per message; send 1 MiB chunks",
+                                          chunk.size, kMaxTransferChunkBytes));
+    }
+    if (chunk.size > total - written) {
+      return grpc::Status(
+          grpc::StatusCode::INVALID_ARGUMENT,
+          absl::StrFormat("UploadStream: more than the announced %d bytes arrived", total));
+    }
+    absl::Status status = session->Upload(*base + written, chunk.pieces, chunk.size, stream_id);
+    if (!status.ok()) return ToGrpcStatus(status);
+    written += chunk.size;
+    if (!stream->Read(&raw)) break;
+    ++index;
+    if (grpc::Status size = ChunkMessageSize(raw, index); !size.ok()) return size;
+    if (!SplitBytesField(&raw, v1::UploadStreamRequest::kDataFieldNumber, &later, &chunk)) {
+      return NotParsed("/gpurpc.v1.MemoryService/UploadStream", index, kType);
+    }
+  }
+  if (written != total) {
+    return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                        absl::StrFormat("UploadStream: the stream ended after %d of the "
+                                        "announced %d bytes",
+                                        written, total));
+  }
+  v1::UploadResponse response;
+  response.set_bytes_written(written);
+  stream->Write(SerializeRaw(response));
+  return grpc::Status::OK;
+}
+
+// DownloadStream (raw messages): the device copies each chunk straight into the buffer
+// that goes on the wire.
+grpc::Status ServeDownloadStream(Session* session, RawMessages* stream) {
+  grpc::ByteBuffer raw;
+  v1::DownloadRequest request;
+  if (!stream->Read(&raw) || !ParseRaw(raw, &request)) {
+    return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                        "/gpurpc.v1.MemoryService/DownloadStream: the request is not a valid "
+                        "message of the method's request type (it does not parse as "
+                        "protobuf), or none was sent");
+  }
+  uint64_t chunk =
+      request.chunk_size_bytes() == 0 ? kTransferChunkBytes : request.chunk_size_bytes();
+  if (chunk > kMaxTransferChunkBytes) {
+    return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                        absl::StrFormat("DownloadStream: chunk_size_bytes %d exceeds %d", chunk,
+                                        kMaxTransferChunkBytes));
+  }
+  const uint64_t total = request.size_bytes();
+  auto base = session->Resolve(request.source(), total, "DownloadStream source");
+  if (!base.ok()) return ToGrpcStatus(base.status());
+  if (total == 0) {
+    return ToGrpcStatus(session->Download(*base, nullptr, 0, request.stream_id()));
+  }
+  const uint64_t stream_id = request.stream_id();
+  auto fill = [session, from = *base, stream_id](uint64_t offset, uint64_t n,
+                                                 grpc::ByteBuffer* message) {
+    static const std::string kNoHeader;
+    return ChunkMessage(
+        kNoHeader, v1::DownloadResponse::kDataFieldNumber, n,
+        [&](uint8_t* to) { return session->Download(from + offset, to, n, stream_id); }, message);
+  };
+  // More than one chunk: the next is filled while one is written.
+  // (Without a helper every chunk is filled here, between the writes.)
+  std::unique_ptr<ChunksAhead> ahead;
+  if (total > chunk) ahead = ChunksAhead::Start(total, chunk, fill);
+  for (uint64_t done = 0; done < total;) {
+    const uint64_t n = std::min(chunk, total - done);
+    grpc::ByteBuffer message;
+    absl::Status status = ahead != nullptr ? ahead->Next(&message) : fill(done, n, &message);
+    if (!status.ok()) return ToGrpcStatus(status);
+    if (!stream->Write(message)) {
+      return grpc::Status(grpc::StatusCode::CANCELLED, "DownloadStream: the client went away");
+    }
+    done += n;
+  }
+  return grpc::Status::OK;
+}
+
+namespace {
+
 // Only ListDevices: the front end asks the inventory worker once and answers every client's
 // DeviceService call from that inventory; no client call reaches a worker's DeviceService.
 class DeviceServiceImpl final : public v1::DeviceService::Service {
@@ -256,75 +389,6 @@ class MemoryServiceImpl final : public v1::MemoryService::Service {
     return ToGrpcStatus(status);
   }
 
-  // An UploadStream message longer than a chunk and its other fields may be: refused before
-  // it is split (its other fields are copied for parsing), naming it.
-  static grpc::Status ChunkMessageSize(const grpc::ByteBuffer& raw, uint64_t index) {
-    constexpr uint64_t kMaxChunkMessageBytes = kMaxTransferChunkBytes + (64 << 10);
-    const uint64_t length = raw.Valid() ? raw.Length() : 0;
-    if (length <= kMaxChunkMessageBytes) return grpc::Status::OK;
-    return grpc::Status(
-        grpc::StatusCode::INVALID_ARGUMENT,
-        absl::StrFormat("UploadStream: message %d is %d bytes, more than a chunk of %d bytes and "
-                        "its other fields may take (%d); send 1 MiB chunks",
-                        index, length, kMaxTransferChunkBytes, kMaxChunkMessageBytes));
-  }
-
-  // UploadStream (raw messages): each chunk goes to the device from the received bytes,
-  // piece by piece when they came in several (the backend copies each into its staging).
-  grpc::Status RawUploadStream(grpc::ServerContext*, RawStream* stream) {
-    static constexpr char kType[] = "gpurpc.v1.UploadStreamRequest";
-    grpc::ByteBuffer raw;
-    if (!stream->Read(&raw)) {
-      return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
-                          "UploadStream: no message; the first names the destination");
-    }
-    uint64_t index = 1;
-    v1::UploadStreamRequest first;
-    SplitMessage chunk;
-    if (grpc::Status size = ChunkMessageSize(raw, index); !size.ok()) return size;
-    if (!SplitBytesField(&raw, v1::UploadStreamRequest::kDataFieldNumber, &first, &chunk)) {
-      return NotParsed("/gpurpc.v1.MemoryService/UploadStream", index, kType);
-    }
-    const uint64_t total = first.total_size_bytes();
-    auto base = session_->Resolve(first.destination(), total, "UploadStream destination");
-    if (!base.ok()) return ToGrpcStatus(base.status());
-    const uint64_t stream_id = first.stream_id();
-    uint64_t written = 0;
-    v1::UploadStreamRequest later;  // the fields of later messages are not used
-    for (;;) {
-      if (chunk.size > kMaxTransferChunkBytes) {
-        return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
-                            absl::StrFormat("UploadStream: a chunk of %d bytes exceeds the limit "
-                                            "of %d bytes per message; send 1 MiB chunks",
-                                            chunk.size, kMaxTransferChunkBytes));
-      }
-      if (chunk.size > total - written) {
-        return grpc::Status(
-            grpc::StatusCode::INVALID_ARGUMENT,
-            absl::StrFormat("UploadStream: more than the announced %d bytes arrived", total));
-      }
-      absl::Status status = session_->Upload(*base + written, chunk.pieces, chunk.size, stream_id);
-      if (!status.ok()) return ToGrpcStatus(status);
-      written += chunk.size;
-      if (!stream->Read(&raw)) break;
-      ++index;
-      if (grpc::Status size = ChunkMessageSize(raw, index); !size.ok()) return size;
-      if (!SplitBytesField(&raw, v1::UploadStreamRequest::kDataFieldNumber, &later, &chunk)) {
-        return NotParsed("/gpurpc.v1.MemoryService/UploadStream", index, kType);
-      }
-    }
-    if (written != total) {
-      return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
-                          absl::StrFormat("UploadStream: the stream ended after %d of the "
-                                          "announced %d bytes",
-                                          written, total));
-    }
-    v1::UploadResponse response;
-    response.set_bytes_written(written);
-    stream->Write(SerializeRaw(response));
-    return grpc::Status::OK;
-  }
-
   grpc::Status Download(grpc::ServerContext*, const v1::DownloadRequest* request,
                         v1::DownloadResponse* response) override {
     if (request->size_bytes() > kMaxInlineBytes) {
@@ -341,54 +405,14 @@ class MemoryServiceImpl final : public v1::MemoryService::Service {
         session_->Download(*address, data->data(), data->size(), request->stream_id()));
   }
 
-  // DownloadStream (raw messages): the device copies each chunk straight into the buffer
-  // that goes on the wire.
+  grpc::Status RawUploadStream(grpc::ServerContext*, RawStream* stream) {
+    GrpcMessages messages(stream);
+    return ServeUploadStream(session_, &messages);
+  }
+
   grpc::Status RawDownloadStream(grpc::ServerContext*, RawStream* stream) {
-    grpc::ByteBuffer raw;
-    v1::DownloadRequest request;
-    if (!stream->Read(&raw) || !ParseRaw(raw, &request)) {
-      return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
-                          "/gpurpc.v1.MemoryService/DownloadStream: the request is not a valid "
-                          "message of the method's request type (it does not parse as "
-                          "protobuf), or none was sent");
-    }
-    uint64_t chunk =
-        request.chunk_size_bytes() == 0 ? kTransferChunkBytes : request.chunk_size_bytes();
-    if (chunk > kMaxTransferChunkBytes) {
-      return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
-                          absl::StrFormat("DownloadStream: chunk_size_bytes %d exceeds %d", chunk,
-                                          kMaxTransferChunkBytes));
-    }
-    const uint64_t total = request.size_bytes();
-    auto base = session_->Resolve(request.source(), total, "DownloadStream source");
-    if (!base.ok()) return ToGrpcStatus(base.status());
-    if (total == 0) {
-      return ToGrpcStatus(session_->Download(*base, nullptr, 0, request.stream_id()));
-    }
-    const uint64_t stream_id = request.stream_id();
-    auto fill = [this, from = *base, stream_id](uint64_t offset, uint64_t n,
-                                                grpc::ByteBuffer* message) {
-      static const std::string kNoHeader;
-      return ChunkMessage(
-          kNoHeader, v1::DownloadResponse::kDataFieldNumber, n,
-          [&](uint8_t* to) { return session_->Download(from + offset, to, n, stream_id); },
-          message);
-    };
-    // More than one chunk: the next is filled while one is written.
-    // (Without a helper every chunk is filled here, between the writes.)
-    std::unique_ptr<ChunksAhead> ahead;
-    if (total > chunk) ahead = ChunksAhead::Start(total, chunk, fill);
-    for (uint64_t done = 0; done < total;) {
-      const uint64_t n = std::min(chunk, total - done);
-      grpc::ByteBuffer message;
-      absl::Status status = ahead != nullptr ? ahead->Next(&message) : fill(done, n, &message);
-      if (!status.ok()) return ToGrpcStatus(status);
-      if (!stream->Write(message)) {
-        return grpc::Status(grpc::StatusCode::CANCELLED, "DownloadStream: the client went away");
-      }
-      done += n;
-    }
-    return grpc::Status::OK;
+    GrpcMessages messages(stream);
+    return ServeDownloadStream(session_, &messages);
   }
 
   grpc::Status Memset(grpc::ServerContext*, const v1::MemsetRequest* request,

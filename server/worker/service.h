@@ -33,6 +33,25 @@ std::vector<std::unique_ptr<grpc::Service>> MakeWorkerServices(
 // ExecutionService, whose calls the front end does not account for.
 std::vector<std::unique_ptr<grpc::Service>> MakeDirectServices(Session* session);
 
+// The messages of one streamed transfer, raw (raw_messages.h), whichever way they travel:
+// the worker's gRPC server (MemoryService's UploadStream and DownloadStream), or the front
+// end's framed transfer channel (ServeRelayedTransfer, framed_commands.h).
+class RawMessages {
+ public:
+  virtual ~RawMessages() = default;
+  // The client's next message; false once there is none (the client half-closed, left, or
+  // the carrier broke).
+  virtual bool Read(grpc::ByteBuffer* message) = 0;
+  // Sends `message` to the client; false when it cannot go (the client left).
+  virtual bool Write(const grpc::ByteBuffer& message) = 0;
+};
+
+// The handlers of MemoryService.UploadStream and DownloadStream, on either carrier: each
+// checks every message it reads (sizes, fields, the destination or source range) and
+// returns the call's status; an upload writes its UploadResponse before returning OK.
+grpc::Status ServeUploadStream(Session* session, RawMessages* stream);
+grpc::Status ServeDownloadStream(Session* session, RawMessages* stream);
+
 // The unary methods of the session services (Memory, Module, Execution, HostRegion), for the
 // front end's framed unary channels (ServeRelayedUnaryCalls, framed_commands.h): each runs
 // the method's own gRPC handler, the one the worker's gRPC server runs, on a request's

@@ -304,6 +304,9 @@ int WorkerMain(const DaemonOptions& options) {
     direct_channels = std::make_unique<DirectChannels>(
         direct_server.get(), [served, framed_memory, unary_calls](int fd, FramedPeer peer) {
           if (peer == FramedPeer::kFrontEndUnary) return ServeRelayedUnaryCalls(*unary_calls, fd);
+          if (peer == FramedPeer::kFrontEndUpload || peer == FramedPeer::kFrontEndDownload) {
+            return ServeRelayedTransfer(served, fd, framed_memory, peer);
+          }
           ServeFramedCommands(served, fd, framed_memory, peer);
         });
     // Regions' memfds and direct channels' sockets arrive from the front end on their own

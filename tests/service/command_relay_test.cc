@@ -555,7 +555,8 @@ TEST_P(WorkerBoundTest, TheWorkersBoundIsARefusalNotAFault) {
     refusal = next.message;
   }
   EXPECT_THAT(refusal,
-              HasSubstr("relayed channels (command streams and unary calls), the most it may"));
+              HasSubstr("relayed channels (command streams, unary calls and transfers), the most "
+                        "it may"));
   // Unary calls at the bound: more at once than the session's open unary channels, so that
   // new ones are opened and refused; those calls go by gRPC instead, and every call answers.
   {

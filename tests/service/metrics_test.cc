@@ -675,6 +675,45 @@ TEST_F(MetricsTest, CommandStreamsGoByGrpcWhenTold) {
   EXPECT_EQ(Delta(before, after, "gpurpc_command_streams_total", {{"relay", "framed"}}), 0);
 }
 
+// UploadStream and DownloadStream count by how the front end relays them (framed transfer
+// channels by default, gRPC when told), and their calls and bytes count as the gRPC relay's
+// do.
+TEST_F(MetricsTest, TransfersCountByHowTheyAreRelayed) {
+  constexpr char kUploadStream[] = "/gpurpc.v1.MemoryService/UploadStream";
+  constexpr char kDownloadStream[] = "/gpurpc.v1.MemoryService/DownloadStream";
+  constexpr size_t kBytes = 3 << 20;  // streamed: over the 1 MiB of a unary call
+  for (const bool framed : {true, false}) {
+    SCOPED_TRACE(framed ? "framed" : "grpc");
+    ASSERT_NO_FATAL_FAILURE(Start(framed ? std::vector<std::string>{}
+                                         : std::vector<std::string>{"--command-relay=grpc"}));
+    auto session = client_->OpenSession(0, "metrics test");
+    ASSERT_THAT(session, IsOk());
+    ASSERT_OK_AND_ASSIGN(Buffer buffer, session->Allocate(kBytes));
+    std::vector<uint8_t> data(kBytes);
+    for (size_t i = 0; i < data.size(); ++i) data[i] = static_cast<uint8_t>(i * 7 + 3);
+    const Exposition before = Scrape();
+    ASSERT_OK(buffer.Upload(data));
+    ASSERT_OK_AND_ASSIGN(std::vector<uint8_t> back, buffer.Download());
+    EXPECT_TRUE(back == data);
+    const Exposition after = Scrape();
+    EXPECT_EQ(Delta(before, after, "gpurpc_transfer_streams_total", {{"relay", "framed"}}),
+              framed ? 2 : 0);
+    EXPECT_EQ(Delta(before, after, "gpurpc_transfer_streams_total", {{"relay", "grpc"}}),
+              framed ? 0 : 2);
+    EXPECT_EQ(Delta(before, after, "gpurpc_rpcs_total", Rpc(kUploadStream, "OK")), 1);
+    EXPECT_EQ(Delta(before, after, "gpurpc_rpcs_total", Rpc(kDownloadStream, "OK")), 1);
+    const double up = Delta(before, after, "gpurpc_relayed_bytes_total",
+                            {{"method", kUploadStream}, {"direction", "to_worker"}});
+    const double down = Delta(before, after, "gpurpc_relayed_bytes_total",
+                              {{"method", kDownloadStream}, {"direction", "to_client"}});
+    EXPECT_GE(up, kBytes);
+    EXPECT_LE(up, kBytes + 1024);
+    EXPECT_GE(down, kBytes);
+    EXPECT_LE(down, kBytes + 1024);
+    ASSERT_OK(session->Close());
+  }
+}
+
 TEST_F(MetricsTest, TheWatchdogsKillIsAFaultOfItsCause) {
   ASSERT_NO_FATAL_FAILURE(Start({"--kernel-timeout=1s"}));
   const Exposition before = Scrape();

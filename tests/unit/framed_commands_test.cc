@@ -1,7 +1,7 @@
 // The framed command protocol's worker half (server/worker/framed_commands.h) over the fake
 // backend, in process, on socketpairs: the memory budget its channels share (a message is
 // charged before its bytes are read; one that does not fit waits for the others), and what
-// a channel answers.
+// a channel answers; and the front end's framed unary and transfer channels.
 #include "server/worker/framed_commands.h"
 
 #include <poll.h>
@@ -16,6 +16,7 @@
 #include <string>
 #include <thread>
 #include <utility>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
@@ -23,6 +24,7 @@
 #include "gmock/gmock.h"
 #include "google/protobuf/descriptor.h"
 #include "gpurpc/internal/v1/worker_control.pb.h"
+#include "gpurpc/v1/memory_service.pb.h"
 #include "gtest/gtest.h"
 #include "server/parse_limit.h"
 #include "server/worker/backend/backend.h"
@@ -442,6 +444,242 @@ TEST_F(RelayedUnaryTest, AFrontEndThatClosesMidFrameEndsTheChannelQuietly) {
   Send(0, std::string("\x10\x00\x00\x00", 4) + "abc");
   shutdown(channels_[0].client, SHUT_WR);
   EXPECT_TRUE(Closed());
+}
+
+// The front end's framed transfer channels (ServeRelayedTransfer): one UploadStream or
+// DownloadStream call per channel, frames written and read by hand as a front end would.
+class RelayedTransferTest : public FramedChannelTest {
+ protected:
+  // A transfer channel served on its own thread; returns its index.
+  size_t OpenTransfer(FramedPeer peer) {
+    int fds[2];
+    EXPECT_EQ(socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, fds), 0);
+    Channel& channel = channels_.emplace_back();
+    channel.client = fds[0];
+    channel.worker = fds[1];
+    Session* session = session_.get();
+    FramedMemory* memory = &memory_;
+    const int worker = fds[1];
+    channel.server = std::thread(
+        [session, worker, memory, peer] { ServeRelayedTransfer(session, worker, memory, peer); });
+    return channels_.size() - 1;
+  }
+
+  // One frame: whether it is an end frame, and its bytes.
+  std::pair<bool, std::string> ReadFrame(size_t channel) {
+    const std::string header = ReadExactly(channel, kFrameHeaderBytes);
+    uint32_t prefix = 0;
+    for (size_t i = 0; i < kFrameHeaderBytes; ++i) {
+      prefix |= uint32_t{static_cast<uint8_t>(header[i])} << (8 * i);
+    }
+    return {(prefix & kEndFrameBit) != 0, ReadExactly(channel, prefix & ~kEndFrameBit)};
+  }
+
+  // Reads frames until the end frame: the messages before it, and the status it carries.
+  std::pair<std::vector<std::string>, v1::CommandError> ReadToEnd(size_t channel) {
+    std::vector<std::string> messages;
+    for (;;) {
+      auto [end, bytes] = ReadFrame(channel);
+      if (end) {
+        v1::CommandError error;
+        EXPECT_TRUE(error.ParseFromString(bytes));
+        return {std::move(messages), std::move(error)};
+      }
+      if (bytes.empty() && messages.size() > 10'000) break;  // a runaway channel
+      messages.push_back(std::move(bytes));
+    }
+    return {std::move(messages), v1::CommandError()};
+  }
+
+  void HalfClose(size_t channel) { shutdown(channels_[channel].client, SHUT_WR); }
+
+  // Waits for the channel's thread (it ends after its end frame) and for its memory.
+  void ExpectEndedWithMemoryBack(size_t channel) {
+    channels_[channel].server.join();
+    EXPECT_EQ(memory_.free(), kFramedMemoryBytes);
+  }
+
+  v1::UploadStreamRequest UploadMessage(std::string data, uint64_t total = 0) const {
+    v1::UploadStreamRequest request;
+    if (total != 0) {
+      request.mutable_destination()->mutable_buffer()->set_buffer_id(buffer_);
+      request.set_total_size_bytes(total);
+    }
+    request.set_data(std::move(data));
+    return request;
+  }
+
+  v1::DownloadRequest DownloadMessage(uint64_t size, uint64_t chunk) const {
+    v1::DownloadRequest request;
+    request.mutable_source()->mutable_buffer()->set_buffer_id(buffer_);
+    request.set_size_bytes(size);
+    request.set_chunk_size_bytes(chunk);
+    return request;
+  }
+
+  static constexpr char kExactlyOne[] =
+      "/gpurpc.v1.MemoryService/DownloadStream takes exactly one request message; this call "
+      "sent ";
+
+  FramedMemory memory_{kFramedMemoryBytes};
+};
+
+TEST_F(RelayedTransferTest, AnUploadAndADownloadGoThroughWhole) {
+  std::string bytes(1 << 20, '\0');
+  for (size_t i = 0; i < bytes.size(); ++i) bytes[i] = static_cast<char>(i * 131 + 7);
+  const size_t up = OpenTransfer(FramedPeer::kFrontEndUpload);
+  const size_t piece = 300'000;  // pieces that do not divide the buffer
+  for (size_t offset = 0; offset < bytes.size(); offset += piece) {
+    const v1::UploadStreamRequest message = UploadMessage(
+        bytes.substr(offset, piece), offset == 0 ? static_cast<uint64_t>(bytes.size()) : 0);
+    Send(up, Frame(message.SerializeAsString()));
+  }
+  HalfClose(up);
+  auto [answers, end] = ReadToEnd(up);
+  EXPECT_EQ(end.code(), 0) << end.message();
+  ASSERT_EQ(answers.size(), 1u);
+  v1::UploadResponse response;
+  ASSERT_TRUE(response.ParseFromString(answers[0]));
+  EXPECT_EQ(response.bytes_written(), bytes.size());
+  ExpectEndedWithMemoryBack(up);
+
+  // Read back in chunks that do not divide it either: the chunks come in order, then OK.
+  const size_t down = OpenTransfer(FramedPeer::kFrontEndDownload);
+  Send(down, Frame(DownloadMessage(bytes.size(), 400'000).SerializeAsString()));
+  HalfClose(down);
+  auto [chunks, down_end] = ReadToEnd(down);
+  EXPECT_EQ(down_end.code(), 0) << down_end.message();
+  std::string got;
+  for (const std::string& chunk : chunks) {
+    v1::DownloadResponse message;
+    ASSERT_TRUE(message.ParseFromString(chunk));
+    EXPECT_LE(message.data().size(), 400'000u);
+    got += message.data();
+  }
+  EXPECT_EQ(chunks.size(), 3u);
+  EXPECT_TRUE(got == bytes);
+  ExpectEndedWithMemoryBack(down);
+}
+
+TEST_F(RelayedTransferTest, TheHandlersErrorsEndTheCall) {
+  // More bytes than announced: the gRPC handler's own error.
+  const size_t up = OpenTransfer(FramedPeer::kFrontEndUpload);
+  Send(up, Frame(UploadMessage("abcdefgh", 4).SerializeAsString()));
+  auto [answers, end] = ReadToEnd(up);
+  EXPECT_TRUE(answers.empty());
+  EXPECT_EQ(end.code(), static_cast<int>(grpc::StatusCode::INVALID_ARGUMENT));
+  EXPECT_THAT(end.message(), ::testing::HasSubstr("more than the announced 4 bytes arrived"));
+  ExpectEndedWithMemoryBack(up);
+
+  // A half-close before the announced bytes.
+  const size_t short_up = OpenTransfer(FramedPeer::kFrontEndUpload);
+  Send(short_up, Frame(UploadMessage("ab", 4).SerializeAsString()));
+  HalfClose(short_up);
+  end = ReadToEnd(short_up).second;
+  EXPECT_THAT(end.message(), ::testing::HasSubstr("the stream ended after 2 of the announced 4"));
+  ExpectEndedWithMemoryBack(short_up);
+
+  // Bytes that are not an UploadStreamRequest, after a good first message.
+  const size_t garbage = OpenTransfer(FramedPeer::kFrontEndUpload);
+  Send(garbage, Frame(UploadMessage("ab", 4).SerializeAsString()));
+  Send(garbage, Frame(std::string("\xff\xff\xff\xff", 4)));
+  end = ReadToEnd(garbage).second;
+  EXPECT_EQ(end.code(), static_cast<int>(grpc::StatusCode::INVALID_ARGUMENT));
+  EXPECT_THAT(end.message(), ::testing::HasSubstr("UploadStream"));
+  ExpectEndedWithMemoryBack(garbage);
+
+  // A download past the buffer's end.
+  const size_t past = OpenTransfer(FramedPeer::kFrontEndDownload);
+  Send(past, Frame(DownloadMessage((1 << 20) + 1, 0).SerializeAsString()));
+  HalfClose(past);
+  auto [chunks, past_end] = ReadToEnd(past);
+  EXPECT_TRUE(chunks.empty());
+  EXPECT_NE(past_end.code(), 0);
+  EXPECT_THAT(past_end.message(), ::testing::HasSubstr("DownloadStream source"));
+  ExpectEndedWithMemoryBack(past);
+}
+
+TEST_F(RelayedTransferTest, ADownloadTakesExactlyOneRequest) {
+  // Two requests: refused before either runs.
+  const size_t two = OpenTransfer(FramedPeer::kFrontEndDownload);
+  const std::string request = Frame(DownloadMessage(16, 0).SerializeAsString());
+  Send(two, request + request);
+  auto [chunks, end] = ReadToEnd(two);
+  EXPECT_TRUE(chunks.empty());
+  EXPECT_EQ(end.code(), static_cast<int>(grpc::StatusCode::UNIMPLEMENTED));
+  EXPECT_EQ(end.message(), std::string(kExactlyOne) + "more");
+  ExpectEndedWithMemoryBack(two);
+
+  // None.
+  const size_t none = OpenTransfer(FramedPeer::kFrontEndDownload);
+  HalfClose(none);
+  end = ReadToEnd(none).second;
+  EXPECT_EQ(end.code(), static_cast<int>(grpc::StatusCode::UNIMPLEMENTED));
+  EXPECT_EQ(end.message(), std::string(kExactlyOne) + "none");
+  ExpectEndedWithMemoryBack(none);
+
+  // One request that is not a DownloadRequest.
+  const size_t garbage = OpenTransfer(FramedPeer::kFrontEndDownload);
+  Send(garbage, Frame(std::string("\xff\xff\xff\xff", 4)));
+  HalfClose(garbage);
+  end = ReadToEnd(garbage).second;
+  EXPECT_EQ(end.code(), static_cast<int>(grpc::StatusCode::INVALID_ARGUMENT));
+  EXPECT_THAT(end.message(), ::testing::HasSubstr("DownloadStream: the request is not a valid"));
+  ExpectEndedWithMemoryBack(garbage);
+}
+
+TEST_F(RelayedTransferTest, HostileFramesAreRefusedBeforeTheyAreReadOrParsed) {
+  // A length over a message's limit: refused from the header, nothing taken.
+  const size_t huge = OpenTransfer(FramedPeer::kFrontEndUpload);
+  const uint32_t length = static_cast<uint32_t>(kMaxMessageBytes) + 1;
+  std::string header(kFrameHeaderBytes, '\0');
+  for (size_t i = 0; i < kFrameHeaderBytes; ++i) {
+    header[i] = static_cast<char>((length >> (8 * i)) & 0xff);
+  }
+  Send(huge, header);
+  v1::CommandError end = ReadToEnd(huge).second;
+  EXPECT_EQ(end.code(), static_cast<int>(grpc::StatusCode::INVALID_ARGUMENT));
+  EXPECT_THAT(end.message(),
+              ::testing::HasSubstr(absl::StrCat("UploadStream: message 1 announces ", length)));
+  ExpectEndedWithMemoryBack(huge);
+
+  // 2.5 million unknown varint fields: 5 MB that would parse to some 40 MB and more.
+  const size_t fields = OpenTransfer(FramedPeer::kFrontEndDownload);
+  std::string body;
+  for (int i = 0; i < 2'500'000; ++i) body.append("\x78\x00", 2);
+  std::thread sender([&] { Send(fields, Frame(body)); });
+  end = ReadToEnd(fields).second;
+  sender.join();
+  EXPECT_EQ(end.code(), static_cast<int>(grpc::StatusCode::INVALID_ARGUMENT));
+  EXPECT_THAT(end.message(),
+              ::testing::HasSubstr("DownloadStream: message 1 of the stream (a "
+                                   "gpurpc.v1.DownloadRequest of 5000000 bytes) would take"));
+  ExpectEndedWithMemoryBack(fields);
+}
+
+TEST_F(RelayedTransferTest, AFrontEndThatLeavesMidTransferEndsTheChannel) {
+  // Mid-message: the message's memory comes back.
+  const size_t up = OpenTransfer(FramedPeer::kFrontEndUpload);
+  const std::string message =
+      Frame(UploadMessage(std::string(200'000, 'x'), 1 << 20).SerializeAsString());
+  Send(up, message.substr(0, 1000));
+  for (int i = 0; i < 200 && memory_.free() == kFramedMemoryBytes; ++i) {
+    absl::SleepFor(absl::Milliseconds(5));
+  }
+  EXPECT_LT(memory_.free(), kFramedMemoryBytes);
+  close(channels_[up].client);
+  channels_[up].client = -1;
+  ExpectEndedWithMemoryBack(up);
+
+  // A download whose reader stops reading and goes: the worker's send fails and it ends.
+  const size_t down = OpenTransfer(FramedPeer::kFrontEndDownload);
+  Send(down, Frame(DownloadMessage(1 << 20, 4096).SerializeAsString()));
+  HalfClose(down);
+  EXPECT_TRUE(Answered(down, absl::Seconds(5)));
+  absl::SleepFor(absl::Milliseconds(50));  // the socket's buffer fills; the worker waits
+  close(channels_[down].client);
+  channels_[down].client = -1;
+  ExpectEndedWithMemoryBack(down);
 }
 
 }  // namespace
