@@ -5,6 +5,8 @@
 // - streamed transfers on raw messages (chunks copied once, into pooled buffers, straight into
 //   the caller's memory on the way back) carry every byte of odd sizes and offsets, and a bad
 //   range or a buffer too small is refused;
+// - a large transfer split over several connections (ConnectOptions::transfer_connections)
+//   carries every byte, opens its connections, and a bad range is refused whole;
 // - several threads waiting on one session's command stream take turns driving it: all of them
 //   get their answers, and with a stopped daemon every one of them returns at its deadline.
 // No timing assertions: what must not hang has a generous bound.
@@ -66,12 +68,29 @@ std::vector<uint8_t> Pattern(size_t size, uint8_t seed) {
 }
 
 absl::StatusOr<Client> Connect(const std::string& address,
-                               absl::Duration call_timeout = absl::Seconds(60)) {
+                               absl::Duration call_timeout = absl::Seconds(60),
+                               int transfer_connections = 4) {
   ConnectOptions options;
   options.address = address;
   options.use_environment = false;
   options.call_timeout = call_timeout;
+  options.transfer_connections = transfer_connections;
   return Client::Connect(options);
+}
+
+// Sockets this process holds open.
+int OpenSockets() {
+  int sockets = 0;
+  DIR* fds = opendir("/proc/self/fd");
+  if (fds == nullptr) return -1;
+  while (dirent* entry = readdir(fds)) {
+    char target[256];
+    const std::string path = absl::StrCat("/proc/self/fd/", entry->d_name);
+    const ssize_t n = readlink(path.c_str(), target, sizeof(target) - 1);
+    if (n > 0 && std::string(target, static_cast<size_t>(n)).rfind("socket:", 0) == 0) ++sockets;
+  }
+  closedir(fds);
+  return sockets;
 }
 
 // True once every thread of `pid` is stopped.
@@ -159,6 +178,85 @@ TEST_F(ClientTransportTest, StreamedTransfersOfOddSizesCarryEveryByte) {
   // The session works on.
   ASSERT_OK_AND_ASSIGN(std::vector<uint8_t> start, buffer.Download(0, 16));
   EXPECT_EQ(start.size(), 16u);
+}
+
+// A large transfer goes as parts on several connections (ConnectOptions::transfer_connections)
+// and carries every byte, whichever way it is read back; a bad range is refused whole, with
+// nothing written; a smaller one, or a client of one connection, opens no other connection.
+TEST_F(ClientTransportTest, LargeTransfersSplitOverConnectionsCarryEveryByte) {
+  ASSERT_OK_AND_ASSIGN(Client one, Connect(daemon_->address(), absl::Seconds(60), 1));
+  ASSERT_OK_AND_ASSIGN(Client four, Connect(daemon_->address(), absl::Seconds(60), 4));
+  ASSERT_OK_AND_ASSIGN(Session single, one.OpenSession());
+  ASSERT_OK_AND_ASSIGN(Session parted, four.OpenSession());
+  constexpr uint64_t kSize = 40 * kMiB + 12345;  // 5 parts' worth, cut at whole chunks
+  ASSERT_OK_AND_ASSIGN(Buffer buffer, parted.Allocate(kSize + 100));
+  const std::vector<uint8_t> small = Pattern(12 * kMiB, 9);
+
+  // Below two parts' size: one stream, no other connection.
+  const int sockets_before = OpenSockets();
+  ASSERT_OK(buffer.Upload(small, 3));
+  EXPECT_EQ(OpenSockets(), sockets_before);
+
+  // In parts: three more connections, and every byte where it belongs.
+  const std::vector<uint8_t> data = Pattern(kSize, 5);
+  ASSERT_OK(buffer.Upload(data, 7));
+  EXPECT_EQ(OpenSockets(), sockets_before + 3);
+  ASSERT_OK_AND_ASSIGN(std::vector<uint8_t> back, buffer.Download(7, kSize));
+  EXPECT_TRUE(back == data) << "the bytes read back in parts differ";
+  std::vector<uint8_t> into(kSize, 0);
+  ASSERT_OK(parted.DownloadInto(buffer.at(7), absl::MakeSpan(into)));
+  EXPECT_TRUE(into == data) << "the bytes read back into the caller's memory differ";
+
+  // Written as one stream (a raw address is never split), read back in parts; and a client of
+  // one connection moves the same bytes as one stream each way.
+  const std::vector<uint8_t> other = Pattern(kSize, 6);
+  ASSERT_NE(buffer.at(7).device_address, 0u);
+  ASSERT_OK(parted.Upload(DeviceRef::Address(buffer.at(7).device_address), other));
+  ASSERT_OK_AND_ASSIGN(back, buffer.Download(7, kSize));
+  EXPECT_TRUE(back == other) << "bytes written as one stream read back in parts differ";
+  ASSERT_OK(buffer.Upload(data, 7));
+  ASSERT_OK_AND_ASSIGN(Buffer alone, single.Allocate(kSize));
+  const int sockets_single = OpenSockets();
+  ASSERT_OK(alone.Upload(data));
+  ASSERT_OK_AND_ASSIGN(std::vector<uint8_t> single_back, alone.Download());
+  EXPECT_TRUE(single_back == data) << "the bytes a one-connection client read back differ";
+  EXPECT_EQ(OpenSockets(), sockets_single);
+
+  // Past the buffer's end, in parts' size: refused as one stream would refuse it, and
+  // nothing written (the parts before the end would have been).
+  const std::vector<uint8_t> too_much = Pattern(32 * kMiB, 11);
+  const absl::Status refused = buffer.Upload(too_much, 16 * kMiB);
+  EXPECT_THAT(refused, StatusIs(absl::StatusCode::kInvalidArgument));
+  EXPECT_THAT(refused.message(), HasSubstr("UploadStream destination"));
+  ASSERT_OK_AND_ASSIGN(back, buffer.Download(7, kSize));
+  EXPECT_TRUE(back == data) << "a refused upload wrote some of its bytes";
+  EXPECT_THAT(buffer.Download(16 * kMiB, 32 * kMiB).status(),
+              StatusIs(absl::StatusCode::kInvalidArgument));
+}
+
+TEST_F(ClientTransportTest, TransferConnectionsOutOfRangeAreRefusedAtConnect) {
+  for (int connections : {0, -1, kMaxTransferConnections + 1}) {
+    EXPECT_THAT(Connect(daemon_->address(), absl::Seconds(60), connections).status(),
+                StatusIs(absl::StatusCode::kInvalidArgument,
+                         HasSubstr("ConnectOptions::transfer_connections")))
+        << connections;
+  }
+  ConnectOptions options;
+  options.address = daemon_->address();
+  for (const char* value : {"0", "17", "four", "4x", ""}) {
+    setenv("GPURPC_TRANSFER_CONNECTIONS", value, 1);
+    const absl::StatusOr<Client> client = Client::Connect(options);
+    if (std::string(value).empty()) {
+      EXPECT_OK(client.status());  // unset: the option's value
+    } else {
+      EXPECT_THAT(client.status(), StatusIs(absl::StatusCode::kInvalidArgument,
+                                            HasSubstr("GPURPC_TRANSFER_CONNECTIONS")))
+          << value;
+    }
+  }
+  setenv("GPURPC_TRANSFER_CONNECTIONS", "2", 1);
+  EXPECT_OK(Client::Connect(options).status());
+  unsetenv("GPURPC_TRANSFER_CONNECTIONS");
 }
 
 TEST_F(ClientTransportTest, ThreadsWaitingOnOneCommandStreamTakeTurnsDrivingIt) {

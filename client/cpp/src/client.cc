@@ -3,7 +3,11 @@
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
+#include <functional>
+#include <system_error>
+#include <thread>
 #include <utility>
+#include <vector>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
@@ -97,24 +101,16 @@ absl::Status StreamStepTimeout(absl::string_view call, absl::Duration timeout, u
                       total));
 }
 
-absl::Status UploadImpl(SessionCore& core, const DeviceRef& dst, absl::Span<const uint8_t> data,
-                        uint64_t stream_id) {
-  if (absl::Status usable = core.CheckUsable(); !usable.ok()) return usable;
-  if (absl::Status status = core.Barrier(); !status.ok()) return status;
-  if (data.size() <= kTransferChunkBytes) {
-    v1::UploadRequest request;
-    SetPointer(dst, request.mutable_destination());
-    request.set_data(data.data(), data.size());
-    request.set_stream_id(stream_id);
-    v1::UploadResponse response;
-    return SessionCall(core, GPURPC_RPC(core.memory(), Upload), "Upload", std::move(request),
-                       &response);
-  }
-  // Streamed: raw messages (transport.h), each chunk copied once, into a pooled buffer.
+// One UploadStream of `data` (bytes [offset, offset + data.size()) of a transfer of `total`)
+// to `dst` on `channel`. Streamed: raw messages (transport.h), each chunk copied once, into a
+// pooled buffer.
+absl::Status UploadPart(SessionCore& core, const std::shared_ptr<grpc::Channel>& channel,
+                        const DeviceRef& dst, absl::Span<const uint8_t> data, uint64_t stream_id,
+                        uint64_t offset, uint64_t total) {
   const absl::Duration timeout = core.call_timeout();
   internal::Background::Busy busy;
   auto call = std::make_shared<internal::RawStreamCall>(
-      core.channel(), kUploadStreamMethod,
+      channel, kUploadStreamMethod,
       [&core](grpc::ClientContext* context) { core.AddMetadata(context); });
   v1::UploadStreamRequest first;  // the first message names the destination and the size
   SetPointer(dst, first.mutable_destination());
@@ -130,7 +126,7 @@ absl::Status UploadImpl(SessionCore& core, const DeviceRef& dst, absl::Span<cons
     header.clear();
     if (!call->Await(internal::RawStreamCall::kWrite, internal::DeadlineAfter(timeout), &written)) {
       internal::RawStreamCall::End(std::move(call));
-      return StreamStepTimeout("UploadStream", timeout, done, data.size());
+      return StreamStepTimeout("UploadStream", timeout, offset + done, total);
     }
     if (written) done += n;  // else the daemon ended the call: its status says why
   }
@@ -140,11 +136,157 @@ absl::Status UploadImpl(SessionCore& core, const DeviceRef& dst, absl::Span<cons
   call->Finish();
   if (!call->Await(internal::RawStreamCall::kFinish, internal::DeadlineAfter(timeout), &ok)) {
     internal::RawStreamCall::End(std::move(call));
-    return StreamStepTimeout("UploadStream", timeout, done, data.size());
+    return StreamStepTimeout("UploadStream", timeout, offset + done, total);
   }
   const grpc::Status status = call->status();
   internal::RawStreamCall::End(std::move(call));
   return FromGrpcStatus(status);
+}
+
+// One DownloadStream of bytes [offset, offset + out.size()) of a transfer of `total` from
+// `src` on `channel`. Streamed: raw messages (transport.h), each chunk's bytes copied once,
+// straight into `out`; the next chunk is read while one is copied.
+absl::Status DownloadPart(SessionCore& core, const std::shared_ptr<grpc::Channel>& channel,
+                          const DeviceRef& src, absl::Span<uint8_t> out, uint64_t stream_id,
+                          uint64_t offset, uint64_t total) {
+  v1::DownloadRequest request;
+  SetPointer(src, request.mutable_source());
+  request.set_size_bytes(out.size());
+  request.set_stream_id(stream_id);
+  const absl::Duration timeout = core.call_timeout();
+  internal::Background::Busy busy;
+  auto call = std::make_shared<internal::RawStreamCall>(
+      channel, kDownloadStreamMethod,
+      [&core](grpc::ClientContext* context) { core.AddMetadata(context); });
+  std::string serialized = request.SerializeAsString();
+  grpc::Slice request_slice(serialized);
+  call->WriteLast(grpc::ByteBuffer(&request_slice, 1));
+  size_t done = 0;
+  // The next chunk is read into the call's other buffer while one is copied.
+  grpc::ByteBuffer* arriving = call->Read();
+  for (;;) {
+    bool read = false;
+    if (!call->Await(internal::RawStreamCall::kRead, internal::DeadlineAfter(timeout), &read)) {
+      internal::RawStreamCall::End(std::move(call));
+      return StreamStepTimeout("DownloadStream", timeout, offset + done, total);
+    }
+    if (!read) break;
+    grpc::ByteBuffer* chunk = std::exchange(arriving, call->Read());
+    absl::Status copied = internal::CopyChunkField(chunk, v1::DownloadResponse::kDataFieldNumber,
+                                                   out, &done, "DownloadStream");
+    chunk->Clear();
+    if (!copied.ok()) {
+      internal::RawStreamCall::End(std::move(call));  // cancels it
+      return copied;
+    }
+  }
+  call->Finish();
+  bool ok = false;
+  if (!call->Await(internal::RawStreamCall::kFinish, internal::DeadlineAfter(timeout), &ok)) {
+    internal::RawStreamCall::End(std::move(call));
+    return StreamStepTimeout("DownloadStream", timeout, offset + done, total);
+  }
+  const grpc::Status status = call->status();
+  internal::RawStreamCall::End(std::move(call));
+  if (!status.ok()) return FromGrpcStatus(status);
+  if (done != out.size()) {
+    return absl::InternalError(
+        absl::StrFormat("DownloadStream: %d of %d bytes arrived", done, out.size()));
+  }
+  return absl::OkStatus();
+}
+
+// `ref` moved `bytes` further into device memory.
+DeviceRef Offset(DeviceRef ref, uint64_t bytes) {
+  if (ref.buffer_id != 0) ref.offset_bytes += bytes;
+  if (ref.buffer_id == 0 || ref.device_address != 0) ref.device_address += bytes;
+  return ref;
+}
+
+// A streamed transfer of `total` bytes at `ref` as parts on the session's transfer connections
+// (SessionCore::transfer_channel): `part(connection, offset, size)` moves bytes
+// [offset, offset + size). At least kMinPartBytes per part, whole chunks but the last; one
+// part (on the session's own connection) below twice that. Parts after the first run on
+// threads of their own, the first on the caller's; the result is the first part's error in
+// offset order, OK when every part went through. A part that fails does not stop the others
+// (each ends on its own, within the call timeout per step).
+// Split only where the whole range is known good: `ref` names a buffer (not a raw address)
+// that GetAllocation says holds [offset, offset + total). Anything else goes as one stream,
+// so that a bad range is refused whole, with the daemon's own error, before a byte is written
+// (a part past the end would fail only after the parts before it wrote theirs).
+constexpr uint64_t kMinPartBytes = uint64_t{8} << 20;
+absl::Status InParts(SessionCore& core, const DeviceRef& ref, uint64_t total,
+                     const std::function<absl::Status(size_t, uint64_t, uint64_t)>& part) {
+  const uint64_t by_size = std::max<uint64_t>(1, total / kMinPartBytes);
+  const size_t parts =
+      static_cast<size_t>(std::min<uint64_t>(core.transfer_connections(), by_size));
+  if (parts <= 1 || ref.buffer_id == 0) return part(0, 0, total);
+  v1::GetAllocationRequest request;
+  request.set_buffer_id(ref.buffer_id);
+  v1::GetAllocationResponse response;
+  if (!SessionCall(core, GPURPC_RPC(core.memory(), GetAllocation), "GetAllocation", request,
+                   &response)
+           .ok() ||
+      ref.offset_bytes > response.buffer().size_bytes() ||
+      total > response.buffer().size_bytes() - ref.offset_bytes) {
+    return part(0, 0, total);
+  }
+  // Whole chunks per part; the last takes the rest.
+  const uint64_t chunks = (total + kTransferChunkBytes - 1) / kTransferChunkBytes;
+  const uint64_t per_part = (chunks / parts) * kTransferChunkBytes;
+  std::vector<absl::Status> results(parts);
+  std::vector<std::thread> threads;
+  threads.reserve(parts - 1);
+  const auto range = [&](size_t index) {
+    const uint64_t offset = per_part * index;
+    return std::make_pair(offset, index + 1 == parts ? total - offset : per_part);
+  };
+  for (size_t index = 1; index < parts; ++index) {
+    try {
+      threads.emplace_back([&, index] {
+        const auto [offset, size] = range(index);
+        results[index] = part(index, offset, size);
+      });
+    } catch (const std::system_error&) {
+      // No thread: this part goes on the caller's thread, after the first.
+      threads.emplace_back();
+    }
+  }
+  {
+    const auto [offset, size] = range(0);
+    results[0] = part(0, offset, size);
+  }
+  for (size_t index = 1; index < parts; ++index) {
+    if (threads[index - 1].joinable()) {
+      threads[index - 1].join();
+    } else {
+      const auto [offset, size] = range(index);
+      results[index] = part(index, offset, size);
+    }
+  }
+  for (absl::Status& result : results) {
+    if (!result.ok()) return result;
+  }
+  return absl::OkStatus();
+}
+
+absl::Status UploadImpl(SessionCore& core, const DeviceRef& dst, absl::Span<const uint8_t> data,
+                        uint64_t stream_id) {
+  if (absl::Status usable = core.CheckUsable(); !usable.ok()) return usable;
+  if (absl::Status status = core.Barrier(); !status.ok()) return status;
+  if (data.size() <= kTransferChunkBytes) {
+    v1::UploadRequest request;
+    SetPointer(dst, request.mutable_destination());
+    request.set_data(data.data(), data.size());
+    request.set_stream_id(stream_id);
+    v1::UploadResponse response;
+    return SessionCall(core, GPURPC_RPC(core.memory(), Upload), "Upload", std::move(request),
+                       &response);
+  }
+  return InParts(core, dst, data.size(), [&](size_t connection, uint64_t offset, uint64_t size) {
+    return UploadPart(core, core.transfer_channel(connection), Offset(dst, offset),
+                      data.subspan(offset, size), stream_id, offset, data.size());
+  });
 }
 
 absl::Status DownloadImpl(SessionCore& core, const DeviceRef& src, absl::Span<uint8_t> out,
@@ -166,49 +308,10 @@ absl::Status DownloadImpl(SessionCore& core, const DeviceRef& src, absl::Span<ui
     std::copy(response.data().begin(), response.data().end(), out.begin());
     return absl::OkStatus();
   }
-  // Streamed: raw messages (transport.h), each chunk's bytes copied once, straight into `out`;
-  // the next chunk is read while one is copied.
-  const absl::Duration timeout = core.call_timeout();
-  internal::Background::Busy busy;
-  auto call = std::make_shared<internal::RawStreamCall>(
-      core.channel(), kDownloadStreamMethod,
-      [&core](grpc::ClientContext* context) { core.AddMetadata(context); });
-  std::string serialized = request.SerializeAsString();
-  grpc::Slice request_slice(serialized);
-  call->WriteLast(grpc::ByteBuffer(&request_slice, 1));
-  size_t done = 0;
-  // The next chunk is read into the call's other buffer while one is copied.
-  grpc::ByteBuffer* arriving = call->Read();
-  for (;;) {
-    bool read = false;
-    if (!call->Await(internal::RawStreamCall::kRead, internal::DeadlineAfter(timeout), &read)) {
-      internal::RawStreamCall::End(std::move(call));
-      return StreamStepTimeout("DownloadStream", timeout, done, out.size());
-    }
-    if (!read) break;
-    grpc::ByteBuffer* chunk = std::exchange(arriving, call->Read());
-    absl::Status copied = internal::CopyChunkField(chunk, v1::DownloadResponse::kDataFieldNumber,
-                                                   out, &done, "DownloadStream");
-    chunk->Clear();
-    if (!copied.ok()) {
-      internal::RawStreamCall::End(std::move(call));  // cancels it
-      return copied;
-    }
-  }
-  call->Finish();
-  bool ok = false;
-  if (!call->Await(internal::RawStreamCall::kFinish, internal::DeadlineAfter(timeout), &ok)) {
-    internal::RawStreamCall::End(std::move(call));
-    return StreamStepTimeout("DownloadStream", timeout, done, out.size());
-  }
-  const grpc::Status status = call->status();
-  internal::RawStreamCall::End(std::move(call));
-  if (!status.ok()) return FromGrpcStatus(status);
-  if (done != out.size()) {
-    return absl::InternalError(
-        absl::StrFormat("DownloadStream: %d of %d bytes arrived", done, out.size()));
-  }
-  return absl::OkStatus();
+  return InParts(core, src, out.size(), [&](size_t connection, uint64_t offset, uint64_t size) {
+    return DownloadPart(core, core.transfer_channel(connection), Offset(src, offset),
+                        out.subspan(offset, size), stream_id, offset, out.size());
+  });
 }
 
 }  // namespace
@@ -249,6 +352,13 @@ absl::StatusOr<Session> Client::OpenSessionOn(const std::shared_ptr<grpc::Channe
   Session session;
   session.core_ = std::make_shared<SessionCore>(channel, response, call_timeout_);
   session.core_->set_target(target);
+  if (transfer_factory_ != nullptr && target == target_) {
+    // Made now, connected when a large transfer first uses them.
+    std::vector<std::shared_ptr<grpc::Channel>> extra;
+    for (int i = 1; i < transfer_connections_; ++i)
+      extra.push_back(transfer_factory_->Make(target));
+    session.core_->set_transfer_channels(std::move(extra));
+  }
   // The direct path when asked for; best effort (the relay serves everything anyway).
   if (const char* direct = std::getenv("GPURPC_DIRECT");
       direct != nullptr && std::string(direct) == "1" && absl::StartsWith(target, "unix:")) {

@@ -439,7 +439,31 @@ absl::StatusOr<Client> Client::Connect(const ConnectOptions& options) {
     absl::Status error = FromGrpcStatus(status);
     return absl::Status(error.code(), absl::StrCat("gpurpcd at ", *target, ": ", error.message()));
   }
-  return Client(std::move(channel), *target, *call_timeout);
+  Client client(std::move(channel), *target, *call_timeout);
+  int connections = options.transfer_connections;
+  if (const std::string env = Env("GPURPC_TRANSFER_CONNECTIONS", options.use_environment);
+      !env.empty()) {
+    if (!absl::SimpleAtoi(env, &connections) || connections < 1 ||
+        connections > kMaxTransferConnections) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("GPURPC_TRANSFER_CONNECTIONS='", absl::CHexEscape(env.substr(0, 64)),
+                       "' is not a number of connections from 1 to ", kMaxTransferConnections));
+    }
+  }
+  if (connections < 1 || connections > kMaxTransferConnections) {
+    return absl::InvalidArgumentError(absl::StrCat("ConnectOptions::transfer_connections is ",
+                                                   options.transfer_connections, "; give 1 to ",
+                                                   kMaxTransferConnections));
+  }
+  if (connections > 1) {
+    // Each transfer channel has subchannels of its own, so its own connection: gRPC shares
+    // one connection among channels of the same target and arguments otherwise.
+    auto transfer = std::make_shared<internal::ChannelFactory>(factory);
+    transfer->args.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);
+    client.transfer_factory_ = std::move(transfer);
+    client.transfer_connections_ = connections;
+  }
+  return client;
 }
 
 }  // namespace gpurpc

@@ -16,6 +16,7 @@
 #include <memory>
 #include <string>
 #include <utility>
+#include <vector>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
@@ -164,6 +165,17 @@ class SessionCore {
       ABSL_LOCKS_EXCLUDED(send_mu_, call_mu_);
   bool direct() const { return direct_channel_ != nullptr; }
 
+  // The connections a large streamed transfer is split over: channel() first, then those
+  // set here (each its own connection to the same daemon; set once, before the core is
+  // shared). See ConnectOptions::transfer_connections.
+  void set_transfer_channels(std::vector<std::shared_ptr<grpc::Channel>> extra) {
+    transfer_channels_ = std::move(extra);
+  }
+  size_t transfer_connections() const { return 1 + transfer_channels_.size(); }
+  const std::shared_ptr<grpc::Channel>& transfer_channel(size_t index) const {
+    return index == 0 ? channel_ : transfer_channels_[index - 1];
+  }
+
   // Command stream. Enqueue assigns the sequence number and sends a batch when it is full.
   absl::Status Enqueue(v1::Command command) ABSL_LOCKS_EXCLUDED(send_mu_);
   // Sends the queued batch.
@@ -227,7 +239,8 @@ class SessionCore {
   std::unique_ptr<v1::ModuleService::Stub> modules_;
   std::unique_ptr<v1::ExecutionService::Stub> execution_;
   const std::unique_ptr<v1::ExecutionService::Stub> relay_execution_;
-  std::shared_ptr<grpc::Channel> direct_channel_;  // set by UseExecutionChannel
+  std::shared_ptr<grpc::Channel> direct_channel_;                  // set by UseExecutionChannel
+  std::vector<std::shared_ptr<grpc::Channel>> transfer_channels_;  // set_transfer_channels
   std::atomic<bool> closed_{false};
   // Nanoseconds; INT64_MAX = no deadline.
   std::atomic<int64_t> call_timeout_ns_;

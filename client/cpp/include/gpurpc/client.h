@@ -193,9 +193,21 @@ struct ConnectOptions {
   // anything else fails Connect with INVALID_ARGUMENT), else 5 minutes.
   // absl::InfiniteDuration(): no deadline at all (a hung daemon then hangs the caller).
   absl::Duration call_timeout = absl::ZeroDuration();
+  // Connections to the daemon a large streamed transfer (Upload or Download of 16 MiB and
+  // more) is split over, in parts of at least 8 MiB moved at once, each on its own
+  // connection and thread ($GPURPC_TRANSFER_CONNECTIONS overrides it; 1 to
+  // kMaxTransferConnections). One connection carries one message at a time per stream
+  // through gRPC's per-connection work, which bounds a transfer to a few GB/s; parts on
+  // several connections add up. 1: every transfer on the session's one connection. With
+  // several daemons every transfer keeps to the session's connection. The extra connections
+  // are opened when a transfer first needs them.
+  int transfer_connections = 4;
   // False: ignore every GPURPC_* variable (only what is set here counts).
   bool use_environment = true;
 };
+
+// The most connections ConnectOptions::transfer_connections may name.
+inline constexpr int kMaxTransferConnections = 16;
 
 // The default daemon socket paths, in the order they are tried:
 // $XDG_RUNTIME_DIR/gpurpc/gpurpcd.sock (when XDG_RUNTIME_DIR is set),
@@ -298,6 +310,10 @@ class Client {
   std::string target_;
   absl::Duration call_timeout_;
   std::shared_ptr<internal::Daemons> daemons_;  // null with one daemon
+  // Makes a session's further transfer connections (ConnectOptions::transfer_connections);
+  // null with one daemon, or when transfers keep to one connection.
+  std::shared_ptr<const internal::ChannelFactory> transfer_factory_;
+  int transfer_connections_ = 1;
 };
 
 // Where device memory is addressed: a buffer plus an offset, or a raw address inside a
