@@ -14,6 +14,9 @@ Measures, for both where they apply:
   (CuPy: ``cudaMemcpy`` with the same pageable array);
 * ``float(gpuarray.sum(a))`` (a synchronising call) and ``a * 2 + 1`` (asynchronous: many,
   then one synchronize) on 1M floats (CuPy: the same expressions);
+* in the gRPC-only column, the numpy-array ``memcpy_htod``/``memcpy_dtoh`` again on one
+  connection (``transfer_connections = 1``) beside the default's parts on 4 (its note prints
+  the ratio);
 * ``gpuarray.to_gpu``, ``GPUArray.set`` and ``.get()`` of 256 MiB (CuPy: ``cp.asarray``,
   ``ndarray.set``, ``cp.asnumpy``).
 
@@ -232,6 +235,23 @@ def bench_transfers(results: Dict[str, Result], args: argparse.Namespace, column
                                                  args.transfer_repeats) / 1e9)
         put("dtoh" + suffix, size / _median_time(lambda d=dest: cuda.memcpy_dtoh(d, device),
                                                  args.transfer_repeats) / 1e9)
+        if column == "grpc" and not suffix:
+            # The same on one connection: a transfer's parts on several connections add up
+            # (GPURPC_TRANSFER_CONNECTIONS, default 4) where one carries a message at a time.
+            client = cuda.Context.get_current()._core.client
+            connections = client.transfer_connections
+            client.transfer_connections = 1
+            try:
+                put("htod_one", size / _median_time(lambda s=src: cuda.memcpy_htod(device, s),
+                                                    args.transfer_repeats) / 1e9)
+                put("dtoh_one", size / _median_time(lambda d=dest: cuda.memcpy_dtoh(d, device),
+                                                    args.transfer_repeats) / 1e9)
+            finally:
+                client.transfer_connections = connections
+            up = _ratio(results["htod"].grpc, results["htod_one"].grpc)
+            down = _ratio(results["dtoh"].grpc, results["dtoh_one"].grpc)
+            results["dtoh_one"].note = (f"gRPC only, {connections} connections against one: "
+                                        f"{up}x (htod), {down}x (dtoh)")
         del src, dest
     device.free()
 
@@ -461,6 +481,10 @@ def main() -> int:
         "htod": Result(f"memcpy_htod {args.big_mib} MiB, numpy array", "GB/s",
                        "CuPy column: cudaMemcpy from the same pageable numpy array"),
         "dtoh": Result(f"memcpy_dtoh {args.big_mib} MiB, numpy array", "GB/s"),
+        "htod_one": Result(f"memcpy_htod {args.big_mib} MiB, numpy array, 1 connection",
+                           "GB/s"),
+        "dtoh_one": Result(f"memcpy_dtoh {args.big_mib} MiB, numpy array, 1 connection",
+                           "GB/s"),
         "to_gpu": Result(f"to_gpu {args.transfer_mib} MiB", "GB/s",
                          "CuPy column: cp.asarray from pageable memory"),
         "set": Result(f"GPUArray.set {args.transfer_mib} MiB", "GB/s",

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import collections
 import math
+import operator
 import os
 import re
 import socket
@@ -86,6 +87,13 @@ FRAMED_CAUSE_WAIT_S = 2.0
 JOIN_MAX_BYTES = 64 << 10
 JOIN_MAX_DOWNLOAD_BYTES = 1 << 20
 STREAMED_TRANSFER_BYTES = 8 << 20    # synchronous transfers above this use Upload/DownloadStream
+# A streamed transfer of at least twice MIN_TRANSFER_PART_BYTES is split into parts moved at
+# once, each on a connection of its own (Client.transfer_connections; the C++ client's
+# ConnectOptions::transfer_connections, with the same values): one gRPC connection carries
+# one message at a time per stream, which bounds a transfer to a few GB/s.
+DEFAULT_TRANSFER_CONNECTIONS = 4
+MAX_TRANSFER_CONNECTIONS = 16
+MIN_TRANSFER_PART_BYTES = 8 << 20
 ADDRESS_SEPARATOR = ","              # between the targets of an address list (several daemons)
 # Placement of new sessions over several daemons (Client.daemons, rank_devices): free memory
 # counts in steps of 1 << this (256 MiB), and the daemons' ListDevices get at most this long
@@ -95,6 +103,10 @@ PLACEMENT_PROBE_TIMEOUT_S = 5.0
 # An open that fails with one of these passes on to the next candidate device.
 PLACEMENT_RETRY_CODES = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.RESOURCE_EXHAUSTED,
                          grpc.StatusCode.DEADLINE_EXCEEDED)
+# debug counters of the parts of split transfers (a streamed transfer itself counts once
+# under its method's name, as before it could be split).
+UPLOAD_PARTS = "MemoryService.UploadStream/parts"
+DOWNLOAD_PARTS = "MemoryService.DownloadStream/parts"
 SESSION_METADATA_KEY = "gpurpc-session"
 INSTANCE_METADATA_KEY = "gpurpc-instance"
 
@@ -435,6 +447,38 @@ def resolve_host_regions(mode: Optional[str] = None) -> str:
     return value
 
 
+def resolve_transfer_connections(connections: Optional[int] = None) -> int:
+    """How many connections a large streamed transfer is split over: ``connections``, else
+    ``$GPURPC_TRANSFER_CONNECTIONS``, else 4; 1 to 16 (1: every transfer on the one
+    connection of the client).
+
+    :raises LogicError: (INVALID_ARGUMENT) a value that is not a whole number from 1 to 16,
+        naming where it came from and the value.
+    """
+    limit = MAX_TRANSFER_CONNECTIONS
+    if connections is None:
+        env = (os.environ.get("GPURPC_TRANSFER_CONNECTIONS") or "").strip()
+        if not env:
+            return DEFAULT_TRANSFER_CONNECTIONS
+        if re.fullmatch(r"\+?[0-9]{1,9}", env) is None or not 1 <= int(env) <= limit:
+            raise LogicError(f"GPURPC_TRANSFER_CONNECTIONS={env[:64]!r} is not a number of "
+                             f"connections from 1 to {limit}",
+                             code=grpc.StatusCode.INVALID_ARGUMENT, operation="connect")
+        return int(env)
+    try:
+        if isinstance(connections, bool):
+            raise TypeError
+        value = operator.index(connections)  # an int, or a numpy integer
+    except TypeError:
+        raise LogicError(f"transfer_connections= must be a whole number from 1 to {limit}, got "
+                         f"{str(connections)[:64]!r}",
+                         code=grpc.StatusCode.INVALID_ARGUMENT, operation="connect") from None
+    if not 1 <= value <= limit:
+        raise LogicError(f"transfer_connections= is {value}; give 1 to {limit}",
+                         code=grpc.StatusCode.INVALID_ARGUMENT, operation="connect")
+    return value
+
+
 # How long past its deadline a call may take to report it before it is abandoned.
 ABANDON_MARGIN_S = 0.25
 
@@ -580,6 +624,17 @@ class Client:
     ``$GPURPC_HOST_REGIONS``, else ``"auto"``: on for a Unix-socket daemon) is what sessions
     opened afterwards start with (``gpurpc._regions``); the attribute may be changed later.
 
+    Transfer connections: ``transfer_connections`` (1 to 16; default
+    ``$GPURPC_TRANSFER_CONNECTIONS``, else 4) is how many connections a large streamed
+    transfer (a synchronous copy of 16 MiB or more that takes no same-host region) is split
+    over: parts of at least 8 MiB moved at once, the first on the client's own channel, each
+    other on a channel of its own (same target, credentials and options, opened when a
+    transfer first needs it, closed with the client). One gRPC connection carries one message
+    at a time per stream, which bounds one transfer to a few GB/s; parts on several
+    connections add up. 1: every transfer on the one channel. With several daemons every
+    transfer keeps to its session's channel (as in the C++ client). The attribute may be
+    changed later.
+
     Credentials (a Unix socket needs none: the daemon knows the caller's uid):
 
     * ``token`` (default ``$GPURPC_TOKEN``, else the file named by ``$GPURPC_TOKEN_FILE``) is
@@ -603,18 +658,26 @@ class Client:
     # certificate is checked against when its address came from a dns:/// name.
     _is_member: bool = False
     _tls_name: Optional[str] = None
+    # Connections a large streamed transfer is split over (resolve_transfer_connections); a
+    # client of one daemon of a client of several keeps to 1, as the C++ client does. The
+    # further channels of the transfers (transfer_method), opened when first needed.
+    _transfer_connections: int = 1
+    _transfer_channels: Tuple[Any, ...] = ()
+    _closed: bool = False
 
     def __init__(self, address: Optional[str] = None, *, token: Optional[str] = None,
                  root_certificates: Optional[bytes] = None, tls: Optional[bool] = None,
                  certificate_chain: Optional[bytes] = None, private_key: Optional[bytes] = None,
                  server_name: Optional[str] = None, timeout: Optional[float] = None,
-                 host_regions: Optional[str] = None) -> None:
+                 host_regions: Optional[str] = None,
+                 transfer_connections: Optional[int] = None) -> None:
         self.target = resolve_address(address)
         self.specs: List[TargetSpec] = parse_targets(self.target)
         check_connect_after_fork(self.target)
-        _live_clients.add(self)
         # Shared with the per-daemon clients of a client of several daemons.
         self._settings = _Settings(resolve_timeout(timeout), resolve_host_regions(host_regions))
+        self._transfer_connections = resolve_transfer_connections(transfer_connections)
+        _live_clients.add(self)
         # What was asked for explicitly (driver.init reuses a client asked for the same).
         self.explicit_credentials: Tuple[Any, ...] = (
             token, root_certificates, tls, certificate_chain, private_key, server_name)
@@ -668,6 +731,19 @@ class Client:
     @host_regions.setter
     def host_regions(self, value: str) -> None:
         self._settings.host_regions = value
+
+    @property
+    def transfer_connections(self) -> int:
+        """How many connections a large streamed transfer is split over, 1 to 16 (settable;
+        None: ``$GPURPC_TRANSFER_CONNECTIONS``, else 4). 1 for the client of one daemon of a
+        client of several."""
+        return self._transfer_connections
+
+    @transfer_connections.setter
+    def transfer_connections(self, value: Optional[int]) -> None:
+        connections = resolve_transfer_connections(value)
+        if not self._is_member:
+            self._transfer_connections = connections
 
     def _channel_settings(self, target: str, tls_name: Optional[str],
                           ) -> Tuple[Any, List[Tuple[str, Any]], bool, bool]:
@@ -727,6 +803,10 @@ class Client:
             self.channel = grpc.secure_channel(target, creds, options=options)
         else:
             self.channel = grpc.insecure_channel(target, options=options)
+        # What the transfer channels are made with (transfer_method).
+        self._channel_args: Tuple[Any, List[Tuple[str, Any]]] = (creds, options)
+        self._transfer_lock = threading.Lock()
+        self._transfer_methods: Dict[Tuple[int, str, bool], Callable] = {}
         _grpc_used = True
         self.has_credentials = bool(self._token) or has_cert
         # Added to the metadata of every call (unary, streaming and the command stream).
@@ -782,7 +862,8 @@ class Client:
         token, roots, tls, chain, key, name = self.explicit_credentials
         return Client(self.target, token=token, root_certificates=roots, tls=tls,
                       certificate_chain=chain, private_key=key, server_name=name,
-                      timeout=self.timeout, host_regions=self.host_regions)
+                      timeout=self.timeout, host_regions=self.host_regions,
+                      transfer_connections=self.transfer_connections)
 
     def _addresses(self) -> List[Tuple[str, Optional[str], Optional[Error]]]:
         """Every daemon address in order: (target, the dns:/// name it came from, why the
@@ -924,6 +1005,53 @@ class Client:
             fn = self._methods[name] = _make_callable(self.channel, name)
         return fn
 
+    def transfer_method(self, connection: int, name: str, raw_requests: bool = False,
+                        ) -> Callable:
+        """The gRPC callable of ``Service.Method`` on transfer connection ``connection``: 0 is
+        the client's own channel (:meth:`method`); 1 and up are channels of their own to the
+        same target, with the same credentials and options plus
+        ``grpc.use_local_subchannel_pool`` (else gRPC would share the one connection among
+        them), opened when first asked for and closed by :meth:`close`. Thread-safe.
+        ``raw_requests``: the callable sends requests that are serialized already (bytes).
+
+        :raises LogicError: a client inherited over fork (never connects anew there).
+        :raises ValueError: the client was closed (as gRPC says of a closed channel).
+        """
+        global _grpc_used
+        if connection == 0 and not raw_requests:
+            return self.method(name)
+        if self.inherited_from is not None:
+            raise inherited_client_error(self, name)
+        if self.multi_daemon:
+            raise LogicError(f"{name}: a client of several daemons has no transfer channels",
+                             operation=name)
+        with self._transfer_lock:
+            if self._closed:
+                raise ValueError("Cannot invoke RPC: the gpurpc client was closed")
+            key = (connection, name, raw_requests)
+            fn = self._transfer_methods.get(key)
+            if fn is not None:
+                return fn
+            serializer = None if raw_requests else "default"
+            if connection == 0:
+                fn = self._transfer_methods[key] = _make_callable(self.channel, name, serializer)
+                return fn
+            check_connect_after_fork(self.target)
+            creds, options = self._channel_args
+            options = options + [("grpc.use_local_subchannel_pool", 1)]
+            channels = self._transfer_channels
+            while len(channels) < connection:
+                if creds is not None:
+                    channel = grpc.secure_channel(self.target, creds, options=options)
+                else:
+                    channel = grpc.insecure_channel(self.target, options=options)
+                _grpc_used = True
+                channels = channels + (channel,)
+            self._transfer_channels = channels
+            fn = self._transfer_methods[key] = _make_callable(
+                channels[connection - 1], name, serializer)
+            return fn
+
     def call(self, name: str, request: Any, metadata: Tuple = (), timeout: Optional[float] = None,
              cls: Optional[type] = None, op: Optional[str] = None,
              reconnect: bool = False) -> Any:
@@ -1000,6 +1128,12 @@ class Client:
         for member in members:
             member.close()
         if self.channel is not None:
+            with self._transfer_lock:
+                self._closed = True
+                transfer_channels, self._transfer_channels = self._transfer_channels, ()
+                self._transfer_methods.clear()
+            for channel in transfer_channels:
+                channel.close()
             self.channel.close()
 
 

@@ -2,15 +2,17 @@
 
 Pointers (:class:`DeviceAllocation`, :class:`PointerHolderBase`, ``_address``), which session
 a pointer belongs to (the allocation registry), host buffer views, allocation, the transfers
-(``_upload``/``_download``, streamed for large ones), ``memcpy_*``/``memset_*`` and the
-``pagelocked_*`` arrays. ``gpurpc.driver`` re-exports the public names; use them from there.
+(``_upload``/``_download``, streamed for large ones, in parts on several connections for the
+largest), ``memcpy_*``/``memset_*`` and the ``pagelocked_*`` arrays. ``gpurpc.driver``
+re-exports the public names; use them from there.
 """
 from __future__ import annotations
 
 import functools
 import gc
+import threading
 import weakref
-from typing import Any, Iterator, Literal, Optional, Tuple
+from typing import Any, Callable, Iterator, List, Literal, Optional, Tuple
 
 import grpc
 import numpy as np
@@ -363,42 +365,182 @@ def _upload(core: SessionCore, address: int, data: memoryview, stream_id: int, s
             commands.drain(label=label)
 
 
+# -- streamed transfers, in parts on several connections --------------------------------------
+#
+# A synchronous transfer above _core.STREAMED_TRANSFER_BYTES that takes no same-host region is
+# an UploadStream or a DownloadStream. One of at least twice _core.MIN_TRANSFER_PART_BYTES is
+# split into parts moved at once, each on a connection of its own (Client.transfer_method),
+# as the C++ client does (client.cc, InParts): one gRPC connection carries one message at a
+# time per stream, which bounds a transfer to a few GB/s; parts on several connections add up.
+# Parts after the first run on threads of their own, the first on the caller's. Every part
+# runs to its end (a part that fails does not stop the others; each ends on its own, within
+# the call timeout per step) and the first error in offset order is raised. Only a range that
+# MemoryService.GetAllocation says lies inside one buffer is split: anything else goes as one
+# stream, so that a bad range is refused whole, with the daemon's own error, before a byte is
+# written (a part past the end would fail only after the parts before it wrote theirs).
+
+
+class _SharedProgress:
+    """A progress bar that the parts of a transfer update from their threads."""
+
+    __slots__ = ("_bar", "_lock")
+
+    def __init__(self, bar: Any) -> None:
+        self._bar = bar
+        self._lock = threading.Lock()
+
+    def update(self, n: int) -> None:
+        with self._lock:
+            self._bar.update(n)
+
+
+class _Parts:
+    """The calls of a transfer's parts, so that all of them can be cancelled at once (when
+    the caller is interrupted: nothing may go on behind its back)."""
+
+    __slots__ = ("_lock", "_calls", "_cancelled")
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._calls: List[Any] = []
+        self._cancelled = False
+
+    def attach(self, call: Any) -> None:
+        with self._lock:
+            self._calls.append(call)
+            cancelled = self._cancelled
+        if cancelled:
+            call.cancel()
+
+    def cancel(self) -> None:
+        with self._lock:
+            self._cancelled = True
+            calls = list(self._calls)
+        for call in calls:
+            call.cancel()
+
+
+def _transfer_parts(core: SessionCore, address: int, n: int, chunk: int,
+                    label: str) -> List[Tuple[int, int]]:
+    """The parts ``(offset, size)`` a streamed transfer of ``n`` bytes at ``address`` goes in:
+    ``min(connections, n // 8 MiB)`` of them, whole chunks each but the last (which takes the
+    rest); one when that is 1 or when GetAllocation does not say that the buffer holding
+    ``address`` holds all of ``[address, address + n)``."""
+    parts = min(core.client.transfer_connections, n // _core.MIN_TRANSFER_PART_BYTES)
+    if parts <= 1:
+        return [(0, n)]
+    try:
+        # GetAllocation finds the buffer holding any address inside it, not only its start.
+        info = core.call("MemoryService.GetAllocation",
+                         _mem.GetAllocationRequest(device_address=address), op=label).buffer
+    except Error:
+        return [(0, n)]  # the one stream gets the daemon's own answer
+    if info.HasField("array") or not (
+            info.device_address <= address
+            and address - info.device_address + n <= info.size_bytes):
+        return [(0, n)]
+    per_part = ((n + chunk - 1) // chunk // parts) * chunk
+    return [(per_part * i, per_part if i + 1 < parts else n - per_part * i)
+            for i in range(parts)]
+
+
+def _run_parts(parts: List[Tuple[int, int]], calls: _Parts,
+               run: Callable[[int, int, int], None]) -> None:
+    """Runs ``run(connection, offset, size)`` for every part: the first on this thread, the
+    others on threads of their own (a part whose thread cannot start runs here, after the
+    first). Raises the first error in offset order once every part has ended. Interrupted
+    (KeyboardInterrupt), it cancels every part and waits for them before it re-raises."""
+    errors: List[Optional[BaseException]] = [None] * len(parts)
+
+    def work(index: int) -> None:
+        try:
+            run(index, *parts[index])
+        except BaseException as e:  # noqa: BLE001 - raised by the caller, in offset order
+            errors[index] = e
+
+    threads: List[Optional[threading.Thread]] = []
+    try:
+        for index in range(1, len(parts)):
+            thread: Optional[threading.Thread] = threading.Thread(
+                target=work, args=(index,), daemon=True, name=f"gpurpc-transfer-part-{index}")
+            try:
+                thread.start()  # type: ignore[union-attr]
+            except RuntimeError:  # no thread to be had: the part runs here, after the first
+                thread = None
+            threads.append(thread)
+        try:
+            run(0, *parts[0])
+        except Exception as e:  # noqa: BLE001 - raised below, in offset order
+            errors[0] = e
+        for index, thread in enumerate(threads, start=1):
+            if thread is None:
+                work(index)
+            else:
+                thread.join()
+    except BaseException:
+        calls.cancel()
+        for thread in threads:
+            if thread is not None:
+                thread.join()
+        raise
+    for error in errors:
+        if error is not None:
+            raise error
+
+
+# UploadStreamRequest.data = 4, length-delimited.
+_UPLOAD_DATA_TAG = bytes(((_mem.UploadStreamRequest.DATA_FIELD_NUMBER << 3) | 2,))
+
+
 def _upload_stream(core: SessionCore, address: int, data: memoryview, stream_id: int,
                    label: str) -> None:
     n = data.nbytes
     chunk = _core.UPLOAD_CHUNK_BYTES
-    progress = _progress.bar(n, label)
     core.check_open(label)
-    sent = 0
-    deadline = _core.ProgressDeadline(core.timeout)
-
-    def requests() -> Iterator[_mem.UploadStreamRequest]:
-        nonlocal sent
-        yield _mem.UploadStreamRequest(destination=device_pointer(address), total_size_bytes=n,
-                                       stream_id=stream_id, data=data[:chunk].tobytes())
-        sent = min(chunk, n)
-        deadline.progress()
-        progress.update(sent)
-        for offset in range(chunk, n, chunk):
-            piece = data[offset:offset + chunk].tobytes()
-            yield _mem.UploadStreamRequest(data=piece)
-            sent += len(piece)
-            deadline.progress()
-            progress.update(len(piece))
-
+    parts = _transfer_parts(core, address, n, chunk, label)
+    calls = _Parts()
     _core.debug.count("MemoryService.UploadStream")
-    try:
+    if len(parts) > 1:
+        _core.debug.count(_core.UPLOAD_PARTS, len(parts))
+    bar = _progress.bar(n, label)
+    progress = _SharedProgress(bar) if len(parts) > 1 else bar
+    metadata = core.metadata + core.client.auth_metadata
+
+    def part(connection: int, offset: int, size: int) -> None:
+        part_data = data[offset:offset + size]
+        sent = 0
+        deadline = _core.ProgressDeadline(core.timeout)
+
+        def requests() -> Iterator[bytes]:
+            # Serialized here, each chunk copied once, straight from the caller's buffer:
+            # the header fields, then the data field (the protobuf encoding of
+            # UploadStreamRequest(data=piece) is its tag, its length and its bytes).
+            nonlocal sent
+            header = _mem.UploadStreamRequest(destination=device_pointer(address + offset),
+                                              total_size_bytes=size,
+                                              stream_id=stream_id).SerializeToString()
+            for at in range(0, size, chunk):
+                piece = part_data[at:at + chunk]
+                yield b"".join((header, _UPLOAD_DATA_TAG, _core.varint(piece.nbytes), piece))
+                header = b""
+                sent += piece.nbytes
+                deadline.progress()
+                progress.update(piece.nbytes)
+
         with deadline:
             # No deadline on the call as a whole: each step has one (ProgressDeadline).
-            future = core.client.method("MemoryService.UploadStream").future(
-                requests(), metadata=core.metadata + core.client.auth_metadata)
+            future = core.client.transfer_method(
+                connection, "MemoryService.UploadStream", raw_requests=True).future(
+                    requests(), metadata=metadata)
             deadline.attach(future)
+            calls.attach(future)
             try:
                 future.result()
             except (grpc.RpcError, grpc.FutureCancelledError) as e:
                 if deadline.fired:
-                    raise timeout_error(label, core.timeout, f"no progress after {sent} of {n} "
-                                        "bytes, so the transfer was cancelled") from None
+                    raise timeout_error(label, core.timeout, f"no progress after "
+                                        f"{offset + sent} of {n} bytes, so the transfer was "
+                                        "cancelled") from None
                 if not isinstance(e, grpc.RpcError):
                     raise
                 err = _core.session_error(e.code(), e.details() or "", label,
@@ -406,8 +548,11 @@ def _upload_stream(core: SessionCore, address: int, data: memoryview, stream_id:
                 if err.code is not None:
                     core.note_status(err.code, err.details)
                 raise err from None
+
+    try:
+        _run_parts(parts, calls, part)
     finally:
-        progress.close()
+        bar.close()
 
 
 def _write_into(view: memoryview, offset: int, size: int, data: bytes) -> None:
@@ -446,41 +591,64 @@ def _download_stream(core: SessionCore, address: int, dest: memoryview, stream_i
                      label: str) -> None:
     n = dest.nbytes
     core.check_open(label)
-    request = _mem.DownloadRequest(source=device_pointer(address), size_bytes=n,
-                                   stream_id=stream_id,
-                                   chunk_size_bytes=_core.DOWNLOAD_CHUNK_BYTES)
+    parts = _transfer_parts(core, address, n, _core.DOWNLOAD_CHUNK_BYTES, label)
+    calls = _Parts()
     _core.debug.count("MemoryService.DownloadStream")
-    progress = _progress.bar(n, label)
-    offset = 0
-    deadline = _core.ProgressDeadline(core.timeout)
+    if len(parts) > 1:
+        _core.debug.count(_core.DOWNLOAD_PARTS, len(parts))
+    bar = _progress.bar(n, label)
+    progress = _SharedProgress(bar) if len(parts) > 1 else bar
+    metadata = core.metadata + core.client.auth_metadata
+
+    def part(connection: int, offset: int, size: int) -> None:
+        into = dest[offset:offset + size]  # this part's own slice of dest
+        request = _mem.DownloadRequest(source=device_pointer(address + offset), size_bytes=size,
+                                       stream_id=stream_id,
+                                       chunk_size_bytes=_core.DOWNLOAD_CHUNK_BYTES)
+        done = 0
+        deadline = _core.ProgressDeadline(core.timeout)
+        try:
+            with deadline:
+                # No deadline on the call as a whole: each step has one (ProgressDeadline).
+                replies = core.client.transfer_method(
+                    connection, "MemoryService.DownloadStream")(request, metadata=metadata)
+                deadline.attach(replies)
+                calls.attach(replies)
+                for reply in replies:
+                    deadline.progress()
+                    piece = reply.data
+                    if done + len(piece) > size:
+                        replies.cancel()
+                        raise Error(f"{label}: the daemon sent more than the {size} bytes asked "
+                                    f"for{_part_words(parts, connection)}")
+                    into[done:done + len(piece)] = piece
+                    done += len(piece)
+                    progress.update(len(piece))
+        except grpc.RpcError as e:
+            if deadline.fired:
+                raise timeout_error(label, core.timeout, f"no progress after {offset + done} of "
+                                    f"{n} bytes, so the transfer was cancelled") from None
+            err = _core.session_error(e.code(), e.details() or "", label, core.client.target,
+                                      core.session_id)
+            if err.code is not None:
+                core.note_status(err.code, err.details)
+            raise err from None
+        if done != size:
+            raise Error(f"{label}: the daemon sent {done} of {size} bytes"
+                        f"{_part_words(parts, connection)}")
+
     try:
-        with deadline:
-            # No deadline on the call as a whole: each step has one (ProgressDeadline).
-            replies = core.client.method("MemoryService.DownloadStream")(
-                request, metadata=core.metadata + core.client.auth_metadata)
-            deadline.attach(replies)
-            for reply in replies:
-                deadline.progress()
-                piece = reply.data
-                if offset + len(piece) > n:
-                    replies.cancel()
-                    raise Error(f"{label}: the daemon sent more than the {n} bytes asked for")
-                dest[offset:offset + len(piece)] = piece
-                offset += len(piece)
-                progress.update(len(piece))
-    except grpc.RpcError as e:
-        if deadline.fired:
-            raise timeout_error(label, core.timeout, f"no progress after {offset} of {n} bytes, "
-                                "so the transfer was cancelled") from None
-        err = _core.session_error(e.code(), e.details() or "", label, core.client.target,
-                                  core.session_id)
-        if err.code is not None:
-            core.note_status(err.code, err.details)
-        raise err from None
+        _run_parts(parts, calls, part)
     finally:
-        progress.close()
-    if offset != n:
-        raise Error(f"{label}: the daemon sent {offset} of {n} bytes")
+        bar.close()
+
+
+def _part_words(parts: List[Tuple[int, int]], index: int) -> str:
+    """" (part 2 of 4, bytes 8388608 to 16777216)" of a transfer in parts, "" of one stream."""
+    if len(parts) == 1:
+        return ""
+    offset, size = parts[index]
+    return f" (part {index + 1} of {len(parts)}, bytes {offset} to {offset + size})"
 
 
 def memcpy_htod(dest: Any, src: Any) -> None:
