@@ -38,8 +38,12 @@ constexpr char kCommandStreamMethod[] = "/gpurpc.v1.ExecutionService/CommandStre
 constexpr char kUploadStreamMethod[] = "/gpurpc.v1.MemoryService/UploadStream";
 constexpr char kDownloadStreamMethod[] = "/gpurpc.v1.MemoryService/DownloadStream";
 // The framing (kFrameHeaderBytes, kEndFrameBit, kMaxEndFrameBytes) is common/limits.h's.
-// The largest reply accepted from the worker: a message's limit, as on the gRPC relay.
+// The largest reply accepted from the worker: a message's limit, as on the gRPC relay; on a
+// transfer channel, what a DownloadResponse of the largest chunk takes (the worker refuses
+// larger chunks), so that a worker cannot make the front end hold 80 MiB frames per transfer.
 constexpr size_t kMaxReplyBytes = kMaxMessageBytes;
+constexpr size_t kMaxTransferReplyBytes = kMaxTransferChunkBytes + (size_t{64} << 10);
+static_assert(kMaxTransferReplyBytes <= kMaxReplyBytes);
 // What a send takes at most from a message's pieces at once.
 constexpr int kMaxIovecs = 64;
 
@@ -339,7 +343,11 @@ class FramedRelay final : public grpc::ServerGenericBidiReactor {
           for (size_t i = 0; i < kFrameHeaderBytes; ++i) prefix |= uint32_t{header[i]} << (8 * i);
           end_frame = (prefix & kEndFrameBit) != 0;
           const size_t length = prefix & ~kEndFrameBit;
-          if (length > (end_frame ? kMaxEndFrameBytes : kMaxReplyBytes)) {
+          const size_t limit = end_frame ? kMaxEndFrameBytes
+                               : kind_ == SessionRecord::RelayKind::kTransfer
+                                   ? kMaxTransferReplyBytes
+                                   : kMaxReplyBytes;
+          if (length > limit) {
             return WorkerSideEnded(
                 absl::StrFormat("it announced a frame of %d bytes, over the limit", length));
           }

@@ -228,67 +228,30 @@ absl::Status RecvExactly(int fd, char* to, size_t size) {
 }
 
 // A front end's framed transfer channel as the handler's RawMessages: each frame is one of the
-// client's messages, read into memory taken from the worker's FramedMemory first (held until
-// the handler asks for the next message), and checked against the parse bound of the method's
-// request type before the handler sees it; each message the handler writes goes back as one frame.
+// client's messages, read into memory taken from the worker's FramedMemory first (its length
+// and what parsing it may take, as Serve takes them; held until the handler asks for the next
+// message), and checked against the parse bound of the method's request type before the
+// handler sees it; each message the handler writes goes back as one frame. Once a message was
+// refused, or the channel broke mid-message, nothing more goes either way: the handler's
+// answer to the "missing" message (an UploadResponse when every announced byte had arrived)
+// is not sent, and the call ends with error(), as on the gRPC relay, where the front end
+// refuses the message before the worker sees it.
 class FramedMessages final : public RawMessages {
  public:
   FramedMessages(int fd, FramedMemory* memory, const char* method,
                  const google::protobuf::Descriptor& type)
       : fd_(fd), memory_(memory), method_(method), type_(type) {}
 
-  bool Read(grpc::ByteBuffer* message) override {
-    if (ended_ || !error_.ok()) return false;
-    char header[kFrameHeaderBytes];
-    if (absl::Status read = RecvExactly(fd_, header, kFrameHeaderBytes); !read.ok()) {
-      // Closed between messages: the client half-closed (or left, and then nobody reads what
-      // the handler says).
-      if (read.code() != absl::StatusCode::kCancelled) {
-        spdlog::debug("framed transfer channel: {}", std::string(read.message()));
-      }
-      ended_ = true;
-      return false;
-    }
-    ++index_;
-    uint64_t length = 0;
-    for (size_t i = 0; i < kFrameHeaderBytes; ++i) {
-      length |= static_cast<uint64_t>(static_cast<uint8_t>(header[i])) << (8 * i);
-    }
-    if (length > static_cast<uint64_t>(kMaxMessageBytes)) {
-      error_ = absl::InvalidArgumentError(
-          absl::StrFormat("%s: message %d announces %d bytes, more than the %d a message may have",
-                          method_, index_, length, kMaxMessageBytes));
-      return false;
-    }
-    // The handler is done with the message before (it asks for the next one into the same
-    // buffer): it goes, and its memory comes back, before this one's is taken, so that no
-    // channel waits for memory while it holds some (framed_commands.h).
-    message->Clear();
-    held_.reset();
-    auto hold = std::make_unique<MemoryHold>(memory_, static_cast<size_t>(length));
-    std::unique_ptr<char[]> bytes(new char[length > 0 ? length : 1]);
-    if (absl::Status read = RecvExactly(fd_, bytes.get(), static_cast<size_t>(length));
-        !read.ok()) {
-      spdlog::debug("framed transfer channel: message {}: {}", index_, std::string(read.message()));
-      ended_ = true;
-      return false;
-    }
-    if (absl::Status size = CheckParsedBytes(
-            type_, std::string_view(bytes.get(), static_cast<size_t>(length)),
-            [&] { return absl::StrFormat("%s: message %d of the stream", method_, index_); });
-        !size.ok()) {
-      error_ = std::move(size);
-      return false;
-    }
-    char* const raw = bytes.release();
-    grpc::Slice slice(
-        raw, static_cast<size_t>(length), [](void* p) { delete[] static_cast<char*>(p); }, raw);
-    *message = grpc::ByteBuffer(&slice, 1);
-    held_ = std::move(hold);
-    return true;
-  }
+  bool Read(grpc::ByteBuffer* message) override { return ReadMessage(message, /*check=*/true); }
+
+  // The same, but a message over its parse bound is kept, not refused: request_error() says
+  // so, naming it as the call's one request, for a caller that first checks that no other
+  // message follows (as the gRPC relay does).
+  bool ReadRequest(grpc::ByteBuffer* message) { return ReadMessage(message, /*check=*/false); }
+  const absl::Status& request_error() const { return request_error_; }
 
   bool Write(const grpc::ByteBuffer& message) override {
+    if (!error_.ok()) return false;
     std::vector<grpc::Slice> slices;
     if (!message.Dump(&slices).ok()) return false;
     size_t length = 0;
@@ -317,13 +280,76 @@ class FramedMessages final : public RawMessages {
     return read.code() == absl::StatusCode::kCancelled;
   }
 
-  // What went wrong with the client's bytes, OK when nothing did: it ends the call, whatever
-  // the handler made of the missing message.
+  // What went wrong with the client's bytes or the channel, OK when nothing did: it ends the
+  // call, whatever the handler made of the missing message.
   const absl::Status& error() const { return error_; }
-  // The client's messages ended (half-close) rather than broke.
-  bool ended() const { return ended_; }
 
  private:
+  bool ReadMessage(grpc::ByteBuffer* message, bool check) {
+    if (ended_ || !error_.ok()) return false;
+    char header[kFrameHeaderBytes];
+    if (absl::Status read = RecvExactly(fd_, header, kFrameHeaderBytes); !read.ok()) {
+      if (read.code() != absl::StatusCode::kCancelled) {
+        error_ = absl::UnavailableError(absl::StrFormat("%s: the front end's channel broke: %s",
+                                                        method_, std::string(read.message())));
+        return false;
+      }
+      // Closed between messages: the client half-closed (or left, and then nobody reads what
+      // the handler says).
+      ended_ = true;
+      return false;
+    }
+    ++index_;
+    uint64_t length = 0;
+    for (size_t i = 0; i < kFrameHeaderBytes; ++i) {
+      length |= static_cast<uint64_t>(static_cast<uint8_t>(header[i])) << (8 * i);
+    }
+    if (length > static_cast<uint64_t>(kMaxMessageBytes)) {
+      error_ = absl::InvalidArgumentError(
+          absl::StrFormat("%s: message %d announces %d bytes, more than the %d a message may have",
+                          method_, index_, length, kMaxMessageBytes));
+      return false;
+    }
+    // The handler is done with the message before (it asks for the next one into the same
+    // buffer): it goes, and its memory comes back, before this one's is taken, so that no
+    // channel waits for memory while it holds some (framed_commands.h). Taken: the bytes and
+    // what parsing them may take as far as their number tells; once they are read, only what
+    // the walk bounds their parse to is kept.
+    message->Clear();
+    held_.reset();
+    const size_t size = static_cast<size_t>(length);
+    const size_t limit = ParsedBytesLimit(size);
+    auto hold = std::make_unique<MemoryHold>(
+        memory_, size + std::min(limit, ParsedBytesBoundFromSize(type_, size)));
+    std::unique_ptr<char[]> bytes(new char[size > 0 ? size : 1]);
+    if (absl::Status read = RecvExactly(fd_, bytes.get(), size); !read.ok()) {
+      error_ = absl::UnavailableError(
+          absl::StrFormat("%s: the front end's channel broke in message %d: %s", method_, index_,
+                          std::string(read.message())));
+      return false;
+    }
+    const std::string_view view(bytes.get(), size);
+    const size_t parsed_bound = ParsedBytesBound(type_, view, limit);
+    if (parsed_bound > limit) {
+      absl::Status refused = CheckParsedBytes(type_, view, [&] {
+        return check ? absl::StrFormat("%s: message %d of the stream", method_, index_)
+                     : absl::StrFormat("%s: the request", method_);
+      });
+      if (check) {
+        error_ = std::move(refused);
+        return false;
+      }
+      request_error_ = std::move(refused);  // the caller refuses it; not parsed before that
+    }
+    hold->ShrinkTo(size + std::min(parsed_bound, limit));
+    char* const raw = bytes.release();
+    grpc::Slice slice(
+        raw, size, [](void* p) { delete[] static_cast<char*>(p); }, raw);
+    *message = grpc::ByteBuffer(&slice, 1);
+    held_ = std::move(hold);
+    return true;
+  }
+
   bool SendPieces(std::vector<iovec>& pieces) {
     size_t next = 0;
     while (next < pieces.size()) {
@@ -356,6 +382,7 @@ class FramedMessages final : public RawMessages {
   uint64_t index_ = 0;
   bool ended_ = false;
   absl::Status error_;
+  absl::Status request_error_;
 };
 
 // The first message of a call that takes exactly one, once the client half-closed after it;
@@ -397,7 +424,8 @@ grpc::Status ServeTransfer(Session* session, int fd, FramedMemory* memory, bool 
   static constexpr char kMethod[] = "/gpurpc.v1.MemoryService/DownloadStream";
   FramedMessages messages(fd, memory, kMethod, *v1::DownloadRequest::descriptor());
   grpc::ByteBuffer request;
-  const bool one = messages.Read(&request);
+  // As the gRPC relay: exactly one request first, then its parse bound.
+  const bool one = messages.ReadRequest(&request);
   if (!messages.error().ok()) return ToGrpcStatus(messages.error());
   const bool more = one && !messages.NothingFollows();
   if (!one || more) {
@@ -405,6 +433,7 @@ grpc::Status ServeTransfer(Session* session, int fd, FramedMemory* memory, bool 
                         absl::StrFormat("%s takes exactly one request message; this call sent %s",
                                         kMethod, one ? "more" : "none"));
   }
+  if (!messages.request_error().ok()) return ToGrpcStatus(messages.request_error());
   OneRequest single(&messages, std::move(request));
   return ServeDownloadStream(session, &single);
 }

@@ -199,6 +199,17 @@ absl::Status DirectChannels::AdmitRelayed(int fd, FramedPeer peer) {
         "the most it may",
         open));
   }
+  if (peer == FramedPeer::kFrontEndUpload || peer == FramedPeer::kFrontEndDownload) {
+    const size_t transfers = FramedCountLocked(FramedPeer::kFrontEndUpload) +
+                             FramedCountLocked(FramedPeer::kFrontEndDownload);
+    if (transfers >= kMaxRelayedTransfersPerSession) {
+      return absl::ResourceExhaustedError(absl::StrFormat(
+          "this session has %d relayed transfers (UploadStream, DownloadStream) in its worker, "
+          "the most it may; transfers whose clients left end once the work before them on "
+          "their stream is done",
+          transfers));
+    }
+  }
   return StartFramedLocked(fd, peer);
 }
 

@@ -47,6 +47,12 @@ inline constexpr size_t kMaxDirectChannelsPerSession = 8;
 // but a stream whose client left frees its place there while its worker thread still finishes the
 // batch it runs.
 inline constexpr size_t kMaxRelayedChannelsPerSession = 64;
+// Of those, the most that may be transfers (kFrontEndUpload, kFrontEndDownload): a transfer
+// whose client left frees its front-end place at once while its worker thread may still wait
+// (a download behind a long kernel), so that transfers alone can never take every place and
+// leave none for the session's command streams and unary calls.
+inline constexpr size_t kMaxRelayedTransfersPerSession = 32;
+static_assert(kMaxRelayedTransfersPerSession < kMaxRelayedChannelsPerSession);
 
 // A client's memfd mapped shared read-write; unmapped when destroyed.
 class MappedRegion {
@@ -97,8 +103,9 @@ class DirectChannels {
   // Serves `fd` (not taken), a channel the front end relays a command stream
   // (FramedPeer::kFrontEndRelay), unary calls (kFrontEndUnary) or a streamed transfer
   // (kFrontEndUpload, kFrontEndDownload) on, after the same check of the socket;
-  // RESOURCE_EXHAUSTED when kMaxRelayedChannelsPerSession of these kinds are open.
-  // These do not count against the client's kMaxDirectChannelsPerSession.
+  // RESOURCE_EXHAUSTED when kMaxRelayedChannelsPerSession of these kinds are open, or for a
+  // transfer when kMaxRelayedTransfersPerSession transfers are. These do not count against the
+  // client's kMaxDirectChannelsPerSession.
   absl::Status AdmitRelayed(int fd, FramedPeer peer) ABSL_LOCKS_EXCLUDED(mu_);
 
  private:

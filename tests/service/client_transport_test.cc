@@ -257,6 +257,19 @@ TEST_F(ClientTransportTest, TransferConnectionsOutOfRangeAreRefusedAtConnect) {
   setenv("GPURPC_TRANSFER_CONNECTIONS", "2", 1);
   EXPECT_OK(Client::Connect(options).status());
   unsetenv("GPURPC_TRANSFER_CONNECTIONS");
+  // Checked before connecting: with no daemon there, or an address list of several daemons,
+  // a bad value is still named (not UNAVAILABLE, not ignored).
+  for (const std::string& address : {std::string("unix:") + daemon_->dir() + "/nobody-here.sock",
+                                     absl::StrCat(daemon_->address(), ",", daemon_->address())}) {
+    ConnectOptions bad;
+    bad.address = address;
+    bad.timeout = absl::Seconds(2);
+    bad.transfer_connections = 0;
+    EXPECT_THAT(Client::Connect(bad).status(),
+                StatusIs(absl::StatusCode::kInvalidArgument,
+                         HasSubstr("ConnectOptions::transfer_connections")))
+        << address;
+  }
 }
 
 TEST_F(ClientTransportTest, ThreadsWaitingOnOneCommandStreamTakeTurnsDrivingIt) {

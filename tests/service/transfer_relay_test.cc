@@ -34,11 +34,13 @@
 #include "absl/time/time.h"
 #include "gmock/gmock.h"
 #include "gpurpc/client.h"
+#include "gpurpc/v1/execution_service.grpc.pb.h"
 #include "gpurpc/v1/memory_service.grpc.pb.h"
 #include "grpcpp/generic/generic_stub.h"
 #include "grpcpp/grpcpp.h"
 #include "gtest/gtest.h"
 #include "tests/testing/daemon.h"
+#include "tests/testing/fake_kernels_module.h"
 #include "tests/testing/status_matchers.h"
 
 namespace gpurpc {
@@ -232,6 +234,7 @@ class Daemon {
     context->set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(seconds));
   }
   std::unique_ptr<MemoryStub> Stub() { return v1::MemoryService::NewStub(channel_); }
+  std::shared_ptr<grpc::Channel> channel() const { return channel_; }
 
   // An UploadStream of these messages through the generated stub.
   Seen Upload(const std::vector<v1::UploadStreamRequest>& messages) {
@@ -373,6 +376,16 @@ std::string WithUnknownField(std::string prefix, size_t total) {
   return prefix;
 }
 
+// `prefix` (a serialized message) and then unknown varint fields (number 15, value 0) that
+// make it `total` bytes in all, two bytes each (the first three when needed, its zero in two
+// bytes), so that its size does not depend on the ids it names: a message whose parse takes
+// far more memory than its size, over its parse bound (server/parse_limit.h) from about 2 MB.
+std::string WithManyUnknownFields(std::string prefix, size_t total) {
+  if ((total - prefix.size()) % 2 == 1) prefix.append("\x78\x80\x00", 3);
+  while (prefix.size() < total) prefix.append("\x78\x00", 2);
+  return prefix;
+}
+
 struct Script {
   std::string name;
   bool good;  // ends OK; else it is refused
@@ -418,6 +431,12 @@ std::vector<Script> Scripts() {
          return d.Raw(kUploadStream,
                       {UploadFirst(At(b, kHostile), 8, "abcd").SerializeAsString(), kGarbage});
        }},
+      // Every announced byte arrived: the refusal must still come before any response.
+      {"a whole upload, then a message over its parse bound", false,
+       [](Daemon& d, uint64_t b) {
+         return d.Raw(kUploadStream, {UploadFirst(At(b, kHostile), 4, "abcd").SerializeAsString(),
+                                      WithManyUnknownFields("", 3'000'000)});
+       }},
       {"a first message that is not protobuf", false,
        [kGarbage](Daemon& d, uint64_t) { return d.Raw(kUploadStream, {kGarbage}); }},
       {"a first message of 6 MB, most of it one unknown field", false,
@@ -445,6 +464,18 @@ std::vector<Script> Scripts() {
        }},
       {"a DownloadStream with no request message", false,
        [](Daemon& d, uint64_t) { return d.Raw(kDownloadStream, {}); }},
+      {"a DownloadStream request over its parse bound", false,
+       [](Daemon& d, uint64_t b) {
+         return d.Raw(
+             kDownloadStream,
+             {WithManyUnknownFields(DownloadReq(At(b, 0), 16).SerializeAsString(), 3'000'000)});
+       }},
+      {"a DownloadStream request over its parse bound, then another", false,
+       [](Daemon& d, uint64_t b) {
+         const std::string request =
+             WithManyUnknownFields(DownloadReq(At(b, 0), 16).SerializeAsString(), 3'000'000);
+         return d.Raw(kDownloadStream, {request, request});
+       }},
       {"a DownloadStream request that is not protobuf", false,
        [kGarbage](Daemon& d, uint64_t) { return d.Raw(kDownloadStream, {kGarbage}); }},
       // Unknown fields are kept, not refused: the 6 MB parse within the request's bound.
@@ -525,12 +556,23 @@ TEST_F(TransferRelayTest, FramedAndGrpcRelaysAnswerAlike) {
     EXPECT_TRUE(offset.Downloaded() == Uploaded().substr(4096)) << "the bytes differ";
   }
   for (const char* name :
-       {"a DownloadStream with two request messages", "a DownloadStream with no request message"}) {
+       {"a DownloadStream with two request messages", "a DownloadStream with no request message",
+        "a DownloadStream request over its parse bound, then another"}) {
     SCOPED_TRACE(name);
     const Seen& refused = by_name(name);
     EXPECT_EQ(refused.code, grpc::StatusCode::UNIMPLEMENTED) << refused.message;
     EXPECT_THAT(refused.message, HasSubstr("exactly one request message"));
     EXPECT_TRUE(refused.responses.empty());
+  }
+  for (const auto& [name, what] : std::vector<std::pair<std::string, std::string>>{
+           {"a whole upload, then a message over its parse bound", "message 2 of the stream"},
+           {"a DownloadStream request over its parse bound", "DownloadStream: the request"}}) {
+    SCOPED_TRACE(name);
+    const Seen& refused = by_name(name);
+    EXPECT_EQ(refused.code, grpc::StatusCode::INVALID_ARGUMENT) << refused.message;
+    EXPECT_THAT(refused.message, HasSubstr(what));
+    EXPECT_THAT(refused.message, HasSubstr("once parsed"));
+    EXPECT_TRUE(refused.responses.empty()) << "answered before it was refused";
   }
   EXPECT_THAT(by_name("a first message of 6 MB, most of it one unknown field").message,
               HasSubstr("message 1 is 6000000 bytes"));
@@ -727,6 +769,67 @@ TEST_F(TransferRelayTest, ClientsThatGoAwayMidTransferLeaveNothingBehind) {
   }
   EXPECT_THAT(d->session().Synchronize(), IsOk());
   EXPECT_THAT(d->daemon().CheckRunning(), IsOk());
+}
+
+// Transfers stuck in the worker behind a long kernel (their clients left: their front-end
+// places are free again while the worker's threads still wait) have a bound of their own
+// (kMaxRelayedTransfersPerSession), below the worker's bound on relayed channels: past it a
+// transfer is refused RESOURCE_EXHAUSTED, saying why, and a command stream still goes framed.
+// The worker's bound on the transfers it relays at once (kMaxRelayedTransfersPerSession).
+constexpr size_t kMaxStuckTransfers = 32;
+
+TEST_F(TransferRelayTest, TransfersStuckBehindAKernelLeaveRoomForCommandStreams) {
+  std::unique_ptr<Daemon> d = Daemon::Start({}, /*metrics=*/true);
+  ASSERT_NE(d, nullptr);
+  const uint64_t buffer = d->Allocate(kMiB);
+  auto module = testing::CompileFakeKernels(d->session());
+  ASSERT_THAT(module, IsOk());
+  auto spin = module->GetFunction("spin_us");
+  ASSERT_THAT(spin, IsOk());
+  auto side = d->session().CreateStream(/*non_blocking=*/true);
+  ASSERT_THAT(side, IsOk());
+  ASSERT_THAT(spin->Launch({}, uint64_t{10'000'000}), IsOk());  // on the default stream
+  // Downloads on the default stream, whose clients leave while they wait behind the kernel:
+  // more than the bound. (A refusal that came before the cancel reads as CANCELLED too.)
+  for (size_t i = 0; i < kMaxStuckTransfers + 8; ++i) {
+    grpc::ClientContext context;
+    d->Prepare(&context);
+    std::unique_ptr<grpc::ClientReader<v1::DownloadResponse>> reader =
+        d->Stub()->DownloadStream(&context, DownloadReq(At(buffer, 0), kMiB));
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    context.TryCancel();
+    (void)reader->Finish();
+  }
+  // A download of the idle side stream, which would not wait for the kernel: refused.
+  v1::DownloadRequest side_download = DownloadReq(At(buffer, 0), 4096);
+  side_download.set_stream_id(side->id());
+  const Seen refused = d->Download(side_download);
+  EXPECT_EQ(refused.code, grpc::StatusCode::RESOURCE_EXHAUSTED) << refused.message;
+  EXPECT_THAT(refused.message, HasSubstr("relayed transfers (UploadStream, DownloadStream) in "
+                                         "its worker, the most it may"));
+  // A command stream, while the kernel still runs: framed, and its Sync of the idle side
+  // stream answered.
+  {
+    grpc::ClientContext context;
+    d->Prepare(&context);
+    std::unique_ptr<v1::ExecutionService::Stub> execution =
+        v1::ExecutionService::NewStub(d->channel());
+    auto stream = execution->CommandStream(&context);
+    v1::CommandBatch batch;
+    v1::Command* sync = batch.add_commands();
+    sync->set_sequence(1);
+    sync->mutable_sync()->set_stream_id(side->id());
+    ASSERT_TRUE(stream->Write(batch));
+    v1::CommandReply reply;
+    EXPECT_TRUE(stream->Read(&reply));
+    EXPECT_FALSE(reply.has_error()) << reply.error().message();
+    stream->WritesDone();
+    const grpc::Status status = stream->Finish();
+    EXPECT_TRUE(status.ok()) << status.error_code() << " " << status.error_message();
+  }
+  const std::string metrics = testing::ScrapeMetrics(d->metrics_port()).value_or("");
+  EXPECT_THAT(metrics, HasSubstr("gpurpc_command_streams_total{relay=\"framed\"} 1"));
+  d->Kill();
 }
 
 // What a client sees of a transfer whose worker is killed under it: `upload` one of 256 MiB

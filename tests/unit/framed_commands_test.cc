@@ -647,14 +647,35 @@ TEST_F(RelayedTransferTest, HostileFramesAreRefusedBeforeTheyAreReadOrParsed) {
   const size_t fields = OpenTransfer(FramedPeer::kFrontEndDownload);
   std::string body;
   for (int i = 0; i < 2'500'000; ++i) body.append("\x78\x00", 2);
-  std::thread sender([&] { Send(fields, Frame(body)); });
+  // A download's request is refused once the front end half-closed after it (a second
+  // message would be refused as that, first: as on the gRPC relay), never parsed.
+  std::thread sender([&] {
+    Send(fields, Frame(body));
+    HalfClose(fields);
+  });
   end = ReadToEnd(fields).second;
   sender.join();
   EXPECT_EQ(end.code(), static_cast<int>(grpc::StatusCode::INVALID_ARGUMENT));
   EXPECT_THAT(end.message(),
-              ::testing::HasSubstr("DownloadStream: message 1 of the stream (a "
+              ::testing::HasSubstr("DownloadStream: the request (a "
                                    "gpurpc.v1.DownloadRequest of 5000000 bytes) would take"));
   ExpectEndedWithMemoryBack(fields);
+
+  // The same as an upload's second message, after every byte its first announced arrived:
+  // refused, with no UploadResponse before the end frame.
+  const size_t upload = OpenTransfer(FramedPeer::kFrontEndUpload);
+  std::thread uploader([&] {
+    Send(upload, Frame(UploadMessage("abcd", 4).SerializeAsString()));
+    Send(upload, Frame(body));
+  });
+  const auto [frames, upload_end] = ReadToEnd(upload);
+  uploader.join();
+  EXPECT_EQ(upload_end.code(), static_cast<int>(grpc::StatusCode::INVALID_ARGUMENT));
+  EXPECT_THAT(upload_end.message(),
+              ::testing::HasSubstr("UploadStream: message 2 of the stream (a "
+                                   "gpurpc.v1.UploadStreamRequest of 5000000 bytes) would take"));
+  EXPECT_TRUE(frames.empty()) << "an answer came before the refusal";
+  ExpectEndedWithMemoryBack(upload);
 }
 
 TEST_F(RelayedTransferTest, AFrontEndThatLeavesMidTransferEndsTheChannel) {

@@ -9,6 +9,7 @@
 #include <utility>
 #include <vector>
 
+#include "absl/cleanup/cleanup.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -253,8 +254,15 @@ absl::Status InParts(SessionCore& core, const DeviceRef& ref, uint64_t total,
     }
   }
   {
+    // The threads use this frame: were the first part to throw, they are joined first.
+    absl::Cleanup join_on_throw = [&threads] {
+      for (std::thread& thread : threads) {
+        if (thread.joinable()) thread.join();
+      }
+    };
     const auto [offset, size] = range(0);
     results[0] = part(0, offset, size);
+    std::move(join_on_throw).Cancel();
   }
   for (size_t index = 1; index < parts; ++index) {
     if (threads[index - 1].joinable()) {

@@ -370,6 +370,23 @@ absl::StatusOr<Client> Client::Connect(const ConnectOptions& options) {
     factory.credentials = grpc::InsecureChannelCredentials();
   }
 
+  // Checked before any connection: a bad value is the caller's to fix, daemon or none.
+  int connections = options.transfer_connections;
+  if (const std::string env = Env("GPURPC_TRANSFER_CONNECTIONS", options.use_environment);
+      !env.empty()) {
+    if (!absl::SimpleAtoi(env, &connections) || connections < 1 ||
+        connections > kMaxTransferConnections) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("GPURPC_TRANSFER_CONNECTIONS='", absl::CHexEscape(env.substr(0, 64)),
+                       "' is not a number of connections from 1 to ", kMaxTransferConnections));
+    }
+  }
+  if (connections < 1 || connections > kMaxTransferConnections) {
+    return absl::InvalidArgumentError(absl::StrCat("ConnectOptions::transfer_connections is ",
+                                                   options.transfer_connections, "; give 1 to ",
+                                                   kMaxTransferConnections));
+  }
+
   // Several daemons: a list, or a dns:/// name with several addresses.
   absl::StatusOr<std::vector<internal::TargetSpec>> specs = internal::ParseTargets(*target);
   if (!specs.ok()) return specs.status();
@@ -440,21 +457,6 @@ absl::StatusOr<Client> Client::Connect(const ConnectOptions& options) {
     return absl::Status(error.code(), absl::StrCat("gpurpcd at ", *target, ": ", error.message()));
   }
   Client client(std::move(channel), *target, *call_timeout);
-  int connections = options.transfer_connections;
-  if (const std::string env = Env("GPURPC_TRANSFER_CONNECTIONS", options.use_environment);
-      !env.empty()) {
-    if (!absl::SimpleAtoi(env, &connections) || connections < 1 ||
-        connections > kMaxTransferConnections) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("GPURPC_TRANSFER_CONNECTIONS='", absl::CHexEscape(env.substr(0, 64)),
-                       "' is not a number of connections from 1 to ", kMaxTransferConnections));
-    }
-  }
-  if (connections < 1 || connections > kMaxTransferConnections) {
-    return absl::InvalidArgumentError(absl::StrCat("ConnectOptions::transfer_connections is ",
-                                                   options.transfer_connections, "; give 1 to ",
-                                                   kMaxTransferConnections));
-  }
   if (connections > 1) {
     // Each transfer channel has subchannels of its own, so its own connection: gRPC shares
     // one connection among channels of the same target and arguments otherwise.

@@ -311,7 +311,7 @@ class Client {
   absl::Duration call_timeout_;
   std::shared_ptr<internal::Daemons> daemons_;  // null with one daemon
   // Makes a session's further transfer connections (ConnectOptions::transfer_connections);
-  // null with one daemon, or when transfers keep to one connection.
+  // null with several daemons, or when transfers keep to one connection.
   std::shared_ptr<const internal::ChannelFactory> transfer_factory_;
   int transfer_connections_ = 1;
 };
