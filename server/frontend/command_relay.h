@@ -34,7 +34,11 @@
 // and ends the channel with the call's status as an end frame. A transfer is a call in flight
 // for the session's idle reclaim (SessionRecord::BeginCall) until the worker's side ends. At
 // most kMaxRelayedCommandStreams transfers per session go so at once, beside as many command
-// streams; more go by gRPC.
+// streams; more go by gRPC. Unlike a command stream's, a transfer's relay ends as soon as its
+// client leaves; the worker bounds the transfers whose threads still run
+// (kMaxRelayedTransfersPerSession, server/worker/host_region.h). A worker's frame on a
+// transfer channel may be at most a 4 MiB chunk and a little; a larger one ends the call as
+// a broken worker.
 #ifndef GPURPC_SERVER_FRONTEND_COMMAND_RELAY_H_
 #define GPURPC_SERVER_FRONTEND_COMMAND_RELAY_H_
 

@@ -132,11 +132,13 @@ void ServeRelayedUnaryCalls(const RelayedUnaryCalls& calls, int fd);
 // server's own (ServeUploadStream, ServeDownloadStream, service.h), so the checks and errors
 // are theirs. The bytes are the tenant's: a frame over kMaxMessageBytes, or one whose parse
 // would take more than its ParsedBytesLimit, ends the call INVALID_ARGUMENT before anything
-// parses it; a DownloadStream with other than one request message ends UNIMPLEMENTED, as the
-// gRPC relay refuses it. A message's bytes are taken from `memory` before they are read and
-// held until the handler asks for the next message, which frees it first (one message per
-// channel, taken while none is held). A front end that stops reading a download holds the handler
-// in its send.
+// parses it, and nothing but the end frame follows (no UploadResponse for bytes that had all
+// arrived), as on the gRPC relay; a DownloadStream with other than one request message ends
+// UNIMPLEMENTED, checked before its request's parse bound, in the gRPC relay's order. A
+// message's bytes, and what parsing them may take, are taken from `memory` before they are
+// read and held until the handler asks for the next message, which frees them first (one
+// message per channel, taken while none is held). A front end that stops reading a download
+// holds the handler in its send.
 void ServeRelayedTransfer(Session* session, int fd, FramedMemory* memory, FramedPeer peer);
 
 // Ends a relayed channel that is not served (a refusal): sends its end frame with `status`
