@@ -72,10 +72,10 @@
 #include "gpurpc/v1/memory_service.grpc.pb.h"
 #include "gpurpc/v1/module_service.grpc.pb.h"
 #include "gpurpc/v1/session_service.grpc.pb.h"
-#include "grpcpp/generic/generic_stub.h"
 #include "grpcpp/grpcpp.h"
 #include "gtest/gtest.h"
 #include "tests/testing/daemon.h"
+#include "tests/testing/raw_call.h"
 
 namespace gpurpc {
 namespace {
@@ -174,16 +174,6 @@ Outcome Broken(const std::string& what) {
   return {Code::UNKNOWN, absl::StrCat("[test precondition failed] ", what)};
 }
 
-std::string ToString(const grpc::ByteBuffer& buffer) {
-  std::vector<grpc::Slice> slices;
-  std::string out;
-  if (!buffer.Dump(&slices).ok()) return out;
-  for (const grpc::Slice& slice : slices) {
-    out.append(reinterpret_cast<const char*>(slice.begin()), slice.size());
-  }
-  return out;
-}
-
 // ---------------------------------------------------------------------------- callers
 
 // One way of calling the daemon, as an attacker controls it: a channel, the values of the
@@ -238,47 +228,13 @@ class Caller {
   // then a half-close; every answer lands in `responses`.
   Outcome Raw(const std::string& method, const std::vector<std::string>& requests,
               std::vector<std::string>* responses = nullptr) const {
-    grpc::GenericStub stub(channel_);
     grpc::ClientContext context;
     Prepare(&context);
-    grpc::CompletionQueue cq;
-    std::unique_ptr<grpc::GenericClientAsyncReaderWriter> call =
-        stub.PrepareCall(&context, method, &cq);
-    const auto step = [&cq]() {
-      void* tag = nullptr;
-      bool ok = false;
-      if (!cq.Next(&tag, &ok)) return false;
-      return ok;
-    };
-    void* const tag = reinterpret_cast<void*>(1);
-    call->StartCall(tag);
-    bool open = step();
-    for (const std::string& request : requests) {
-      if (!open) break;
-      grpc::Slice slice(request);
-      grpc::ByteBuffer buffer(&slice, 1);
-      call->Write(buffer, tag);
-      open = step();
+    testing::RawCallResult call = testing::RawCall(channel_, &context, method, requests);
+    if (responses != nullptr) {
+      for (std::string& response : call.responses) responses->push_back(std::move(response));
     }
-    if (open) {
-      call->WritesDone(tag);
-      step();
-    }
-    for (;;) {
-      grpc::ByteBuffer answer;
-      call->Read(&answer, tag);
-      if (!step()) break;
-      if (responses != nullptr) responses->push_back(ToString(answer));
-    }
-    grpc::Status status;
-    call->Finish(&status, tag);
-    step();
-    cq.Shutdown();
-    void* ignored_tag;
-    bool ignored_ok;
-    while (cq.Next(&ignored_tag, &ignored_ok)) {
-    }
-    return Of(status);
+    return Of(call.status);
   }
   // One message of any bytes.
   Outcome Raw(const std::string& method, const std::string& request,

@@ -6,12 +6,8 @@
 // clients that go away mid-stream, or a worker that dies, must leave nothing behind. Compiled
 // twice: label `service` with the fake backend, label `gpu` with the CUDA backend
 // (GPURPC_TEST_BACKEND; it skips without a driver).
-#include <signal.h>
-
 #include <chrono>
 #include <cstdint>
-#include <fstream>
-#include <iterator>
 #include <memory>
 #include <random>
 #include <string>
@@ -35,6 +31,7 @@ namespace gpurpc {
 namespace {
 
 using ::gpurpc::testing::IsOk;
+using ::gpurpc::testing::KillDeviceWorkers;
 using ::gpurpc::testing::TestDaemon;
 using ::testing::HasSubstr;
 
@@ -83,19 +80,6 @@ v1::CommandBatch Batch(std::vector<v1::Command> commands) {
   v1::CommandBatch batch;
   for (v1::Command& command : commands) *batch.add_commands() = std::move(command);
   return batch;
-}
-
-// The device's workers: the session's and any warm spare (not the inventory worker, which has
-// no device). How many were killed.
-int KillDeviceWorkers(TestDaemon& daemon) {
-  int killed = 0;
-  for (const pid_t pid : daemon.WorkerPids()) {
-    std::ifstream file(absl::StrCat("/proc/", pid, "/cmdline"));
-    std::string cmdline((std::istreambuf_iterator<char>(file)), std::istreambuf_iterator<char>());
-    if (cmdline.find("--device=-1") != std::string::npos) continue;
-    killed += kill(pid, SIGKILL) == 0 ? 1 : 0;
-  }
-  return killed;
 }
 
 // What a client saw of one stream.

@@ -34,11 +34,11 @@
 #include "gpurpc/v1/host_region_service.grpc.pb.h"
 #include "gpurpc/v1/memory_service.grpc.pb.h"
 #include "grpcpp/create_channel_posix.h"
-#include "grpcpp/generic/generic_stub.h"
 #include "grpcpp/grpcpp.h"
 #include "gtest/gtest.h"
 #include "tests/testing/daemon.h"
 #include "tests/testing/fake_kernels.h"
+#include "tests/testing/raw_call.h"
 #include "tests/testing/status_matchers.h"
 
 namespace gpurpc {
@@ -1186,40 +1186,9 @@ std::string Repeated(const std::string& element, size_t count) {
 // `requests` (any bytes) to `method` on `channel`, then a half-close; the call's status.
 grpc::Status RawCall(const std::shared_ptr<grpc::Channel>& channel, const std::string& method,
                      const std::vector<std::string>& requests) {
-  grpc::GenericStub stub(channel);
   grpc::ClientContext context;
   context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(60));
-  grpc::CompletionQueue cq;
-  std::unique_ptr<grpc::GenericClientAsyncReaderWriter> call =
-      stub.PrepareCall(&context, method, &cq);
-  const auto step = [&cq] {
-    void* tag = nullptr;
-    bool ok = false;
-    return cq.Next(&tag, &ok) && ok;
-  };
-  void* const tag = reinterpret_cast<void*>(1);
-  call->StartCall(tag);
-  bool open = step();
-  for (const std::string& request : requests) {
-    if (!open) break;
-    grpc::Slice slice(request);
-    grpc::ByteBuffer buffer(&slice, 1);
-    call->Write(buffer, tag);
-    open = step();
-  }
-  if (open) {
-    call->WritesDone(tag);
-    step();
-  }
-  for (;;) {
-    grpc::ByteBuffer answer;
-    call->Read(&answer, tag);
-    if (!step()) break;
-  }
-  grpc::Status status;
-  call->Finish(&status, tag);
-  step();
-  return status;
+  return testing::RawCall(channel, &context, method, requests).status;
 }
 
 // What a message would take once parsed is bounded before it is parsed on both of the

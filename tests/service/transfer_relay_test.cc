@@ -15,10 +15,8 @@
 #include <chrono>
 #include <cstdint>
 #include <cstdlib>
-#include <fstream>
 #include <functional>
 #include <iostream>
-#include <iterator>
 #include <memory>
 #include <optional>
 #include <random>
@@ -36,17 +34,18 @@
 #include "gpurpc/client.h"
 #include "gpurpc/v1/execution_service.grpc.pb.h"
 #include "gpurpc/v1/memory_service.grpc.pb.h"
-#include "grpcpp/generic/generic_stub.h"
 #include "grpcpp/grpcpp.h"
 #include "gtest/gtest.h"
 #include "tests/testing/daemon.h"
 #include "tests/testing/fake_kernels_module.h"
+#include "tests/testing/raw_call.h"
 #include "tests/testing/status_matchers.h"
 
 namespace gpurpc {
 namespace {
 
 using ::gpurpc::testing::IsOk;
+using ::gpurpc::testing::KillDeviceWorkers;
 using ::gpurpc::testing::TestDaemon;
 using ::testing::HasSubstr;
 
@@ -60,16 +59,6 @@ std::string RandomBytes(size_t n, uint32_t seed) {
   std::string out(n, '\0');
   std::mt19937 rng(seed);
   for (char& byte : out) byte = static_cast<char>(rng());
-  return out;
-}
-
-std::string ToString(const grpc::ByteBuffer& buffer) {
-  std::vector<grpc::Slice> slices;
-  if (!buffer.Dump(&slices).ok()) return "";
-  std::string out;
-  for (const grpc::Slice& slice : slices) {
-    out.append(reinterpret_cast<const char*>(slice.begin()), slice.size());
-  }
   return out;
 }
 
@@ -114,19 +103,6 @@ std::vector<v1::UploadStreamRequest> Chunked(v1::DevicePointer to, const std::st
                                : UploadMore(std::move(piece)));
   }
   return messages;
-}
-
-// The device's workers: the session's and any warm spare (not the inventory worker, which has
-// no device). How many were killed.
-int KillDeviceWorkers(TestDaemon& daemon) {
-  int killed = 0;
-  for (const pid_t pid : daemon.WorkerPids()) {
-    std::ifstream file(absl::StrCat("/proc/", pid, "/cmdline"));
-    std::string cmdline((std::istreambuf_iterator<char>(file)), std::istreambuf_iterator<char>());
-    if (cmdline.find("--device=-1") != std::string::npos) continue;
-    killed += kill(pid, SIGKILL) == 0 ? 1 : 0;
-  }
-  return killed;
 }
 
 // What a client saw of one call.
@@ -269,48 +245,12 @@ class Daemon {
   // Any number of messages of any bytes to `method`, then a half-close (grpc::GenericStub):
   // every answer, and the status.
   Seen Raw(const std::string& method, const std::vector<std::string>& requests) {
-    grpc::GenericStub stub(channel_);
     grpc::ClientContext context;
     Prepare(&context);
-    grpc::CompletionQueue cq;
-    std::unique_ptr<grpc::GenericClientAsyncReaderWriter> call =
-        stub.PrepareCall(&context, method, &cq);
-    const auto step = [&cq]() {
-      void* tag = nullptr;
-      bool ok = false;
-      if (!cq.Next(&tag, &ok)) return false;
-      return ok;
-    };
-    void* const tag = reinterpret_cast<void*>(1);
-    call->StartCall(tag);
-    bool open = step();
-    for (const std::string& request : requests) {
-      if (!open) break;
-      grpc::Slice slice(request);
-      grpc::ByteBuffer buffer(&slice, 1);
-      call->Write(buffer, tag);
-      open = step();
-    }
-    if (open) {
-      call->WritesDone(tag);
-      step();
-    }
+    testing::RawCallResult call = testing::RawCall(channel_, &context, method, requests);
     Seen seen;
-    for (;;) {
-      grpc::ByteBuffer answer;
-      call->Read(&answer, tag);
-      if (!step()) break;
-      seen.responses.push_back(ToString(answer));
-    }
-    grpc::Status status;
-    call->Finish(&status, tag);
-    step();
-    cq.Shutdown();
-    void* ignored_tag;
-    bool ignored_ok;
-    while (cq.Next(&ignored_tag, &ignored_ok)) {
-    }
-    seen.Set(status);
+    seen.responses = std::move(call.responses);
+    seen.Set(call.status);
     return seen;
   }
 

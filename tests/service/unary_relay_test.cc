@@ -11,7 +11,6 @@
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <poll.h>
-#include <signal.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -20,8 +19,6 @@
 #include <chrono>
 #include <cstdint>
 #include <cstring>
-#include <fstream>
-#include <iterator>
 #include <memory>
 #include <random>
 #include <string>
@@ -44,12 +41,12 @@
 #include "gpurpc/v1/execution_service.grpc.pb.h"
 #include "gpurpc/v1/memory_service.grpc.pb.h"
 #include "gpurpc/v1/session_service.grpc.pb.h"
-#include "grpcpp/generic/generic_stub.h"
 #include "grpcpp/grpcpp.h"
 #include "gtest/gtest.h"
 #include "tests/testing/daemon.h"
 #include "tests/testing/eventually.h"
 #include "tests/testing/fake_kernels_module.h"
+#include "tests/testing/raw_call.h"
 #include "tests/testing/status_matchers.h"
 
 namespace gpurpc {
@@ -57,6 +54,7 @@ namespace {
 
 using ::gpurpc::testing::Eventually;
 using ::gpurpc::testing::IsOk;
+using ::gpurpc::testing::KillDeviceWorkers;
 using ::gpurpc::testing::TestDaemon;
 using ::testing::HasSubstr;
 
@@ -176,22 +174,6 @@ absl::StatusOr<Relayed> ParseRelayed(const std::string& body) {
   return relayed;
 }
 
-// The device's workers (not the inventory worker, which has no device): with no warm spare,
-// the session's. How many were killed; their pids in `pids`.
-int KillDeviceWorkers(TestDaemon& daemon, std::vector<uint64_t>* pids) {
-  int killed = 0;
-  for (const pid_t pid : daemon.WorkerPids()) {
-    std::ifstream file(absl::StrCat("/proc/", pid, "/cmdline"));
-    std::string cmdline((std::istreambuf_iterator<char>(file)), std::istreambuf_iterator<char>());
-    if (cmdline.find("--device=-1") != std::string::npos) continue;
-    if (kill(pid, SIGKILL) == 0) {
-      ++killed;
-      pids->push_back(static_cast<uint64_t>(pid));
-    }
-  }
-  return killed;
-}
-
 // ------------------------------------------------------------------------- the daemon
 
 // One daemon (--command-relay=`relay`, /metrics on a loopback port), one session opened with
@@ -281,56 +263,15 @@ class Daemon {
   // session metadata at all.
   grpc::Status Raw(const std::string& method, const std::vector<std::string>& requests,
                    std::string* response = nullptr, bool session = true) const {
-    grpc::GenericStub stub(channel_);
     grpc::ClientContext context;
     if (session) {
       Prepare(&context);
     } else {
       context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(60));
     }
-    grpc::CompletionQueue cq;
-    std::unique_ptr<grpc::GenericClientAsyncReaderWriter> call =
-        stub.PrepareCall(&context, method, &cq);
-    const auto step = [&cq]() {
-      void* tag = nullptr;
-      bool ok = false;
-      if (!cq.Next(&tag, &ok)) return false;
-      return ok;
-    };
-    void* const tag = reinterpret_cast<void*>(1);
-    call->StartCall(tag);
-    bool open = step();
-    for (const std::string& request : requests) {
-      if (!open) break;
-      grpc::Slice slice(request);
-      grpc::ByteBuffer buffer(&slice, 1);
-      call->Write(buffer, tag);
-      open = step();
-    }
-    if (open) {
-      call->WritesDone(tag);
-      step();
-    }
-    for (;;) {
-      grpc::ByteBuffer answer;
-      call->Read(&answer, tag);
-      if (!step()) break;
-      std::vector<grpc::Slice> slices;
-      if (response != nullptr && response->empty() && answer.Dump(&slices).ok()) {
-        for (const grpc::Slice& slice : slices) {
-          response->append(reinterpret_cast<const char*>(slice.begin()), slice.size());
-        }
-      }
-    }
-    grpc::Status status;
-    call->Finish(&status, tag);
-    step();
-    cq.Shutdown();
-    void* ignored_tag;
-    bool ignored_ok;
-    while (cq.Next(&ignored_tag, &ignored_ok)) {
-    }
-    return status;
+    testing::RawCallResult call = testing::RawCall(channel_, &context, method, requests);
+    if (response != nullptr && !call.responses.empty()) *response = call.responses.front();
+    return call.status;
   }
 
   // The session's state as the front end has it (SessionService.KeepAlive).
@@ -834,8 +775,10 @@ Answer KillTheWorkerUnderASync(const std::string& relay) {
   const Relayed sent = d->Scrape();
   EXPECT_EQ(sent.framed - before.framed, relay == "framed" ? 1 : 0);
   EXPECT_EQ(sent.grpc - before.grpc, relay == "framed" ? 0 : 1);
+  std::vector<pid_t> killed;
+  EXPECT_EQ(KillDeviceWorkers(d->daemon(), &killed), 1);
   std::vector<uint64_t> ids = {d->session_id()};
-  EXPECT_EQ(KillDeviceWorkers(d->daemon(), &ids), 1);
+  for (const pid_t pid : killed) ids.push_back(static_cast<uint64_t>(pid));
   sync.join();
   seen.call = "SynchronizeSession";
   seen.code = status.error_code();

@@ -17,6 +17,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
+#include <iterator>
 #include <sstream>
 #include <thread>
 #include <vector>
@@ -209,6 +210,20 @@ std::vector<pid_t> TestDaemon::WorkerPids() const {
   }
   closedir(proc);
   return pids;
+}
+
+int KillDeviceWorkers(TestDaemon& daemon, std::vector<pid_t>* pids) {
+  int killed = 0;
+  for (const pid_t pid : daemon.WorkerPids()) {
+    std::ifstream file(absl::StrCat("/proc/", pid, "/cmdline"));
+    std::string cmdline((std::istreambuf_iterator<char>(file)), std::istreambuf_iterator<char>());
+    if (cmdline.find("--device=-1") != std::string::npos) continue;
+    if (kill(pid, SIGKILL) == 0) {
+      ++killed;
+      if (pids != nullptr) pids->push_back(pid);
+    }
+  }
+  return killed;
 }
 
 absl::Status CudaAvailable() {

@@ -78,6 +78,11 @@ class TestDaemon {
   bool own_cache_dir_ = false;
 };
 
+// SIGKILLs the daemon's device workers: every worker but the inventory worker (which has no
+// device, --device=-1), so the sessions' workers and any warm spare. How many were killed;
+// with `pids`, each killed worker's pid is appended to it.
+int KillDeviceWorkers(TestDaemon& daemon, std::vector<pid_t>* pids = nullptr);
+
 // True when the named backend cannot run here (prints why via the status).
 absl::Status CudaAvailable();
 
