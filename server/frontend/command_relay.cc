@@ -67,14 +67,16 @@ grpc::ByteBuffer ToByteBuffer(Frame frame) {
 class FramedRelay final : public grpc::ServerGenericBidiReactor {
  public:
   // Relays a call of `method` (a command stream, or one streamed transfer: `kind`, whose
-  // relay slot it holds). Takes `fd` (our end of the channel, non-blocking) and `wake_fd` (an
-  // eventfd).
+  // relay slot it holds, and which sets the largest frame it takes from the worker). Takes
+  // `fd` (our end of the channel, non-blocking) and `wake_fd` (an eventfd).
   FramedRelay(std::shared_ptr<SessionRecord> session, const char* method,
               SessionRecord::RelayKind kind, int fd, int wake_fd,
               FrontendMetrics::RelayCounters counters)
       : session_(std::move(session)),
         method_(method),
         kind_(kind),
+        max_reply_bytes_(kind == SessionRecord::RelayKind::kTransfer ? kMaxTransferReplyBytes
+                                                                     : kMaxReplyBytes),
         fd_(fd),
         wake_fd_(wake_fd),
         counters_(counters) {}
@@ -343,10 +345,7 @@ class FramedRelay final : public grpc::ServerGenericBidiReactor {
           for (size_t i = 0; i < kFrameHeaderBytes; ++i) prefix |= uint32_t{header[i]} << (8 * i);
           end_frame = (prefix & kEndFrameBit) != 0;
           const size_t length = prefix & ~kEndFrameBit;
-          const size_t limit = end_frame ? kMaxEndFrameBytes
-                               : kind_ == SessionRecord::RelayKind::kTransfer
-                                   ? kMaxTransferReplyBytes
-                                   : kMaxReplyBytes;
+          const size_t limit = end_frame ? kMaxEndFrameBytes : max_reply_bytes_;
           if (length > limit) {
             return WorkerSideEnded(
                 absl::StrFormat("it announced a frame of %d bytes, over the limit", length));
@@ -424,6 +423,9 @@ class FramedRelay final : public grpc::ServerGenericBidiReactor {
   const std::shared_ptr<SessionRecord> session_;
   const char* const method_;
   const SessionRecord::RelayKind kind_;
+  // The largest reply frame taken from the worker (kMaxTransferReplyBytes on a transfer
+  // channel, else kMaxReplyBytes); an end frame's is kMaxEndFrameBytes.
+  const size_t max_reply_bytes_;
   const int fd_;
   const int wake_fd_;
   const FrontendMetrics::RelayCounters counters_;
