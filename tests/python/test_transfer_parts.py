@@ -548,3 +548,116 @@ def test_progress_counts_the_bytes_of_every_part(grpc_ctx: cuda.Context,
     assert sum(seen) == n and closed == [True, True]
     assert np.array_equal(back, host)
 
+
+
+# -- downloads take their replies serialized: the parse of DownloadResponse ----------------
+
+def _field(number: int, wire: int, payload: bytes) -> bytes:
+    return _core.varint((number << 3) | wire) + payload
+
+
+def _encodings() -> List[bytes]:
+    """DownloadResponse encodings a daemon (or a later protocol) may send: the data field
+    alone, none, fields it does not know of every wire type around it, several data fields."""
+    data = bytes(random_bytes(3000))
+    out = [
+        b"",
+        _field(1, 2, _core.varint(0)),
+        _field(1, 2, _core.varint(len(data)) + data),
+        _field(7, 0, _core.varint(300)) + _field(1, 2, _core.varint(5) + data[:5]),
+        _field(1, 2, _core.varint(5) + data[:5]) + _field(2, 1, bytes(8)) + _field(3, 5, bytes(4)),
+        _field(9, 2, _core.varint(4) + b"abcd") + _field(1, 2, _core.varint(200) + data[:200]),
+        _field(1, 2, _core.varint(3) + b"one") + _field(1, 2, _core.varint(3) + b"two"),
+        _field(1000, 0, _core.varint(1 << 62)) + _field(1, 2, _core.varint(129) + data[:129]),
+    ]
+    return out
+
+
+def _parsed(message: bytes) -> bytes:
+    start, length = _memory._download_data(message, "memcpy_dtoh")
+    return message[start:start + length]
+
+
+def test_download_reply_parse_matches_protobuf() -> None:
+    for message in _encodings():
+        assert _parsed(message) == _memory._mem.DownloadResponse.FromString(message).data
+
+
+def test_download_reply_parse_refuses_what_protobuf_refuses() -> None:
+    """Every cut of every encoding, and a few bytes no encoding can hold: where protobuf's
+    parse fails, ours fails with an error naming the malformed reply; where it succeeds, both
+    find the same bytes."""
+    bad = [b"\x0a", b"\x0a\x05abc", b"\x80", b"\xff" * 11, b"\x00\x00", b"\x0b", b"\x0c",
+           b"\x09abc", b"\x0d\x01"]
+    cuts = [m[:k] for m in _encodings() for k in range(len(m) + 1) if len(m) < 400]
+    refused = 0
+    for message in bad + cuts:
+        try:
+            expected = _memory._mem.DownloadResponse.FromString(message).data
+        except Exception:  # noqa: BLE001 - protobuf's DecodeError, whatever its module
+            expected = None
+        if expected is None:
+            with pytest.raises(cuda.Error, match="memcpy_dtoh: the daemon sent a malformed "
+                                                 "DownloadResponse"):
+                _parsed(message)
+            refused += 1
+        else:
+            assert _parsed(message) == expected, message
+    assert refused > len(bad)  # the cuts hold malformed ones too, and each was refused
+
+
+def test_transfer_method_with_raw_replies_is_its_own_callable(daemon: str) -> None:
+    client = _core.Client(daemon, transfer_connections=2)
+    try:
+        parsed = client.transfer_method(0, "MemoryService.DownloadStream")
+        raw = client.transfer_method(0, "MemoryService.DownloadStream", raw_responses=True)
+        assert raw is not parsed
+        assert client.transfer_method(0, "MemoryService.DownloadStream",
+                                      raw_responses=True) is raw
+        assert client.transfer_method(1, "MemoryService.DownloadStream",
+                                      raw_responses=True) is not raw
+    finally:
+        client.close()
+
+
+def test_download_into_typed_and_offset_views(grpc_ctx: cuda.Context) -> None:
+    """Replies are copied into the caller's buffer through a byte view of it: typed arrays,
+    Fortran-ordered ones and a memoryview into the middle of a bytearray all get every byte."""
+    n = 24 * MiB + 8
+    host = random_bytes(n)
+    buf = cuda.mem_alloc(n)
+    cuda.memcpy_htod(buf, host)
+    floats = np.empty(n // 8, np.float64)
+    cuda.memcpy_dtoh(floats, buf)
+    assert floats.tobytes() == host.tobytes()
+    fortran = np.empty((n // 32, 4), np.float64, order="F")  # 24 MiB: all but the last 8
+    cuda.memcpy_dtoh(fortran, buf)
+    assert fortran.T.tobytes() == host[:fortran.nbytes].tobytes()
+    backing = bytearray(n + 100)
+    cuda.memcpy_dtoh(memoryview(backing)[50:50 + n], buf)
+    assert backing[:50] == bytes(50) and backing[50 + n:] == bytes(50)
+    assert bytes(backing[50:50 + n]) == host.tobytes()
+
+
+def test_init_takes_transfer_connections(daemon: str,
+                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    """``driver.init(transfer_connections=)``: on a new connection and on the one kept; a bad
+    value is named and changes nothing (neither it nor the other settings given with it)."""
+    monkeypatch.setattr(_devices, "_default_client", None)
+    monkeypatch.delenv("GPURPC_TRANSFER_CONNECTIONS", raising=False)
+    cuda.init(address=daemon, transfer_connections=3)
+    client = _devices._client()
+    try:
+        assert client.transfer_connections == 3
+        cuda.init(address=daemon, transfer_connections=np.int32(5))
+        assert _devices._client() is client and client.transfer_connections == 5
+        timeout = client.timeout
+        for bad in (0, 17, 2.5, "4"):
+            with pytest.raises(cuda.LogicError, match="transfer_connections="):
+                cuda.init(address=daemon, transfer_connections=bad,  # type: ignore[arg-type]
+                          timeout=timeout + 7)
+            assert client.transfer_connections == 5 and client.timeout == timeout
+        cuda.init()
+        assert client.transfer_connections == 5
+    finally:
+        client.close()

@@ -140,7 +140,7 @@ def _message_class(module: Any, descriptor: Any) -> Any:
 
 
 def _make_callable(channel: grpc.Channel, name: str, request_serializer: Any = "default",
-                   ) -> Callable:
+                   response_deserializer: Any = "default") -> Callable:
     service, rpc = name.split(".", 1)
     module = _SERVICE_MODULES[service]
     method = module.DESCRIPTOR.services_by_name[service].methods_by_name[rpc]
@@ -152,9 +152,11 @@ def _make_callable(channel: grpc.Channel, name: str, request_serializer: Any = "
     }[(bool(method.client_streaming), bool(method.server_streaming))]
     if request_serializer == "default":
         request_serializer = _message_class(module, method.input_type).SerializeToString
+    if response_deserializer == "default":
+        response_deserializer = _message_class(module, method.output_type).FromString
     return factory(f"/{method.containing_service.full_name}/{method.name}",
                    request_serializer=request_serializer,
-                   response_deserializer=_message_class(module, method.output_type).FromString)
+                   response_deserializer=response_deserializer)
 
 
 def default_socket_paths() -> List[str]:
@@ -806,7 +808,7 @@ class Client:
         # What the transfer channels are made with (transfer_method).
         self._channel_args: Tuple[Any, List[Tuple[str, Any]]] = (creds, options)
         self._transfer_lock = threading.Lock()
-        self._transfer_methods: Dict[Tuple[int, str, bool], Callable] = {}
+        self._transfer_methods: Dict[Tuple[int, str, bool, bool], Callable] = {}
         _grpc_used = True
         self.has_credentials = bool(self._token) or has_cert
         # Added to the metadata of every call (unary, streaming and the command stream).
@@ -1006,19 +1008,20 @@ class Client:
         return fn
 
     def transfer_method(self, connection: int, name: str, raw_requests: bool = False,
-                        ) -> Callable:
+                        raw_responses: bool = False) -> Callable:
         """The gRPC callable of ``Service.Method`` on transfer connection ``connection``: 0 is
         the client's own channel (:meth:`method`); 1 and up are channels of their own to the
         same target, with the same credentials and options plus
         ``grpc.use_local_subchannel_pool`` (else gRPC would share the one connection among
         them), opened when first asked for and closed by :meth:`close`. Thread-safe.
         ``raw_requests``: the callable sends requests that are serialized already (bytes).
+        ``raw_responses``: it returns replies as gRPC received them (serialized, bytes).
 
         :raises LogicError: a client inherited over fork (never connects anew there).
         :raises ValueError: the client was closed (as gRPC says of a closed channel).
         """
         global _grpc_used
-        if connection == 0 and not raw_requests:
+        if connection == 0 and not raw_requests and not raw_responses:
             return self.method(name)
         if self.inherited_from is not None:
             raise inherited_client_error(self, name)
@@ -1028,13 +1031,15 @@ class Client:
         with self._transfer_lock:
             if self._closed:
                 raise ValueError("Cannot invoke RPC: the gpurpc client was closed")
-            key = (connection, name, raw_requests)
+            key = (connection, name, raw_requests, raw_responses)
             fn = self._transfer_methods.get(key)
             if fn is not None:
                 return fn
             serializer = None if raw_requests else "default"
+            deserializer = None if raw_responses else "default"
             if connection == 0:
-                fn = self._transfer_methods[key] = _make_callable(self.channel, name, serializer)
+                fn = self._transfer_methods[key] = _make_callable(self.channel, name, serializer,
+                                                                  deserializer)
                 return fn
             check_connect_after_fork(self.target)
             creds, options = self._channel_args
@@ -1049,7 +1054,7 @@ class Client:
                 channels = channels + (channel,)
             self._transfer_channels = channels
             fn = self._transfer_methods[key] = _make_callable(
-                channels[connection - 1], name, serializer)
+                channels[connection - 1], name, serializer, deserializer)
             return fn
 
     def call(self, name: str, request: Any, metadata: Tuple = (), timeout: Optional[float] = None,

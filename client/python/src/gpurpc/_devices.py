@@ -40,13 +40,15 @@ def init(flags: int = 0, address: Optional[str] = None, *, token: Optional[str] 
          root_certificates: Optional[bytes] = None, tls: Optional[bool] = None,
          certificate_chain: Optional[bytes] = None, private_key: Optional[bytes] = None,
          server_name: Optional[str] = None, timeout: Optional[float] = None,
-         host_regions: Optional[str] = None) -> None:
+         host_regions: Optional[str] = None,
+         transfer_connections: Optional[int] = None) -> None:
     """Connects to the daemon (``cuInit``). Called implicitly by the first call that needs it.
 
     Devices, contexts and everything else use this connection afterwards. Calling it again
     with nothing, or with the same address and credentials, keeps the connection (a
-    ``timeout`` or ``host_regions`` given then applies to contexts made afterwards); anything
-    else replaces it (objects made before keep theirs).
+    ``timeout`` or ``host_regions`` given then applies to contexts made afterwards, a
+    ``transfer_connections`` to transfers started afterwards); anything else replaces it
+    (objects made before keep theirs).
 
     :param flags: accepted for PyCUDA compatibility (must be 0 in CUDA; ignored).
     :param address: gRPC target (``host:port``, ``unix:PATH`` or an absolute socket path);
@@ -71,6 +73,9 @@ def init(flags: int = 0, address: Optional[str] = None, *, token: Optional[str] 
     :param host_regions: ``"auto"`` (default ``$GPURPC_HOST_REGIONS``, else auto: same-host
         regions when the daemon is reached over a Unix socket), ``"on"`` (always; failures
         raise) or ``"off"``, for contexts made afterwards.
+    :param transfer_connections: connections a large transfer through gRPC is split over, 1
+        to 16 (default ``$GPURPC_TRANSFER_CONNECTIONS``, else 4): a synchronous copy of 16 MiB
+        or more goes as parts of at least 8 MiB, each on a connection of its own.
     :raises RuntimeError: the daemon cannot be reached (or no address is known; with
         several daemons: none answered, the message says why for each).
     :raises Error: with ``code`` UNAUTHENTICATED when the daemon refuses the credentials.
@@ -83,15 +88,23 @@ def init(flags: int = 0, address: Optional[str] = None, *, token: Optional[str] 
                 address is None or resolve_address(address) == _default_client.target) and (
                 all(v is None for v in explicit)
                 or explicit == _default_client.explicit_credentials):
-            if timeout is not None:
-                _default_client.timeout = _core.resolve_timeout(timeout)
-            if host_regions is not None:
-                _default_client.host_regions = _core.resolve_host_regions(host_regions)
+            # Every value is checked before any is applied: a bad one changes nothing.
+            new_timeout = None if timeout is None else _core.resolve_timeout(timeout)
+            regions = None if host_regions is None else _core.resolve_host_regions(host_regions)
+            connections = None if transfer_connections is None else \
+                _core.resolve_transfer_connections(transfer_connections)
+            if new_timeout is not None:
+                _default_client.timeout = new_timeout
+            if regions is not None:
+                _default_client.host_regions = regions
+            if connections is not None:
+                _default_client.transfer_connections = connections
             _default_client.list_devices()
             return
         client = Client(address, token=token, root_certificates=root_certificates, tls=tls,
                         certificate_chain=certificate_chain, private_key=private_key,
-                        server_name=server_name, timeout=timeout, host_regions=host_regions)
+                        server_name=server_name, timeout=timeout, host_regions=host_regions,
+                        transfer_connections=transfer_connections)
         try:
             client.list_devices()
         except BaseException:

@@ -488,6 +488,49 @@ def _run_parts(parts: List[Tuple[int, int]], calls: _Parts,
             raise error
 
 
+class _Streamed:
+    """What the parts of one streamed transfer of ``n`` bytes share: the parts, their calls,
+    the progress bar (shared between threads when there are several parts) and the call
+    metadata. ``run(part)`` runs ``part(connection, offset, size)`` for every part and closes
+    the bar."""
+
+    __slots__ = ("parts", "calls", "progress", "metadata", "_bar")
+
+    def __init__(self, core: SessionCore, address: int, n: int, chunk: int, method: str,
+                 parts_counter: str, label: str) -> None:
+        core.check_open(label)
+        self.parts = _transfer_parts(core, address, n, chunk, label)
+        self.calls = _Parts()
+        _core.debug.count(method)
+        if len(self.parts) > 1:
+            _core.debug.count(parts_counter, len(self.parts))
+        self._bar = _progress.bar(n, label)
+        self.progress = _SharedProgress(self._bar) if len(self.parts) > 1 else self._bar
+        self.metadata = core.metadata + core.client.auth_metadata
+
+    def run(self, part: Callable[[int, int, int], None]) -> None:
+        try:
+            _run_parts(self.parts, self.calls, part)
+        finally:
+            self._bar.close()
+
+
+def _stream_error(core: SessionCore, e: Any, deadline: "_core.ProgressDeadline",
+                  label: str, moved: int, n: int) -> BaseException:
+    """The error to raise for a streamed transfer's call that ended with ``e`` (a
+    ``grpc.RpcError``, or the future's cancellation when its deadline fired) after ``moved``
+    of ``n`` bytes: a timeout when its progress deadline cancelled it, else the session's
+    reading of the status (noted on the session, as every call's is)."""
+    if deadline.fired:
+        return timeout_error(label, core.timeout, f"no progress after {moved} of {n} bytes, "
+                             "so the transfer was cancelled")
+    err = _core.session_error(e.code(), e.details() or "", label, core.client.target,
+                              core.session_id)
+    if err.code is not None:
+        core.note_status(err.code, err.details)
+    return err
+
+
 # UploadStreamRequest.data = 4, length-delimited.
 _UPLOAD_DATA_TAG = bytes(((_mem.UploadStreamRequest.DATA_FIELD_NUMBER << 3) | 2,))
 
@@ -496,15 +539,9 @@ def _upload_stream(core: SessionCore, address: int, data: memoryview, stream_id:
                    label: str) -> None:
     n = data.nbytes
     chunk = _core.UPLOAD_CHUNK_BYTES
-    core.check_open(label)
-    parts = _transfer_parts(core, address, n, chunk, label)
-    calls = _Parts()
-    _core.debug.count("MemoryService.UploadStream")
-    if len(parts) > 1:
-        _core.debug.count(_core.UPLOAD_PARTS, len(parts))
-    bar = _progress.bar(n, label)
-    progress = _SharedProgress(bar) if len(parts) > 1 else bar
-    metadata = core.metadata + core.client.auth_metadata
+    transfer = _Streamed(core, address, n, chunk, "MemoryService.UploadStream",
+                         _core.UPLOAD_PARTS, label)
+    progress = transfer.progress
 
     def part(connection: int, offset: int, size: int) -> None:
         part_data = data[offset:offset + size]
@@ -531,28 +568,17 @@ def _upload_stream(core: SessionCore, address: int, data: memoryview, stream_id:
             # No deadline on the call as a whole: each step has one (ProgressDeadline).
             future = core.client.transfer_method(
                 connection, "MemoryService.UploadStream", raw_requests=True).future(
-                    requests(), metadata=metadata)
+                    requests(), metadata=transfer.metadata)
             deadline.attach(future)
-            calls.attach(future)
+            transfer.calls.attach(future)
             try:
                 future.result()
             except (grpc.RpcError, grpc.FutureCancelledError) as e:
-                if deadline.fired:
-                    raise timeout_error(label, core.timeout, f"no progress after "
-                                        f"{offset + sent} of {n} bytes, so the transfer was "
-                                        "cancelled") from None
-                if not isinstance(e, grpc.RpcError):
+                if not isinstance(e, grpc.RpcError) and not deadline.fired:
                     raise
-                err = _core.session_error(e.code(), e.details() or "", label,
-                                          core.client.target, core.session_id)
-                if err.code is not None:
-                    core.note_status(err.code, err.details)
-                raise err from None
+                raise _stream_error(core, e, deadline, label, offset + sent, n) from None
 
-    try:
-        _run_parts(parts, calls, part)
-    finally:
-        bar.close()
+    transfer.run(part)
 
 
 def _write_into(view: memoryview, offset: int, size: int, data: bytes) -> None:
@@ -590,18 +616,12 @@ def _download(core: SessionCore, address: int, dest: memoryview, stream_id: int,
 def _download_stream(core: SessionCore, address: int, dest: memoryview, stream_id: int,
                      label: str) -> None:
     n = dest.nbytes
-    core.check_open(label)
-    parts = _transfer_parts(core, address, n, _core.DOWNLOAD_CHUNK_BYTES, label)
-    calls = _Parts()
-    _core.debug.count("MemoryService.DownloadStream")
-    if len(parts) > 1:
-        _core.debug.count(_core.DOWNLOAD_PARTS, len(parts))
-    bar = _progress.bar(n, label)
-    progress = _SharedProgress(bar) if len(parts) > 1 else bar
-    metadata = core.metadata + core.client.auth_metadata
+    transfer = _Streamed(core, address, n, _core.DOWNLOAD_CHUNK_BYTES,
+                         "MemoryService.DownloadStream", _core.DOWNLOAD_PARTS, label)
+    parts, progress = transfer.parts, transfer.progress
+    target = np.frombuffer(dest, np.uint8)
 
     def part(connection: int, offset: int, size: int) -> None:
-        into = dest[offset:offset + size]  # this part's own slice of dest
         request = _mem.DownloadRequest(source=device_pointer(address + offset), size_bytes=size,
                                        stream_id=stream_id,
                                        chunk_size_bytes=_core.DOWNLOAD_CHUNK_BYTES)
@@ -610,37 +630,86 @@ def _download_stream(core: SessionCore, address: int, dest: memoryview, stream_i
         try:
             with deadline:
                 # No deadline on the call as a whole: each step has one (ProgressDeadline).
+                # Replies come serialized: each chunk's bytes go from gRPC's message straight
+                # into dest, by a copy that lets go of the GIL, so the parts' threads copy at
+                # once (parsed, a chunk was copied twice more, each time holding the GIL).
                 replies = core.client.transfer_method(
-                    connection, "MemoryService.DownloadStream")(request, metadata=metadata)
+                    connection, "MemoryService.DownloadStream", raw_responses=True)(
+                        request, metadata=transfer.metadata)
                 deadline.attach(replies)
-                calls.attach(replies)
+                transfer.calls.attach(replies)
                 for reply in replies:
                     deadline.progress()
-                    piece = reply.data
-                    if done + len(piece) > size:
+                    start, length = _download_data(reply, label)
+                    if done + length > size:
                         replies.cancel()
                         raise Error(f"{label}: the daemon sent more than the {size} bytes asked "
                                     f"for{_part_words(parts, connection)}")
-                    into[done:done + len(piece)] = piece
-                    done += len(piece)
-                    progress.update(len(piece))
+                    at = offset + done
+                    np.copyto(target[at:at + length],
+                              np.frombuffer(reply, np.uint8, length, start))
+                    done += length
+                    progress.update(length)
         except grpc.RpcError as e:
-            if deadline.fired:
-                raise timeout_error(label, core.timeout, f"no progress after {offset + done} of "
-                                    f"{n} bytes, so the transfer was cancelled") from None
-            err = _core.session_error(e.code(), e.details() or "", label, core.client.target,
-                                      core.session_id)
-            if err.code is not None:
-                core.note_status(err.code, err.details)
-            raise err from None
+            raise _stream_error(core, e, deadline, label, offset + done, n) from None
         if done != size:
             raise Error(f"{label}: the daemon sent {done} of {size} bytes"
                         f"{_part_words(parts, connection)}")
 
-    try:
-        _run_parts(parts, calls, part)
-    finally:
-        bar.close()
+    transfer.run(part)
+
+
+_DOWNLOAD_DATA_FIELD = _mem.DownloadResponse.DATA_FIELD_NUMBER
+
+
+def _download_data(message: bytes, label: str) -> Tuple[int, int]:
+    """``(start, length)`` of the data field's bytes in a serialized ``DownloadResponse``
+    (``length`` 0 without one). Fields it does not know are skipped, as protobuf would, and
+    of several data fields the last counts, as protobuf's parse keeps it.
+
+    :raises Error: ``message`` is not a valid encoding (naming what is wrong).
+    """
+    at, end = 0, len(message)
+    start = length = 0
+
+    def varint() -> int:
+        nonlocal at
+        value = shift = 0
+        while True:
+            if at >= end or shift > 63:
+                raise Error(f"{label}: the daemon sent a malformed DownloadResponse (a varint "
+                            f"runs past byte {at} of {end})")
+            byte = message[at]
+            at += 1
+            value |= (byte & 0x7F) << shift
+            if byte < 0x80:
+                return value
+            shift += 7
+
+    while at < end:
+        key = varint()
+        field, wire = key >> 3, key & 7
+        if field == 0:
+            raise Error(f"{label}: the daemon sent a malformed DownloadResponse (field number 0 "
+                        f"at byte {at} of {end})")
+        if wire == 0:
+            varint()
+            continue
+        if wire == 2:
+            size = varint()
+            if size > end - at:
+                raise Error(f"{label}: the daemon sent a malformed DownloadResponse (field "
+                            f"{field} claims {size} bytes, {end - at} follow)")
+            if field == _DOWNLOAD_DATA_FIELD:
+                start, length = at, size
+            at += size
+            continue
+        skip = {1: 8, 5: 4}.get(wire)
+        if skip is None or skip > end - at:
+            raise Error(f"{label}: the daemon sent a malformed DownloadResponse (field {field}, "
+                        f"wire type {wire}, at byte {at} of {end})")
+        at += skip
+    return start, length
 
 
 def _part_words(parts: List[Tuple[int, int]], index: int) -> str:

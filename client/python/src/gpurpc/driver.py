@@ -44,6 +44,9 @@ What differs from PyCUDA, and why:
   ordinary. The ``_async`` copies accept any contiguous buffer; as in CUDA, one from a
   region-backed array reads it when its stream gets there (do not change it before), and
   ``memcpy_dtoh_async`` fills its destination when the stream (or context) is synchronised.
+  A synchronous copy of 16 MiB or more through gRPC is split into parts, each on a
+  connection of its own: ``transfer_connections=`` of :func:`init`,
+  ``$GPURPC_TRANSFER_CONNECTIONS`` (1 to 16, default 4).
 * After a kernel fault the session is dead (the daemon killed its worker): the faulting call
   raises :class:`LaunchError`, and so does every later call, with a message naming the cause.
   Open a new context to continue. Each context watches its session (one
