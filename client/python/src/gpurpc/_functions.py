@@ -638,6 +638,22 @@ class Function:
             core.commands.add_launch(prefix + self._args_tag + blob if blob else prefix,
                                      self._label)
 
+    def _launch_prefix(self, grid: Any, block: Any, stream_id: int) -> bytes:
+        """What :meth:`_launch_with` takes: the launch's fields up to its packed arguments
+        (the dimensions checked as for any launch)."""
+        with self._core.lock:
+            return self._prefix(grid, block, 0, stream_id) + self._args_tag
+
+    def _launch_with(self, prefix: bytes, args: Sequence[Any]) -> None:
+        """A prepared launch whose prefix (:meth:`_launch_prefix`) the caller keeps: the same
+        launch as :meth:`prepared_async_call`, without looking the prefix up again (the
+        gpuarray operators' hot path)."""
+        blob = self._pack_prepared(args)
+        core = self._core
+        with core.lock:
+            core.check_open(self._label)
+            core.commands.add_launch(prefix + blob, self._label)
+
     def prepared_timed_call(self, grid: Any, block: Any, *args: Any,
                             shared_size: int = 0) -> Callable[[], float]:
         """Launches and returns a callable that waits for the kernel and returns its time in

@@ -201,6 +201,8 @@ class ElementwiseKernel:
         if unknown:
             raise TypeError(f"unknown keyword arguments: {', '.join(sorted(unknown))}")
         self._funcs: Dict[Any, _drv.Function] = {}
+        # (session, n) -> (function, launch prefix) of _launch_dense
+        self._dense: Dict[Any, Tuple[_drv.Function, bytes]] = {}
         self._vector_positions = tuple(i for i, a in enumerate(self.arguments)
                                        if isinstance(a, VectorArg))
         self._get_func(False)  # compile now: errors show where the kernel is defined
@@ -279,6 +281,22 @@ class ElementwiseKernel:
             invocation_args.append(size)
             func = self._funcs.get((core, False)) or self._get_func(False)
         func.prepared_async_call(grid, block, stream, *invocation_args)
+
+
+    def _launch_dense(self, core: Any, size: int, *args: Any) -> None:
+        """The gpuarray operators' launch (their hot path): over ``size`` > 0 elements, on the
+        default stream of ``core``, the current session; ``args`` are the kernel's arguments
+        with each array's ``gpudata`` in its place (contiguous arrays, which the caller has
+        checked). The same launch as ``self(*arrays)``, its shape and prefix made once per
+        session and size."""
+        launch = self._dense.get((core, size))
+        if launch is None:
+            func = self._funcs.get((core, False)) or self._get_func(False)
+            grid, block = _splay(core, size)
+            if len(self._dense) > 256:
+                self._dense.clear()
+            launch = self._dense[(core, size)] = (func, func._launch_prefix(grid, block, 0))
+        launch[0]._launch_with(launch[1], (*args, size))
 
 
 def get_ctype(dtype: Any) -> str:

@@ -37,6 +37,7 @@ import numpy as np
 
 from . import _context, _memory
 from . import driver as _drv
+from ._core import SessionCore
 from .compiler import SourceModule
 from .elementwise import COMPLEX_PREAMBLE, ElementwiseKernel, splay
 from .reduction import (ReductionKernel, _neutral_max, _neutral_min, get_dot_kernel,
@@ -113,8 +114,10 @@ _create_vector_types()
 # =============================================================================================
 # helpers
 
-def _default_allocator() -> Callable[[int], Any]:
-    return _session_pool(_context._current_core("gpuarray")).allocate
+def _default_allocator(core: Optional[SessionCore] = None) -> Callable[[int], Any]:
+    """The session's GPUArray pool's ``allocate`` (``core``: the current session, when the
+    caller has it already)."""
+    return _session_pool(core or _context._current_core("gpuarray")).allocate
 
 
 def _kernel(key: Tuple, build: Callable[[], Any]) -> Any:
@@ -223,24 +226,24 @@ def _normalize_shape(shape: Any) -> Tuple[int, ...]:
 _TYPE_ONLY_PROMOTION = int(np.__version__.split(".")[0]) >= 2
 
 
-def _session_memo(name: str) -> Dict[Tuple, Any]:
-    caches = _context._current_core("gpuarray").caches
+def _session_memo(name: str, core: Optional[SessionCore] = None) -> Dict[Tuple, Any]:
+    caches = (core or _context._current_core("gpuarray")).caches
     memo = caches.get(name)
     if memo is None:
         memo = caches[name] = {}
     return memo
 
 
-def _scalar_plans() -> Dict[Tuple, List[Any]]:
+def _scalar_plans(core: SessionCore) -> Dict[Tuple, List[Any]]:
     """The session's memo of [result type, scalar's type, kernel or None until the first
     launch] per array-scalar operation."""
-    return _session_memo("gpuarray_scalar_plans")
+    return _session_memo("gpuarray_scalar_plans", core)
 
 
-def _binary_plans() -> Dict[Tuple, List[Any]]:
+def _binary_plans(core: SessionCore) -> Dict[Tuple, List[Any]]:
     """The session's memo of [result type, kernel or None until the first launch] per
     array-array operation (array dtypes promote by type under numpy 1 and 2 alike)."""
-    return _session_memo("gpuarray_binary_plans")
+    return _session_memo("gpuarray_binary_plans", core)
 
 
 def _is_scalar(x: Any) -> bool:
@@ -593,7 +596,10 @@ class GPUArray:
         flags = self.flags
         return flags.f_contiguous and not flags.c_contiguous
 
-    def _new_like_me(self, dtype: Any = None, order: Optional[str] = None) -> "GPUArray":
+    def _new_like_me(self, dtype: Any = None, order: Optional[str] = None,
+                     core: Optional[SessionCore] = None) -> "GPUArray":
+        """An uninitialised array of this shape (``core``: the current session, when the
+        caller has it already)."""
         dtype = self.dtype if dtype is None else np.dtype(dtype)
         if order is None:
             order = "F" if self._fortran_only() else "C"
@@ -608,7 +614,7 @@ class GPUArray:
         new.size = self.size
         new.strides, new._flags = _dense_layout(self.shape, dtype.itemsize, order)
         new.allocator = allocator = self.allocator
-        new.gpudata = (allocator or _default_allocator())(self.size * dtype.itemsize)
+        new.gpudata = (allocator or _default_allocator(core))(self.size * dtype.itemsize)
         new.base = None
         return new
 
@@ -884,7 +890,8 @@ class GPUArray:
             x, y = (other, self) if reverse else (self, other)
             xs, ys = (y_scalar, x_scalar) if reverse else (x_scalar, y_scalar)
             key = (x.dtype, y.dtype, op, xs, ys, out_dtype)
-            plans = _binary_plans()
+            core = _context._current_core("gpuarray")
+            plans = _binary_plans(core)
             plan = plans.get(key)
             if plan is None:  # as for scalars: decided once per types and session
                 _check_complex_op(op, self.dtype, other.dtype)
@@ -892,12 +899,19 @@ class GPUArray:
                     self.dtype, other.dtype, op)
                 plan = plans[key] = [dtype, None]  # the kernel: made by the first launch
             dtype = plan[0]
-            result = (other if x_scalar else self)._new_like_me(dtype)
+            result = (other if x_scalar else self)._new_like_me(dtype, core=core)
             if result.size:
                 kernel = plan[1]
                 if kernel is None:
                     kernel = plan[1] = _binary_kernel(op, x.dtype, y.dtype, dtype, xs, ys)
-                kernel(result, x, y) if (xs or ys) else kernel(x, y, result)
+                # Both contiguous (checked above): kernel(x, y, result), or with a 0-d
+                # operand kernel(result, x, y), launched without __call__'s checks.
+                if xs or ys:
+                    kernel._launch_dense(core, result.size, result.gpudata, x.gpudata,
+                                         y.gpudata)
+                else:
+                    kernel._launch_dense(core, result.size, x.gpudata, y.gpudata,
+                                         result.gpudata)
             return result
         if _is_scalar(other):
             if not self._flags.forc:
@@ -906,7 +920,8 @@ class GPUArray:
             # NEP 50), so they are looked up once per (dtypes, scalar type, operator) and
             # session: `a * 2 + 1` in a loop spends its time launching, not deciding.
             key = (self.dtype, type(other), op, reverse, out_dtype)
-            plans = _scalar_plans()
+            core = _context._current_core("gpuarray")
+            plans = _scalar_plans(core)
             plan = plans.get(key)
             if plan is None:
                 dtype = np.dtype(out_dtype) if out_dtype is not None else _result_dtype(
@@ -918,11 +933,13 @@ class GPUArray:
                     plans[key] = plan
             dtype, compute, kernel = plan
             value = _scalar_type(compute, other)
-            result = self._new_like_me(dtype)
+            result = self._new_like_me(dtype, core=core)
             if self.size:
                 if kernel is None:
                     kernel = plan[2] = _scalar_kernel(op, self.dtype, compute, dtype, reverse)
-                kernel(self, value, result)
+                # kernel(self, value, result), launched without __call__'s checks (self is
+                # contiguous, checked above).
+                kernel._launch_dense(core, self.size, self.gpudata, value, result.gpudata)
             return result
         return NotImplemented
 
