@@ -640,7 +640,11 @@ def _download_stream(core: SessionCore, address: int, dest: memoryview, stream_i
                 transfer.calls.attach(replies)
                 for reply in replies:
                     deadline.progress()
-                    start, length = _download_data(reply, label)
+                    try:
+                        start, length = _download_data(reply, label)
+                    except Error:
+                        replies.cancel()  # nothing more of this call is read
+                        raise
                     if done + length > size:
                         replies.cancel()
                         raise Error(f"{label}: the daemon sent more than the {size} bytes asked "
@@ -665,7 +669,8 @@ _DOWNLOAD_DATA_FIELD = _mem.DownloadResponse.DATA_FIELD_NUMBER
 def _download_data(message: bytes, label: str) -> Tuple[int, int]:
     """``(start, length)`` of the data field's bytes in a serialized ``DownloadResponse``
     (``length`` 0 without one). Fields it does not know are skipped, as protobuf would, and
-    of several data fields the last counts, as protobuf's parse keeps it.
+    of several data fields the last counts, as protobuf's parse keeps it. Groups (wire types
+    3 and 4), which no daemon sends, are refused.
 
     :raises Error: ``message`` is not a valid encoding (naming what is wrong).
     """
@@ -678,7 +683,7 @@ def _download_data(message: bytes, label: str) -> Tuple[int, int]:
         while True:
             if at >= end or shift > 63:
                 raise Error(f"{label}: the daemon sent a malformed DownloadResponse (a varint "
-                            f"runs past byte {at} of {end})")
+                            f"runs past byte {at} of {end}, or past 10 bytes)")
             byte = message[at]
             at += 1
             value |= (byte & 0x7F) << shift
