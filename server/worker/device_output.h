@@ -5,8 +5,9 @@
 // module load). A worker serves exactly one session, so everything on its stdout is that
 // session's: DeviceOutput points the worker's fd 1 at a pipe, a reader thread keeps the
 // pipe drained into a bounded buffer, and every synchronising answer the worker gives
-// (SynchronizeStream/Session/Event, and a CommandReply of a batch with a SyncCommand)
-// carries what has been captured by then in its `device_output` field. The clients print it
+// (SynchronizeStream/Session/Event, a Launch with `synchronize`, and a CommandReply of a
+// batch with a SyncCommand) carries what has been captured by then in its `device_output`
+// field. The clients print it
 // (Python to sys.stdout, C++ through Session::SetDeviceOutputHandler, stdout by default).
 // Nothing of one session's output can reach another session: they are other processes with
 // other pipes.

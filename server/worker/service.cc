@@ -74,6 +74,16 @@ grpc::Status Answer(absl::StatusOr<T> result, Fill fill) {
   return grpc::Status::OK;
 }
 
+// Answers a synchronising unary call: on success the response carries the device printf
+// output captured by then. An error answer carries no message (gRPC sends none), so the
+// output stays captured for the next synchronising answer instead of being lost.
+template <typename Response>
+grpc::Status AnswerSynchronized(const absl::Status& status, Session& session, Response* response) {
+  if (!status.ok()) return ToGrpcStatus(status);
+  response->set_device_output(session.TakeDeviceOutput());
+  return grpc::Status::OK;
+}
+
 // The chunks of one DownloadStream, filled ahead of the writes: while the handler's thread
 // writes chunk k to the wire, a helper thread copies chunk k + 1 off the device (DMA, then
 // the host copy into the message), so that the device side overlaps the transport's. At
@@ -567,9 +577,8 @@ class ExecutionServiceImpl final : public v1::ExecutionService::Service {
   }
   grpc::Status SynchronizeStream(grpc::ServerContext*, const v1::SynchronizeStreamRequest* request,
                                  v1::SynchronizeStreamResponse* response) override {
-    const absl::Status status = session_->SynchronizeStream(request->stream_id());
-    response->set_device_output(session_->TakeDeviceOutput());
-    return ToGrpcStatus(status);
+    return AnswerSynchronized(session_->SynchronizeStream(request->stream_id()), *session_,
+                              response);
   }
   grpc::Status QueryStream(grpc::ServerContext*, const v1::QueryStreamRequest* request,
                            v1::QueryStreamResponse* response) override {
@@ -578,9 +587,7 @@ class ExecutionServiceImpl final : public v1::ExecutionService::Service {
   }
   grpc::Status SynchronizeSession(grpc::ServerContext*, const v1::SynchronizeSessionRequest*,
                                   v1::SynchronizeSessionResponse* response) override {
-    const absl::Status status = session_->Synchronize();
-    response->set_device_output(session_->TakeDeviceOutput());
-    return ToGrpcStatus(status);
+    return AnswerSynchronized(session_->Synchronize(), *session_, response);
   }
   grpc::Status CreateEvent(grpc::ServerContext*, const v1::CreateEventRequest* request,
                            v1::CreateEventResponse* response) override {
@@ -603,9 +610,7 @@ class ExecutionServiceImpl final : public v1::ExecutionService::Service {
   }
   grpc::Status SynchronizeEvent(grpc::ServerContext*, const v1::SynchronizeEventRequest* request,
                                 v1::SynchronizeEventResponse* response) override {
-    const absl::Status status = session_->SynchronizeEvent(request->event_id());
-    response->set_device_output(session_->TakeDeviceOutput());
-    return ToGrpcStatus(status);
+    return AnswerSynchronized(session_->SynchronizeEvent(request->event_id()), *session_, response);
   }
   grpc::Status EventElapsedTime(grpc::ServerContext*, const v1::EventElapsedTimeRequest* request,
                                 v1::EventElapsedTimeResponse* response) override {
@@ -617,8 +622,10 @@ class ExecutionServiceImpl final : public v1::ExecutionService::Service {
     return ToGrpcStatus(session_->StreamWaitEvent(request->stream_id(), request->event_id()));
   }
   grpc::Status Launch(grpc::ServerContext*, const v1::LaunchRequest* request,
-                      v1::LaunchResponse*) override {
-    return ToGrpcStatus(session_->Launch(request->launch()));
+                      v1::LaunchResponse* response) override {
+    if (!request->synchronize()) return ToGrpcStatus(session_->Launch(request->launch()));
+    return AnswerSynchronized(session_->LaunchAndSynchronize(request->launch()), *session_,
+                              response);
   }
 
   // CUDA graphs.

@@ -1024,6 +1024,15 @@ absl::Status Session::Launch(const v1::LaunchCommand& launch) {
       });
 }
 
+absl::Status Session::LaunchAndSynchronize(const v1::LaunchCommand& launch) {
+  GPURPC_RETURN_IF_ERROR(fault());
+  // Refused before the launch: a captured launch that then answered FAILED_PRECONDITION
+  // would leave the client not knowing that its kernel is in the graph.
+  GPURPC_RETURN_IF_ERROR(RefuseWhileCapturing(launch.stream_id(), "Launch with synchronize"));
+  GPURPC_RETURN_IF_ERROR(Launch(launch));
+  return SynchronizeStream(launch.stream_id());
+}
+
 // ---------------------------------------------------------------------------- commands
 
 absl::Status Session::RunCommand(const v1::Command& command, v1::CommandReply* reply,

@@ -311,6 +311,11 @@ class Session {
   // fit their width: a larger value is INVALID_ARGUMENT naming the parameter, its type and
   // the value, never truncated.
   absl::Status Launch(const v1::LaunchCommand& launch);
+  // ExecutionService.Launch with `synchronize`: Launch, then SynchronizeStream on the
+  // launch's stream. A stream that captures (or stream 0 while a blocking stream captures)
+  // is refused FAILED_PRECONDITION before anything is enqueued, as SynchronizeStream would
+  // refuse it; an argument error returns before the wait.
+  absl::Status LaunchAndSynchronize(const v1::LaunchCommand& launch);
 
   // CUDA graphs (the contract is ExecutionService's in execution_service.proto; the
   // implementation is in session_graphs.cc). A capture records what Launch, Memset and Copy

@@ -40,6 +40,7 @@ namespace {
 
 using ::gpurpc::testing::CudaAvailable;
 using ::gpurpc::testing::Eventually;
+using ::gpurpc::testing::IsOkAndHolds;
 using ::gpurpc::testing::StatusIs;
 using ::gpurpc::testing::TestDaemon;
 using ::testing::AllOf;
@@ -618,6 +619,31 @@ TEST_F(ComputeGpuTest, IllegalAddressFaultsOnlyItsSession) {
                                     HasSubstr("CUDA_ERROR_ILLEGAL_ADDRESS")));
   EXPECT_EQ(done.load(), kIterations);
   EXPECT_EQ(failures.load(), 0) << first_failure;
+}
+
+TEST_F(ComputeGpuTest, LaunchAndSynchronizeAnswersOnceTheKernelIsDone) {
+  constexpr uint64_t kN = 1 << 16;
+  constexpr unsigned kValue = 0x5eed;
+  ASSERT_OK_AND_ASSIGN(Function slow_fill, Kernel("slow_fill"));
+  ASSERT_OK_AND_ASSIGN(Stream stream, session_.CreateStream());
+  ASSERT_OK_AND_ASSIGN(Buffer out, session_.Allocate(kN * sizeof(unsigned)));
+  // 50 ms per thread before it writes: answered on enqueue, the stream would still be busy
+  // and the buffer unwritten.
+  ASSERT_OK(slow_fill.LaunchAndSynchronize(Linear(kN / 256, 256, &stream), out, kValue, kN,
+                                           uint64_t{50'000'000}));
+  EXPECT_THAT(stream.Query(), IsOkAndHolds(true));
+  ASSERT_OK_AND_ASSIGN(std::vector<uint8_t> bytes, out.Download());
+  EXPECT_THAT(FromBytes<uint32_t>(bytes), Each(kValue));
+}
+
+TEST_F(ComputeGpuTest, LaunchAndSynchronizeAnswersTheFaultOfItsKernel) {
+  ASSERT_OK_AND_ASSIGN(Session session, client_->OpenSession());
+  std::optional<Module> module;
+  ASSERT_OK_AND_ASSIGN(Function write_to, KernelIn(session, &module, "write_to"));
+  EXPECT_THAT(write_to.LaunchAndSynchronize(Linear(1, 1), uint64_t{0}),  // a null pointer
+              StatusIs(absl::StatusCode::kAborted, HasSubstr("CUDA_ERROR_ILLEGAL_ADDRESS")));
+  EXPECT_THAT(session.Allocate(64), StatusIs(absl::StatusCode::kFailedPrecondition,
+                                             HasSubstr("CUDA_ERROR_ILLEGAL_ADDRESS")));
 }
 
 TEST_F(ComputeGpuTest, CurandKernelCompilesAndRuns) {

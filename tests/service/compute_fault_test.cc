@@ -120,6 +120,19 @@ TEST_F(FaultTest, FaultingKernelFaultsOnlyItsSession) {
   EXPECT_THAT(FromBytes<float>(bytes), Each(201.0f));
 }
 
+TEST_F(FaultTest, LaunchAndSynchronizeAnswersItsKernelsFault) {
+  ASSERT_OK_AND_ASSIGN(auto a, OpenSessionWithPid());
+  Session& session = a.first;
+  ASSERT_OK_AND_ASSIGN(Module module, CompileFakeKernels(session));
+  ASSERT_OK_AND_ASSIGN(Function fault, module.GetFunction("fault_illegal_address"));
+  EXPECT_THAT(fault.LaunchAndSynchronize({}),
+              StatusIs(absl::StatusCode::kAborted, HasSubstr("CUDA_ERROR_ILLEGAL_ADDRESS")));
+  const auto faulted =
+      StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("CUDA_ERROR_ILLEGAL_ADDRESS"));
+  EXPECT_THAT(session.Allocate(64), faulted);
+  EXPECT_THAT(fault.LaunchAndSynchronize({}), faulted);
+}
+
 TEST_F(FaultTest, FaultedSessionRefusesAsyncWorkAndSynchronize) {
   ASSERT_OK_AND_ASSIGN(auto a, OpenSessionWithPid());
   Session& session = a.first;

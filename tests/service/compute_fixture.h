@@ -178,9 +178,10 @@ class RawSession {
 
   v1::ExecutionService::Stub& execution() { return *execution_; }
 
-  absl::Status Launch(const v1::LaunchCommand& launch) {
+  absl::Status Launch(const v1::LaunchCommand& launch, bool synchronize = false) {
     v1::LaunchRequest request;
     *request.mutable_launch() = launch;
+    request.set_synchronize(synchronize);
     v1::LaunchResponse response;
     grpc::ClientContext context;
     Prepare(&context);

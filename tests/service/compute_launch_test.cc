@@ -278,6 +278,61 @@ TEST_F(ComputeTest, UnknownStreamIsNotFound) {
   EXPECT_THAT(raw.Launch(launch), StatusIs(absl::StatusCode::kNotFound, HasSubstr("stream")));
 }
 
+// ------------------------------------------------------------------ launch and synchronize
+
+TEST_F(AxpyTest, LaunchAndSynchronizeAppliesTheLaunch) {
+  ASSERT_OK(axpy_.LaunchAndSynchronize(Config(), kA, x_, y_, uint64_t{kN}));
+  ExpectAxpyApplied();
+}
+
+TEST_F(ComputeTest, LaunchAndSynchronizeAnswersOnlyOnceItsKernelHasRun) {
+  ASSERT_OK_AND_ASSIGN(Function spin, FakeFunction("spin_us"));
+  ASSERT_OK_AND_ASSIGN(Stream stream, session_.CreateStream());
+  // 300 ms of work: a call that answered once the launch was enqueued would leave the
+  // stream busy.
+  ASSERT_OK(spin.LaunchAndSynchronize(Linear(1, 1, &stream), uint64_t{300000}));
+  EXPECT_THAT(stream.Query(), IsOkAndHolds(true));
+}
+
+TEST_F(AxpyTest, LaunchWithSynchronizeRefusesBadArgumentsAsLaunchDoes) {
+  RawSession raw(*client_, session_);
+  v1::LaunchCommand launch = ValidAxpyLaunch(axpy_, x_, y_, kN);
+  launch.mutable_args(1)->mutable_buffer()->set_buffer_id(x_.id() ^ 0x5a5a5a5a);
+  EXPECT_THAT(raw.Launch(launch, /*synchronize=*/true),
+              StatusIs(absl::StatusCode::kNotFound, HasSubstr("#1")));
+  launch = ValidAxpyLaunch(axpy_, x_, y_, kN);
+  launch.mutable_args()->RemoveLast();
+  EXPECT_THAT(raw.Launch(launch, /*synchronize=*/true),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("3 arguments")));
+  launch = ValidAxpyLaunch(axpy_, x_, y_, kN);
+  launch.set_stream_id(0x7777);
+  EXPECT_THAT(raw.Launch(launch, /*synchronize=*/true),
+              StatusIs(absl::StatusCode::kNotFound, HasSubstr("stream")));
+  // Nothing ran, and the session is fine: the valid launch applies once.
+  launch = ValidAxpyLaunch(axpy_, x_, y_, kN);
+  launch.mutable_args(0)->set_f32(kA);
+  ASSERT_OK(raw.Launch(launch, /*synchronize=*/true));
+  ExpectAxpyApplied();
+}
+
+TEST_F(ComputeTest, LaunchAndSynchronizeOnACapturingStreamAddsNothingToTheGraph) {
+  constexpr uint64_t kN = 64;
+  ASSERT_OK_AND_ASSIGN(Function fill, FakeFunction("fill_u32"));
+  ASSERT_OK_AND_ASSIGN(Buffer data, session_.Allocate(kN * sizeof(uint32_t)));
+  ASSERT_OK_AND_ASSIGN(Stream stream, session_.CreateStream(/*non_blocking=*/true));
+  ASSERT_OK(stream.BeginCapture());
+  ASSERT_OK(fill.LaunchAsync(Linear(1, kN, &stream), data, 1u, kN));
+  EXPECT_THAT(fill.LaunchAndSynchronize(Linear(1, kN, &stream), data, 2u, kN),
+              StatusIs(absl::StatusCode::kFailedPrecondition,
+                       AllOf(HasSubstr("Launch with synchronize"), HasSubstr("captur"))));
+  ASSERT_OK_AND_ASSIGN(Graph graph, stream.EndCapture());
+  EXPECT_EQ(graph.node_count(), 1u);
+  // Neither launch ran: the captured one runs only with the graph.
+  ASSERT_OK(session_.Synchronize());
+  ASSERT_OK_AND_ASSIGN(std::vector<uint8_t> bytes, data.Download());
+  EXPECT_THAT(FromBytes<uint32_t>(bytes), Not(Contains(2u)));
+}
+
 // ------------------------------------------------------------------------------ command stream
 
 TEST_F(ComputeTest, AsyncCommandsRunInOrder) {

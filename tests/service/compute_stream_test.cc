@@ -50,6 +50,20 @@ TEST_F(ComputeTest, EventRecordQuerySynchronize) {
   EXPECT_OK(stream.Synchronize());
 }
 
+TEST_F(ComputeTest, StreamQueryReportsItsWorkWithoutWaiting) {
+  ASSERT_OK_AND_ASSIGN(Function spin, FakeFunction("spin_us"));
+  ASSERT_OK_AND_ASSIGN(Stream stream, session_.CreateStream(/*non_blocking=*/true));
+  EXPECT_THAT(stream.Query(), IsOkAndHolds(true));
+  // A second of work, sent by the query itself (it is still in the command stream).
+  ASSERT_OK(spin.LaunchAsync(Linear(1, 1, &stream), uint64_t{1000000}));
+  EXPECT_THAT(stream.Query(), IsOkAndHolds(false));
+  ASSERT_OK(stream.Synchronize());
+  EXPECT_THAT(stream.Query(), IsOkAndHolds(true));
+  ASSERT_OK(stream.BeginCapture());
+  EXPECT_THAT(stream.Query(), StatusIs(absl::StatusCode::kFailedPrecondition));
+  EXPECT_THAT(stream.EndCapture(), IsOk());
+}
+
 TEST_F(ComputeTest, ElapsedTimeBetweenEventsIsNotNegative) {
   ASSERT_OK_AND_ASSIGN(Event start, session_.CreateEvent());
   ASSERT_OK_AND_ASSIGN(Event end, session_.CreateEvent());

@@ -14,12 +14,16 @@
 #include <utility>
 #include <vector>
 
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/string_view.h"
+#include "absl/types/span.h"
 #include "gmock/gmock.h"
 #include "gpurpc/client.h"
 #include "gtest/gtest.h"
 #include "tests/testing/daemon.h"
+#include "tests/testing/eventually.h"
 #include "tests/testing/shared_daemon.h"
 #include "tests/testing/status_matchers.h"
 
@@ -27,6 +31,7 @@ namespace gpurpc {
 namespace {
 
 using ::gpurpc::testing::SharedDaemonTest;
+using ::gpurpc::testing::StatusIs;
 using ::gpurpc::testing::TestDaemon;
 using ::testing::HasSubstr;
 using ::testing::IsEmpty;
@@ -144,6 +149,39 @@ TEST_F(DeviceOutputTest, StreamAndEventSynchronisationsDeliverToo) {
   ASSERT_OK(event.Record(&stream));
   ASSERT_OK(event.Synchronize());
   EXPECT_EQ(collected.Take(), Lines({5}));
+}
+
+TEST_F(DeviceOutputTest, LaunchAndSynchronizeDeliversItsKernelsOutput) {
+  Collected collected;
+  ASSERT_OK_AND_ASSIGN(Printer printer, OpenPrinter(&collected));
+  const std::vector<int32_t> values = {11, 12, 13, 14};
+  ASSERT_OK_AND_ASSIGN(Buffer buffer, printer.session.Allocate(values.size() * sizeof(int32_t)));
+  ASSERT_OK(buffer.Upload(absl::MakeConstSpan(reinterpret_cast<const uint8_t*>(values.data()),
+                                              values.size() * sizeof(int32_t))));
+  ASSERT_OK(
+      printer.print.LaunchAndSynchronize(Threads(values.size()), buffer, uint64_t{values.size()}));
+  EXPECT_EQ(collected.Take(), Lines(values));
+}
+
+// An error answer carries no message, so a synchronising call that fails must leave what
+// was printed for the next one rather than take it.
+TEST_F(DeviceOutputTest, AFailedSynchronisingCallLeavesTheOutputForTheNext) {
+  Collected collected;
+  ASSERT_OK_AND_ASSIGN(Printer printer, OpenPrinter(&collected));
+  ASSERT_OK_AND_ASSIGN(Stream stream, printer.session.CreateStream());
+  ASSERT_OK_AND_ASSIGN(Buffer buffer, Print(printer, {21, 22}, &stream));
+  // The kernel has run (and printed) when its stream is done; a query takes no output.
+  EXPECT_TRUE(::gpurpc::testing::Eventually([&] {
+    absl::StatusOr<bool> done = stream.Query();
+    return done.ok() && *done;
+  }));
+  LaunchConfig too_wide = Threads(1);
+  too_wide.block.x = 1 << 20;  // over every device's threads per block: refused by the worker
+  EXPECT_THAT(printer.print.LaunchAndSynchronize(too_wide, buffer, uint64_t{1}),
+              StatusIs(absl::StatusCode::kInvalidArgument));
+  EXPECT_THAT(collected.Take(), IsEmpty());
+  ASSERT_OK(printer.session.Synchronize());
+  EXPECT_EQ(collected.Take(), Lines({21, 22}));
 }
 
 TEST_F(DeviceOutputTest, SessionsNeverSeeEachOthersOutput) {

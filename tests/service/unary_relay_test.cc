@@ -396,6 +396,20 @@ std::vector<Answer> RunScript(Daemon& d, const Module& module) {
   downloaded.Clear();
   status = d.Call(&MemoryStub::Download, download, &downloaded);
   record("Download filled", status, downloaded.data());
+  // The same with the wait in the Launch (`synchronize`), and no sync after it.
+  if (fill.ok()) {
+    LaunchConfig config;
+    config.grid = {1, 1, 1};
+    config.block = {64, 1, 1};
+    const DeviceRef out{buffer, 1536, address + 1536};
+    record_absl("LaunchAndSynchronize fill_u32",
+                fill->LaunchAndSynchronize(config, out, uint32_t{0x0badcafe}, uint64_t{64}));
+  }
+  *download.mutable_source() = At(buffer, 1536);
+  download.set_size_bytes(256);
+  downloaded.Clear();
+  status = d.Call(&MemoryStub::Download, download, &downloaded);
+  record("Download filled, synchronized", status, downloaded.data());
 
   // Streams.
   v1::CreateStreamResponse stream;
@@ -478,6 +492,8 @@ void CheckScript(const std::vector<Answer>& answers, const std::string& relay) {
                            "Launch fill_u32",
                            "SynchronizeSession",
                            "Download filled",
+                           "LaunchAndSynchronize fill_u32",
+                           "Download filled, synchronized",
                            "CreateStream",
                            "SynchronizeStream",
                            "QueryStream",
@@ -505,6 +521,11 @@ void CheckScript(const std::vector<Answer>& answers, const std::string& relay) {
     std::string expected;
     for (int i = 0; i < 64; ++i) expected += std::string("\x34\x12\xed\x5e", 4);
     EXPECT_TRUE(a->detail == expected) << "the unary Launch did not fill the buffer";
+  }
+  if (const Answer* a = find("Download filled, synchronized")) {
+    std::string expected;
+    for (int i = 0; i < 64; ++i) expected += std::string("\xfe\xca\xad\x0b", 4);
+    EXPECT_TRUE(a->detail == expected) << "the synchronized Launch did not fill the buffer";
   }
   if (const Answer* a = find("QueryStream")) {
     EXPECT_EQ(a->detail, "done 1");

@@ -1043,6 +1043,18 @@ absl::Status Stream::Synchronize(absl::Duration timeout) const {
   return core_->Sync(id_, /*whole_session=*/false, timeout, "Stream::Synchronize");
 }
 
+absl::StatusOr<bool> Stream::Query() const {
+  if (core_ == nullptr) return NoSession();
+  if (absl::Status status = core_->Barrier(); !status.ok()) return status;
+  v1::QueryStreamRequest request;
+  request.set_stream_id(id_);
+  v1::QueryStreamResponse response;
+  absl::Status status = SessionCall(*core_, GPURPC_RPC(core_->execution(), QueryStream),
+                                    "QueryStream", request, &response);
+  if (!status.ok()) return status;
+  return response.done();
+}
+
 absl::Status Stream::WaitEvent(const Event& event) const {
   if (core_ == nullptr) return NoSession();
   v1::Command command;
@@ -1182,16 +1194,21 @@ void FillLaunch(uint64_t function_id, const LaunchConfig& config, std::string pa
 }  // namespace
 
 absl::Status Function::LaunchPacked(const LaunchConfig& config, absl::Span<const KernelArg> args,
-                                    bool async) const {
+                                    LaunchMode mode) const {
   if (core_ == nullptr) return NoSession();
   auto packed = Pack(args);
   if (!packed.ok()) return packed.status();
-  if (async) return LaunchBlobAsync(config, *std::move(packed));
+  if (mode == LaunchMode::kAsync) return LaunchBlobAsync(config, *std::move(packed));
   if (absl::Status status = core_->Barrier(); !status.ok()) return status;
   v1::LaunchRequest request;
   FillLaunch(id_, config, *std::move(packed), request.mutable_launch());
+  request.set_synchronize(mode == LaunchMode::kSynchronize);
   v1::LaunchResponse response;
-  return SessionCall(*core_, GPURPC_RPC(core_->execution(), Launch), "Launch", request, &response);
+  absl::Status status =
+      SessionCall(*core_, GPURPC_RPC(core_->execution(), Launch), "Launch", request, &response);
+  // Empty unless the call synchronized and succeeded (an error status carries no message).
+  core_->DeliverDeviceOutput(response.device_output());
+  return status;
 }
 
 absl::Status Function::SetAttribute(v1::FunctionAttribute attribute, int64_t value) {

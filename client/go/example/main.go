@@ -181,25 +181,22 @@ func run() error {
 	buffer := func(b *pb.BufferInfo) *pb.KernelArg {
 		return &pb.KernelArg{Value: &pb.KernelArg_Buffer{Buffer: &pb.BufferRef{BufferId: b.BufferId}}}
 	}
+	// Synchronize: the launch and the wait for its stream in one round trip (a kernel
+	// fault would answer ABORTED here).
 	ctx, cancel = scall()
-	_, err = execution.Launch(ctx, &pb.LaunchRequest{Launch: &pb.LaunchCommand{
+	launched, err := execution.Launch(ctx, &pb.LaunchRequest{Launch: &pb.LaunchCommand{
 		FunctionId: function.FunctionId,
 		Grid:       &pb.Dim3{X: (n + 255) / 256, Y: 1, Z: 1},
 		Block:      &pb.Dim3{X: 256, Y: 1, Z: 1},
 		Args: []*pb.KernelArg{
 			{Value: &pb.KernelArg_F32{F32: a}}, buffer(buffers[0]), buffer(buffers[1]),
 			{Value: &pb.KernelArg_U64{U64: n}},
-		}}})
+		}}, Synchronize: true})
 	cancel()
 	if err != nil {
 		return fmt.Errorf("Launch: %v", err)
 	}
-	ctx, cancel = scall()
-	_, err = execution.SynchronizeSession(ctx, &pb.SynchronizeSessionRequest{})
-	cancel()
-	if err != nil {
-		return fmt.Errorf("SynchronizeSession: %v", err)
-	}
+	os.Stdout.Write(launched.DeviceOutput) // what the kernels printf'ed, if anything
 
 	ctx, cancel = scall()
 	downloaded, err := memory.Download(ctx, &pb.DownloadRequest{

@@ -470,6 +470,9 @@ class Stream : public internal::SessionObject<Stream> {
   // work (see "Deadlines").
   absl::Status Synchronize() const;
   absl::Status Synchronize(absl::Duration timeout) const;
+  // Whether the stream's queued work is done (QueryStream), without waiting for it; what
+  // the command stream holds is sent first. FAILED_PRECONDITION while the stream captures.
+  absl::StatusOr<bool> Query() const;
   // Makes this stream wait for `event` (stream ordered, through the command stream).
   absl::Status WaitEvent(const Event& event) const;
 
@@ -660,16 +663,32 @@ class Function {
   template <typename... Args>
   absl::Status LaunchAsync(const LaunchConfig& config, const Args&... args) const {
     const KernelArg packed[] = {KernelArg(args)..., KernelArg(0)};
-    return LaunchPacked(config, absl::MakeSpan(packed, sizeof...(Args)), /*async=*/true);
+    return LaunchPacked(config, absl::MakeSpan(packed, sizeof...(Args)), LaunchMode::kAsync);
   }
   // One unary RPC; returns once enqueued, with argument errors at once.
   template <typename... Args>
   absl::Status Launch(const LaunchConfig& config, const Args&... args) const {
     const KernelArg packed[] = {KernelArg(args)..., KernelArg(0)};
-    return LaunchPacked(config, absl::MakeSpan(packed, sizeof...(Args)), /*async=*/false);
+    return LaunchPacked(config, absl::MakeSpan(packed, sizeof...(Args)), LaunchMode::kUnary);
   }
+  // One unary RPC that launches and then waits for config.stream (the default stream when
+  // null), as Launch followed by Stream::Synchronize would, in one round trip: argument
+  // errors, then what the wait answers (ABORTED for a kernel fault; FAILED_PRECONDITION,
+  // with nothing launched, when the stream captures a graph). The wait's deadline is the
+  // call timeout. Device printf output goes to the session's handler when the call
+  // succeeds (an error answer carries none).
+  template <typename... Args>
+  absl::Status LaunchAndSynchronize(const LaunchConfig& config, const Args&... args) const {
+    const KernelArg packed[] = {KernelArg(args)..., KernelArg(0)};
+    return LaunchPacked(config, absl::MakeSpan(packed, sizeof...(Args)), LaunchMode::kSynchronize);
+  }
+  enum class LaunchMode {
+    kAsync,        // LaunchAsync: a command of the command stream
+    kUnary,        // Launch
+    kSynchronize,  // LaunchAndSynchronize
+  };
   absl::Status LaunchPacked(const LaunchConfig& config, absl::Span<const KernelArg> args,
-                            bool async) const;
+                            LaunchMode mode) const;
   // Launches with a packed argument blob as is (PyCUDA style), through the command stream.
   absl::Status LaunchBlobAsync(const LaunchConfig& config, std::string packed_args) const;
 

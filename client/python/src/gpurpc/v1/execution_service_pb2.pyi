@@ -222,14 +222,18 @@ class LaunchCommand(_message.Message):
     def __init__(self, function_id: _Optional[int] = ..., grid: _Optional[_Union[_common_pb2.Dim3, _Mapping]] = ..., block: _Optional[_Union[_common_pb2.Dim3, _Mapping]] = ..., shared_memory_bytes: _Optional[int] = ..., stream_id: _Optional[int] = ..., packed_args: _Optional[bytes] = ..., args: _Optional[_Iterable[_Union[KernelArg, _Mapping]]] = ...) -> None: ...
 
 class LaunchRequest(_message.Message):
-    __slots__ = ("launch",)
+    __slots__ = ("launch", "synchronize")
     LAUNCH_FIELD_NUMBER: _ClassVar[int]
+    SYNCHRONIZE_FIELD_NUMBER: _ClassVar[int]
     launch: LaunchCommand
-    def __init__(self, launch: _Optional[_Union[LaunchCommand, _Mapping]] = ...) -> None: ...
+    synchronize: bool
+    def __init__(self, launch: _Optional[_Union[LaunchCommand, _Mapping]] = ..., synchronize: bool = ...) -> None: ...
 
 class LaunchResponse(_message.Message):
-    __slots__ = ()
-    def __init__(self) -> None: ...
+    __slots__ = ("device_output",)
+    DEVICE_OUTPUT_FIELD_NUMBER: _ClassVar[int]
+    device_output: bytes
+    def __init__(self, device_output: _Optional[bytes] = ...) -> None: ...
 
 class MemsetCommand(_message.Message):
     __slots__ = ("destination", "value", "element_size_bytes", "count", "stream_id")

@@ -291,9 +291,12 @@ class ExecutionServiceServicer(object):
     def Launch(self, request, context):
         """Launches a kernel (enqueues it and returns). The arguments are checked against the
         kernel's parameter layout and the dimensions against the device and function limits
-        before the driver is touched.
+        before the driver is touched. With `synchronize`, the call then waits for the launch's
+        stream as SynchronizeStream does: a launch and its wait in one round trip.
         Codes: OK; INVALID_ARGUMENT naming the parameter index with expected and given sizes,
-        or the dimension and its limit; NOT_FOUND for an unknown function, stream or buffer.
+        or the dimension and its limit; NOT_FOUND for an unknown function, stream or buffer;
+        with `synchronize`, also what SynchronizeStream answers (ABORTED when a kernel fault
+        surfaces; FAILED_PRECONDITION, before anything is enqueued, for a stream that captures).
         Retry: not idempotent (launches again).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
