@@ -128,12 +128,14 @@ int Main(int argc, char** argv) {
   // The bare front-end ping (KeepAlive: answered by the front end, no worker), the
   // launch + synchronize round trip through the command stream (the launch is queued, the
   // sync marker sends it and waits for the worker's answer), and the same with unary RPCs
-  // (one for the launch, relayed to the worker, then the sync).
+  // (one for the launch, relayed to the worker, then the sync; and one Launch with
+  // `synchronize`, the launch and its wait in one relayed RPC).
   const int pings = daemon.fake() ? 500 : 1000;
   const int round_trips = daemon.fake() ? 500 : 1000;
   const int unary_round_trips = round_trips / 4;
   std::vector<double> ping_samples, stream_samples, unary_samples, stream_ratios, unary_ratios;
   std::vector<double> direct_samples, direct_ratios, unary_launch_samples;
+  std::vector<double> fused_samples, fused_ratios;
   for (int round = 0; round < kRounds; ++round) {
     start = std::chrono::steady_clock::now();
     for (int i = 0; i < pings; ++i) Check(session->KeepAlive().status(), "ping");
@@ -157,6 +159,13 @@ int Main(int argc, char** argv) {
     }
     unary_launch_samples.push_back(Seconds(start) * 1e6 / unary_round_trips);
     Check(session->Synchronize(), "sync");
+    start = std::chrono::steady_clock::now();
+    for (int i = 0; i < unary_round_trips; ++i) {
+      Check(function->LaunchAndSynchronize(config, *buffer, n), "launch and synchronize");
+    }
+    const double fused = Seconds(start) * 1e6 / unary_round_trips;
+    fused_samples.push_back(fused);
+    fused_ratios.push_back(fused / ping);
     if (direct_session) {
       start = std::chrono::steady_clock::now();
       for (int i = 0; i < round_trips; ++i) {
@@ -192,6 +201,9 @@ int Main(int argc, char** argv) {
   const ProcessCosts unary_cost = costs_of(unary_round_trips, [&] {
     Check(function->Launch(config, *buffer, n), "unary launch");
     Check(session->Synchronize(), "sync");
+  });
+  const ProcessCosts fused_cost = costs_of(unary_round_trips, [&] {
+    Check(function->LaunchAndSynchronize(config, *buffer, n), "launch and synchronize");
   });
 
   // Asynchronous launches per second through the command stream.
@@ -402,6 +414,9 @@ int Main(int argc, char** argv) {
   std::printf("%-55s %11.1f us %11.1f us %9.2fx %8s\n",
               "launch+sync round trip (unary RPCs) vs bare ping", daemon_unary_round_trip_us,
               ping_us, Median(unary_ratios), "<=2x");
+  std::printf("%-55s %11.1f us %11.1f us %9.2fx %8s\n",
+              "launch+sync in one unary RPC (synchronize) vs ping", Median(fused_samples), ping_us,
+              Median(fused_ratios), "<=2x");
   std::printf("%-55s %11.1f us %11.1f us %9.2fx %8s\n", "unary launch alone (one RPC) vs bare ping",
               Median(unary_launch_samples), ping_us, Median(unary_launch_samples) / ping_us, "-");
   if (direct_session) {
@@ -478,6 +493,7 @@ int Main(int argc, char** argv) {
     row("bare ping", ping_cost);
     row("launch+sync (command stream)", stream_cost);
     row("launch+sync (unary launch, then sync)", unary_cost);
+    row("launch+sync (one unary, synchronize)", fused_cost);
   }
   // One line for scripts (bench_python.py --cpp-bench compares Python with this client).
   std::printf(

@@ -13,8 +13,8 @@ Measures, for both where they apply:
   ``cudaMemcpy`` with ``cupyx.empty_pinned`` memory) and from and to an ordinary numpy array
   (CuPy: ``cudaMemcpy`` with the same pageable array);
 * ``float(gpuarray.sum(a))`` (a synchronising call) and ``a * 2 + 1`` (asynchronous: many,
-  then one synchronize) on 1M floats (CuPy: the same expressions; with CuPy, the gpurpc and
-  CuPy columns of ``a * 2 + 1`` come from rounds that alternate the two, at the end);
+  then one synchronize) on 1M floats (CuPy: the same expressions; with CuPy, the three
+  columns of ``a * 2 + 1`` come from rounds that alternate them, at the end);
 * in the gRPC-only column, the numpy-array ``memcpy_htod``/``memcpy_dtoh`` again on one
   connection (``transfer_connections = 1``) beside the default's parts on 4 (its note prints
   the ratio);
@@ -401,35 +401,63 @@ def bench_cupy(results: Dict[str, Result], args: argparse.Namespace) -> Optional
 EXPR_ROUNDS = 9  # rounds of bench_expr_alternating, each side
 
 
-def bench_expr_alternating(results: Dict[str, Result], args: argparse.Namespace) -> None:
-    """``a * 2 + 1`` again, gpurpc (in a context as it comes) and CuPy in alternating rounds;
-    the medians replace both columns of the row. The two sides measured minutes apart differed
-    by up to 2x between runs (CuPy's own rate fell by a quarter from its first rounds to its
-    later ones in one process), so the ratio is taken from rounds run side by side, each side
-    first in every other round."""
+def bench_expr_alternating(results: Dict[str, Result], args: argparse.Namespace,
+                           dev: "cuda.Device") -> None:
+    """``a * 2 + 1`` again, in rounds that alternate gpurpc in a context as it comes, gpurpc in
+    a context with ``host_regions="off"`` (the gRPC-only column) and CuPy; the medians replace
+    the three columns of the row. The sides measured minutes apart differed by up to 2x
+    between runs (CuPy's own rate fell by a quarter from its first rounds to its later ones
+    in one process), so the ratios are taken from rounds run side by side, the order rotated
+    so that each side goes first in every third round."""
     import cupy as cp  # type: ignore[import-not-found]
-    a = gpuarray.to_gpu(np.ones(GPUARRAY_ELEMENTS, np.float32))
-    ga = cp.ones(GPUARRAY_ELEMENTS, cp.float32)
     n = args.repeats * 400
-    sides = ((lambda: a * 2 + 1, cuda.Context.synchronize, []),
-             (lambda: ga * 2 + 1, cp.cuda.Device().synchronize, []))
-    for expr, sync, _ in sides:
-        for _ in range(n):
-            expr()
-        sync()
-    for round_ in range(EXPR_ROUNDS):
-        for expr, sync, rates in (sides if round_ % 2 == 0 else sides[::-1]):
-            t0 = time.perf_counter()
-            for _ in range(n):
-                expr()
-            sync()
-            rates.append(n / (time.perf_counter() - t0))
-    row = results["gpuarray_expr"]
-    row.gpurpc = statistics.median(sides[0][2])
-    row.cupy = statistics.median(sides[1][2])
-    ratios = sorted(g / c for g, c in zip(sides[0][2], sides[1][2]))
-    row.note = (f"target: >= 0.8x CuPy; both columns the medians of {EXPR_ROUNDS} alternating "
-                f"rounds of {n}, per-round ratios {ratios[0]:.2f}-{ratios[-1]:.2f}")
+    contexts, arrays = [], []
+    try:
+        sides = []
+        for regions in (None, "off"):
+            ctx = dev.make_context()
+            contexts.append(ctx)
+            if regions is not None:
+                ctx.host_regions = regions
+            a = gpuarray.to_gpu(np.ones(GPUARRAY_ELEMENTS, np.float32))
+            arrays.append(a)
+            cuda.Context.pop()
+            sides.append((ctx, lambda a=a: a * 2 + 1, cuda.Context.synchronize, []))
+        ga = cp.ones(GPUARRAY_ELEMENTS, cp.float32)
+        sides.append((None, lambda: ga * 2 + 1, cp.cuda.Device().synchronize, []))
+
+        def run(ctx, expr, sync, count: int) -> float:
+            if ctx is not None:
+                ctx.push()
+            try:
+                t0 = time.perf_counter()
+                for _ in range(count):
+                    expr()
+                sync()
+                return count / (time.perf_counter() - t0)
+            finally:
+                if ctx is not None:
+                    cuda.Context.pop()
+
+        for ctx, expr, sync, _ in sides:
+            run(ctx, expr, sync, n)
+        for round_ in range(EXPR_ROUNDS):
+            k = round_ % len(sides)
+            for ctx, expr, sync, rates in sides[k:] + sides[:k]:
+                rates.append(run(ctx, expr, sync, n))
+        row = results["gpuarray_expr"]
+        row.gpurpc, row.grpc, row.cupy = (statistics.median(rates) for *_, rates in sides)
+        ratios = sorted(g / c for g, c in zip(sides[0][3], sides[2][3]))
+        row.note = (f"target: >= 0.8x CuPy; all three columns the medians of {EXPR_ROUNDS} "
+                    f"rounds of {n} alternating the three, per-round ratios to CuPy "
+                    f"{ratios[0]:.2f}-{ratios[-1]:.2f}")
+    finally:
+        for ctx, a in zip(contexts, arrays):
+            ctx.push()
+            a.gpudata.free()
+            cuda.Context.pop()
+        for ctx in contexts:
+            ctx.detach()
 
 
 # -- report -----------------------------------------------------------------------------------
@@ -559,12 +587,7 @@ def main() -> int:
     cpp = run_cpp_bench(args.cpp_bench, resolve(args.address)) if args.cpp_bench else None
     cupy_note = "skipped (--no-cupy)" if args.no_cupy else bench_cupy(results, args)
     if cupy_note is None and results["gpuarray_expr"].gpurpc is not None:
-        ctx = dev.make_context()
-        try:
-            bench_expr_alternating(results, args)
-        finally:
-            cuda.Context.pop()
-            ctx.detach()
+        bench_expr_alternating(results, args, dev)
     print()
     print_table(results, cupy_note)
     if cpp is not None and results["sync"].gpurpc:
