@@ -39,12 +39,14 @@
 #include "tests/testing/daemon.h"
 #include "tests/testing/fake_kernels.h"
 #include "tests/testing/raw_call.h"
+#include "tests/testing/socket_io.h"
 #include "tests/testing/status_matchers.h"
 
 namespace gpurpc {
 namespace {
 
 using ::gpurpc::testing::IsOk;
+using ::gpurpc::testing::SendAll;
 using ::gpurpc::testing::StatusIs;
 using ::gpurpc::testing::TestDaemon;
 using ::testing::HasSubstr;
@@ -681,21 +683,9 @@ std::string FrameHeader(uint32_t length) {
   return header;
 }
 
-// Sends all of `bytes` (false when the socket refuses them).
-bool SendBytes(int fd, const std::string& bytes) {
-  size_t sent = 0;
-  while (sent < bytes.size()) {
-    const ssize_t n = send(fd, bytes.data() + sent, bytes.size() - sent, MSG_NOSIGNAL);
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) return false;
-    sent += static_cast<size_t>(n);
-  }
-  return true;
-}
-
 // One frame: the length prefix and `body`.
 bool SendFrame(int fd, const std::string& body) {
-  return SendBytes(fd, FrameHeader(static_cast<uint32_t>(body.size())) + body);
+  return SendAll(fd, FrameHeader(static_cast<uint32_t>(body.size())) + body);
 }
 bool SendBatch(int fd, const v1::CommandBatch& batch) {
   return SendFrame(fd, batch.SerializeAsString());
@@ -968,7 +958,7 @@ TEST_F(HostRegionFramedTest, HostileFramesEndTheChannelAndNotTheWorker) {
     SCOPED_TRACE(absl::StrCat("length ", length));
     UniqueFd channel = OpenFramed(session);
     ASSERT_GE(channel.get(), 0);
-    ASSERT_TRUE(SendBytes(channel.get(), FrameHeader(length)));
+    ASSERT_TRUE(SendAll(channel.get(), FrameHeader(length)));
     auto reply = ReadReply(channel.get());
     ASSERT_THAT(reply, IsOk());
     ASSERT_TRUE(reply->has_error());
@@ -1000,7 +990,7 @@ TEST_F(HostRegionFramedTest, HostileFramesEndTheChannelAndNotTheWorker) {
     // 64 MiB announced, a few bytes sent, then the client's end shut: no reply, the end.
     UniqueFd channel = OpenFramed(session);
     ASSERT_GE(channel.get(), 0);
-    ASSERT_TRUE(SendBytes(channel.get(), FrameHeader(64 * kMiB) + "\x0a\x02"));
+    ASSERT_TRUE(SendAll(channel.get(), FrameHeader(64 * kMiB) + "\x0a\x02"));
     ASSERT_EQ(shutdown(channel.get(), SHUT_WR), 0);
     EXPECT_THAT(AwaitEnd(channel.get()), IsOk());
   }
@@ -1261,7 +1251,7 @@ TEST_F(HostRegionFramedTest, ClosingTheSessionEndsItsFramedChannels) {
   // One waits in the middle of a message that never completes.
   UniqueFd stalled = OpenFramed(session);
   ASSERT_GE(stalled.get(), 0);
-  ASSERT_TRUE(SendBytes(stalled.get(), FrameHeader(64 * kMiB) + "\x0a\x02"));
+  ASSERT_TRUE(SendAll(stalled.get(), FrameHeader(64 * kMiB) + "\x0a\x02"));
   // Still open before the close.
   std::string bytes;
   EXPECT_THAT(ReadExactly(idle.get(), 1, absl::Now() + absl::Milliseconds(100), &bytes),

@@ -3,9 +3,8 @@
 #include "grpcpp/generic/generic_stub.h"
 
 namespace gpurpc::testing {
-namespace {
 
-std::string ToString(const grpc::ByteBuffer& buffer) {
+std::string ByteBufferToString(const grpc::ByteBuffer& buffer) {
   std::vector<grpc::Slice> slices;
   std::string out;
   if (!buffer.Dump(&slices).ok()) return out;
@@ -14,8 +13,6 @@ std::string ToString(const grpc::ByteBuffer& buffer) {
   }
   return out;
 }
-
-}  // namespace
 
 RawCallResult RawCall(const std::shared_ptr<grpc::Channel>& channel, grpc::ClientContext* context,
                       const std::string& method, const std::vector<std::string>& requests) {
@@ -48,7 +45,7 @@ RawCallResult RawCall(const std::shared_ptr<grpc::Channel>& channel, grpc::Clien
     grpc::ByteBuffer answer;
     call->Read(&answer, tag);
     if (!step()) break;
-    result.responses.push_back(ToString(answer));
+    result.responses.push_back(ByteBufferToString(answer));
   }
   call->Finish(&result.status, tag);
   step();

@@ -25,6 +25,9 @@ struct RawCallResult {
 RawCallResult RawCall(const std::shared_ptr<grpc::Channel>& channel, grpc::ClientContext* context,
                       const std::string& method, const std::vector<std::string>& requests);
 
+// The bytes of `buffer`, its slices joined; "" when it cannot be read (an empty buffer too).
+std::string ByteBufferToString(const grpc::ByteBuffer& buffer);
+
 }  // namespace gpurpc::testing
 
 #endif  // GPURPC_TESTS_TESTING_RAW_CALL_H_

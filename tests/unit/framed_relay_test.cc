@@ -36,9 +36,12 @@
 #include "server/frontend/session_manager.h"
 #include "server/frontend/worker_process.h"
 #include "tests/testing/raw_call.h"
+#include "tests/testing/socket_io.h"
 
 namespace gpurpc::frontend {
 namespace {
+
+using ::gpurpc::testing::SendAll;
 
 // The worker process's mode: argv[2] is a descriptor (inherited) on which it sends its end of
 // the relay channel (fd 6, WorkerProcess::Spawn), then waits until the test closes its side.
@@ -72,18 +75,6 @@ std::string Pattern(size_t size) {
   std::string out(size, '\0');
   for (size_t i = 0; i < size; ++i) out[i] = static_cast<char>((i * 131 + i / 251) & 0xff);
   return out;
-}
-
-// Sends all of `bytes`; false when the front end's side ended first (or a send timed out).
-bool SendAll(int fd, const std::string& bytes) {
-  size_t sent = 0;
-  while (sent < bytes.size()) {
-    const ssize_t n = send(fd, bytes.data() + sent, bytes.size() - sent, MSG_NOSIGNAL);
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) return false;
-    sent += static_cast<size_t>(n);
-  }
-  return true;
 }
 
 bool ReadExactly(int fd, char* out, size_t size) {

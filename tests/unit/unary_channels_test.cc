@@ -28,25 +28,17 @@
 #include "grpcpp/support/byte_buffer.h"
 #include "grpcpp/support/slice.h"
 #include "gtest/gtest.h"
+#include "tests/testing/raw_call.h"
 
 namespace gpurpc::frontend {
 namespace {
 
+using ::gpurpc::testing::ByteBufferToString;
 using ::testing::HasSubstr;
 
 grpc::ByteBuffer Buffer(const std::string& bytes) {
   grpc::Slice slice(bytes);
   return grpc::ByteBuffer(&slice, 1);
-}
-
-std::string String(const grpc::ByteBuffer& buffer) {
-  std::vector<grpc::Slice> slices;
-  std::string out;
-  if (!buffer.Dump(&slices).ok()) return out;
-  for (const grpc::Slice& slice : slices) {
-    out.append(reinterpret_cast<const char*>(slice.begin()), slice.size());
-  }
-  return out;
 }
 
 std::string Header(uint32_t prefix) {
@@ -72,8 +64,8 @@ class Ends {
   UnaryChannels::Done Next() {
     return [this](UnaryChannels::Outcome outcome, grpc::Status status, grpc::ByteBuffer response) {
       absl::MutexLock lock(&mu_);
-      ends_.push_back(
-          Ended{outcome, std::move(status), String(response), std::this_thread::get_id()});
+      ends_.push_back(Ended{outcome, std::move(status), ByteBufferToString(response),
+                            std::this_thread::get_id()});
     };
   }
   // Waits for the `n`th end (from 1).
