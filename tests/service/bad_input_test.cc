@@ -45,6 +45,7 @@
 #include <mutex>
 #include <random>
 #include <string>
+#include <string_view>
 #include <thread>
 #include <utility>
 #include <vector>
@@ -76,6 +77,7 @@
 #include "gtest/gtest.h"
 #include "tests/testing/daemon.h"
 #include "tests/testing/raw_call.h"
+#include "tests/testing/socket_io.h"
 
 namespace gpurpc {
 namespace {
@@ -162,16 +164,16 @@ std::string Describe(const Outcome& outcome) {
 }
 
 // A failed outcome the test itself produced (a precondition of a case did not hold).
+Outcome Broken(const std::string& what) {
+  return {Code::UNKNOWN, absl::StrCat("[test precondition failed] ", what)};
+}
+
 // `count` copies of `element` (wire bytes made by hand).
 std::string Repeated(const std::string& element, size_t count) {
   std::string out;
   out.reserve(element.size() * count);
   for (size_t i = 0; i < count; ++i) out += element;
   return out;
-}
-
-Outcome Broken(const std::string& what) {
-  return {Code::UNKNOWN, absl::StrCat("[test precondition failed] ", what)};
 }
 
 // ---------------------------------------------------------------------------- callers
@@ -690,12 +692,7 @@ class BareHttp2 {
   bool connected() const { return fd_ >= 0; }
 
   bool Send(absl::string_view bytes) {
-    while (!bytes.empty()) {
-      const ssize_t n = ::send(fd_, bytes.data(), bytes.size(), MSG_NOSIGNAL);
-      if (n <= 0) return false;
-      bytes.remove_prefix(static_cast<size_t>(n));
-    }
-    return true;
+    return testing::SendAll(fd_, std::string_view(bytes.data(), bytes.size()));
   }
 
   static std::string Frame(uint8_t type, uint8_t flags, uint32_t stream,
