@@ -6,9 +6,7 @@
 #include <signal.h>
 
 #include <chrono>
-#include <condition_variable>
 #include <memory>
-#include <mutex>
 #include <string>
 #include <vector>
 
@@ -18,11 +16,11 @@
 #include "absl/time/time.h"
 #include "gmock/gmock.h"
 #include "gpurpc/client.h"
-#include "grpcpp/generic/generic_stub.h"
 #include "grpcpp/grpcpp.h"
 #include "gtest/gtest.h"
 #include "tests/testing/daemon.h"
 #include "tests/testing/eventually.h"
+#include "tests/testing/raw_call.h"
 #include "tests/testing/status_matchers.h"
 
 namespace gpurpc {
@@ -53,30 +51,14 @@ class DrainTest : public ::testing::Test {
 
   // grpc.health.v1.Health/Check of service "": 1 SERVING, 2 NOT_SERVING, -1 no answer.
   int Health() {
-    auto channel = grpc::CreateChannel(health_address_, grpc::InsecureChannelCredentials());
-    grpc::GenericStub stub(channel);
     grpc::ClientContext context;
     context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
-    grpc::Slice empty("");
-    grpc::ByteBuffer request(&empty, 1), response;
-    std::mutex mu;
-    std::condition_variable cv;
-    bool done = false;
-    grpc::Status result;
-    stub.UnaryCall(&context, "/grpc.health.v1.Health/Check", grpc::StubOptions(), &request,
-                   &response, [&](grpc::Status status) {
-                     std::lock_guard<std::mutex> lock(mu);
-                     result = status;
-                     done = true;
-                     cv.notify_all();
-                   });
-    std::unique_lock<std::mutex> lock(mu);
-    cv.wait(lock, [&] { return done; });
-    if (!result.ok()) return -1;
-    std::vector<grpc::Slice> slices;
-    if (!response.Dump(&slices).ok()) return -1;
-    std::string bytes;
-    for (const grpc::Slice& slice : slices) bytes.append(slice.begin(), slice.end());
+    const testing::RawCallResult call =
+        testing::RawCall(grpc::CreateChannel(health_address_, grpc::InsecureChannelCredentials()),
+                         &context, "/grpc.health.v1.Health/Check", {""});
+    // A unary answer: exactly one message.
+    if (!call.status.ok() || call.responses.size() != 1) return -1;
+    const std::string& bytes = call.responses[0];
     // HealthCheckResponse { ServingStatus status = 1; }: "\x08" then the value.
     return bytes.size() == 2 && bytes[0] == '\x08' ? bytes[1] : -1;
   }

@@ -17,11 +17,9 @@
 #include <cerrno>
 #include <chrono>
 #include <cmath>
-#include <condition_variable>
 #include <cstring>
 #include <map>
 #include <memory>
-#include <mutex>
 #include <optional>
 #include <set>
 #include <string>
@@ -39,12 +37,12 @@
 #include "gmock/gmock.h"
 #include "gpurpc/client.h"
 #include "gpurpc/v1/execution_service.grpc.pb.h"
-#include "grpcpp/generic/generic_stub.h"
 #include "grpcpp/grpcpp.h"
 #include "gtest/gtest.h"
 #include "tests/testing/daemon.h"
 #include "tests/testing/eventually.h"
 #include "tests/testing/fake_kernels.h"
+#include "tests/testing/raw_call.h"
 #include "tests/testing/status_matchers.h"
 
 namespace gpurpc {
@@ -509,25 +507,11 @@ TEST_F(MetricsTest, CountersMoveByExactlyWhatTheClientDid) {
               StatusIs(absl::StatusCode::kInvalidArgument));
   // A path gpurpc does not serve: counted as method "unknown", never under its own name.
   {
-    grpc::GenericStub stub(client_->channel());
     grpc::ClientContext context;
     context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
-    grpc::Slice empty("");
-    grpc::ByteBuffer request(&empty, 1), response;
-    std::mutex mu;
-    std::condition_variable cv;
-    bool done = false;
-    grpc::Status status;
-    stub.UnaryCall(&context, "/evil.Service/Label9f3a", grpc::StubOptions(), &request, &response,
-                   [&](grpc::Status s) {
-                     std::lock_guard<std::mutex> lock(mu);
-                     status = s;
-                     done = true;
-                     cv.notify_all();
-                   });
-    std::unique_lock<std::mutex> lock(mu);
-    cv.wait(lock, [&] { return done; });
-    EXPECT_EQ(status.error_code(), grpc::StatusCode::UNIMPLEMENTED);
+    EXPECT_EQ(testing::RawCall(client_->channel(), &context, "/evil.Service/Label9f3a", {""})
+                  .status.error_code(),
+              grpc::StatusCode::UNIMPLEMENTED);
   }
 
   const Exposition open = Scrape();

@@ -15,7 +15,6 @@
 
 #include <algorithm>
 #include <atomic>
-#include <condition_variable>
 #include <cstdio>
 #include <fstream>
 #include <map>
@@ -42,6 +41,7 @@
 #include "gtest/gtest.h"
 #include "tests/testing/daemon.h"
 #include "tests/testing/eventually.h"
+#include "tests/testing/raw_call.h"
 #include "tests/testing/status_matchers.h"
 
 namespace gpurpc {
@@ -49,6 +49,8 @@ namespace {
 
 using ::gpurpc::testing::Eventually;
 using ::gpurpc::testing::IsOk;
+using ::gpurpc::testing::RawCall;
+using ::gpurpc::testing::RawCallResult;
 using ::gpurpc::testing::StatusIs;
 using ::gpurpc::testing::TestDaemon;
 using ::testing::HasSubstr;
@@ -673,28 +675,21 @@ TEST_F(TenancyTest, HealthListenerServesHealthOnlyAndTheMainListenerNoHealth) {
   StartDaemon({absl::StrCat("--health-listen=127.0.0.1:", health_port)});
   auto health_channel = grpc::CreateChannel(absl::StrCat("127.0.0.1:", health_port),
                                             grpc::InsecureChannelCredentials());
-  // grpc.health.v1.Health/Check with an empty request (service ""), as a kubelet sends it.
-  auto check = [&](const std::shared_ptr<grpc::Channel>& channel, const std::string& method) {
-    grpc::GenericStub stub(channel);
+  // One request of `bytes` to `method`, then the half-close (a unary call's shape): the status,
+  // with exactly one answer when the call went well.
+  const auto call = [](const std::shared_ptr<grpc::Channel>& channel, const std::string& method,
+                       const std::string& bytes) {
     grpc::ClientContext context;
     context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
-    grpc::ByteBuffer request, response;
-    grpc::Slice empty("");
-    request = grpc::ByteBuffer(&empty, 1);
-    std::mutex mu;
-    std::condition_variable cv;
-    bool done = false;
-    grpc::Status result;
-    stub.UnaryCall(&context, method, grpc::StubOptions(), &request, &response,
-                   [&](grpc::Status status) {
-                     std::lock_guard<std::mutex> lock(mu);
-                     result = status;
-                     done = true;
-                     cv.notify_all();
-                   });
-    std::unique_lock<std::mutex> lock(mu);
-    cv.wait(lock, [&] { return done; });
-    return result;
+    const RawCallResult result = RawCall(channel, &context, method, {bytes});
+    if (result.status.ok()) {
+      EXPECT_EQ(result.responses.size(), 1u) << method;
+    }
+    return result.status;
+  };
+  // grpc.health.v1.Health/Check with an empty request (service ""), as a kubelet sends it.
+  const auto check = [&](const std::shared_ptr<grpc::Channel>& channel, const std::string& method) {
+    return call(channel, method, "");
   };
   EXPECT_TRUE(check(health_channel, "/grpc.health.v1.Health/Check").ok());
   EXPECT_EQ(check(health_channel, "/gpurpc.v1.DeviceService/ListDevices").error_code(),
@@ -713,25 +708,8 @@ TEST_F(TenancyTest, HealthListenerServesHealthOnlyAndTheMainListenerNoHealth) {
   }
   // Reflection answers on the health listener (a list_services request, field 7 = "").
   const auto reflect = [&](const std::string& bytes) {
-    grpc::GenericStub stub(health_channel);
-    grpc::ClientContext context;
-    context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
-    grpc::Slice slice(bytes);
-    grpc::ByteBuffer request(&slice, 1), response;
-    std::mutex mu;
-    std::condition_variable cv;
-    bool done = false;
-    grpc::Status result;
-    stub.UnaryCall(&context, "/grpc.reflection.v1alpha.ServerReflection/ServerReflectionInfo",
-                   grpc::StubOptions(), &request, &response, [&](grpc::Status status) {
-                     std::lock_guard<std::mutex> lock(mu);
-                     result = status;
-                     done = true;
-                     cv.notify_all();
-                   });
-    std::unique_lock<std::mutex> lock(mu);
-    cv.wait(lock, [&] { return done; });
-    return result;
+    return call(health_channel, "/grpc.reflection.v1alpha.ServerReflection/ServerReflectionInfo",
+                bytes);
   };
   const grpc::Status listed = reflect(std::string("\x3a\x00", 2));
   EXPECT_TRUE(listed.ok()) << listed.error_message();
