@@ -5,10 +5,11 @@
 // module load). A worker serves exactly one session, so everything on its stdout is that
 // session's: DeviceOutput points the worker's fd 1 at a pipe, a reader thread keeps the
 // pipe drained into a bounded buffer, and every synchronising answer the worker gives
-// (SynchronizeStream/Session/Event, a Launch with `synchronize`, and a CommandReply of a
-// batch with a SyncCommand) carries what has been captured by then in its `device_output`
-// field. The clients print it
-// (Python to sys.stdout, C++ through Session::SetDeviceOutputHandler, stdout by default).
+// (SynchronizeStream/Session/Event and a Launch with `synchronize` when they succeed, and a
+// CommandReply of a batch with a SyncCommand, with its error if any) carries what has been
+// captured by then in its `device_output` field; a unary answer that fails leaves it for
+// the next. The clients print it (Python to sys.stdout, C++ through
+// Session::SetDeviceOutputHandler, stdout by default).
 // Nothing of one session's output can reach another session: they are other processes with
 // other pipes.
 //

@@ -76,7 +76,8 @@ grpc::Status Answer(absl::StatusOr<T> result, Fill fill) {
 
 // Answers a synchronising unary call: on success the response carries the device printf
 // output captured by then. An error answer carries no message (gRPC sends none), so the
-// output stays captured for the next synchronising answer instead of being lost.
+// output stays captured for the next synchronising answer instead of being taken into one
+// that is dropped (after a fault no answer succeeds again, and it is lost either way).
 template <typename Response>
 grpc::Status AnswerSynchronized(const absl::Status& status, Session& session, Response* response) {
   if (!status.ok()) return ToGrpcStatus(status);
@@ -624,6 +625,7 @@ class ExecutionServiceImpl final : public v1::ExecutionService::Service {
   grpc::Status Launch(grpc::ServerContext*, const v1::LaunchRequest* request,
                       v1::LaunchResponse* response) override {
     if (!request->synchronize()) return ToGrpcStatus(session_->Launch(request->launch()));
+    response->set_synchronized(true);
     return AnswerSynchronized(session_->LaunchAndSynchronize(request->launch()), *session_,
                               response);
   }

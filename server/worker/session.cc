@@ -1030,7 +1030,14 @@ absl::Status Session::LaunchAndSynchronize(const v1::LaunchCommand& launch) {
   // would leave the client not knowing that its kernel is in the graph.
   GPURPC_RETURN_IF_ERROR(RefuseWhileCapturing(launch.stream_id(), "Launch with synchronize"));
   GPURPC_RETURN_IF_ERROR(Launch(launch));
-  return SynchronizeStream(launch.stream_id());
+  absl::Status waited = SynchronizeStream(launch.stream_id());
+  if (waited.ok() || IsStickyFault(waited)) return waited;
+  // Another call of the session began a capture on the stream, or destroyed it, after the
+  // check above: the kernel is enqueued (or captured), and the answer must say so.
+  return absl::Status(waited.code(),
+                      absl::StrCat("Launch with synchronize: the kernel was enqueued, but the "
+                                   "wait for its stream failed: ",
+                                   waited.message()));
 }
 
 // ---------------------------------------------------------------------------- commands

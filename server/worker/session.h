@@ -312,9 +312,11 @@ class Session {
   // the value, never truncated.
   absl::Status Launch(const v1::LaunchCommand& launch);
   // ExecutionService.Launch with `synchronize`: Launch, then SynchronizeStream on the
-  // launch's stream. A stream that captures (or stream 0 while a blocking stream captures)
-  // is refused FAILED_PRECONDITION before anything is enqueued, as SynchronizeStream would
-  // refuse it; an argument error returns before the wait.
+  // launch's stream. A stream that captures when the call begins (or stream 0 while a
+  // blocking stream captures) is refused FAILED_PRECONDITION before anything is enqueued,
+  // as SynchronizeStream would refuse it; an argument error returns before the wait. A wait
+  // that fails after the launch for any reason but a fault (a capture or DestroyStream of
+  // another call in between) says in its message that the kernel was enqueued.
   absl::Status LaunchAndSynchronize(const v1::LaunchCommand& launch);
 
   // CUDA graphs (the contract is ExecutionService's in execution_service.proto; the

@@ -285,6 +285,16 @@ TEST_F(AxpyTest, LaunchAndSynchronizeAppliesTheLaunch) {
   ExpectAxpyApplied();
 }
 
+// As Stream::Synchronize would: an asynchronous error since the last sync is the answer.
+TEST_F(AxpyTest, LaunchAndSynchronizeAnswersAnEarlierAsyncError) {
+  ASSERT_OK(axpy_.LaunchBlobAsync(Config(), std::string(8, '\0')));
+  EXPECT_THAT(axpy_.LaunchAndSynchronize(Config(), kA, x_, y_, uint64_t{kN}),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("8 bytes")));
+  ExpectAxpyApplied();  // the launch itself ran
+  // Said once.
+  EXPECT_OK(session_.Synchronize());
+}
+
 TEST_F(ComputeTest, LaunchAndSynchronizeAnswersOnlyOnceItsKernelHasRun) {
   ASSERT_OK_AND_ASSIGN(Function spin, FakeFunction("spin_us"));
   ASSERT_OK_AND_ASSIGN(Stream stream, session_.CreateStream());

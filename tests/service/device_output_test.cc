@@ -5,6 +5,7 @@
 // its built-in print_i32 on the host and prints the very lines the CUDA source below would
 // print on a GPU (tests/python/test_printf.py runs the same on the H200).
 
+#include <chrono>
 #include <cstdint>
 #include <cstring>
 #include <memory>
@@ -19,8 +20,11 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/string_view.h"
 #include "absl/types/span.h"
+#include "common/limits.h"
 #include "gmock/gmock.h"
 #include "gpurpc/client.h"
+#include "gpurpc/v1/execution_service.grpc.pb.h"
+#include "grpcpp/grpcpp.h"
 #include "gtest/gtest.h"
 #include "tests/testing/daemon.h"
 #include "tests/testing/eventually.h"
@@ -182,6 +186,57 @@ TEST_F(DeviceOutputTest, AFailedSynchronisingCallLeavesTheOutputForTheNext) {
   EXPECT_THAT(collected.Take(), IsEmpty());
   ASSERT_OK(printer.session.Synchronize());
   EXPECT_EQ(collected.Take(), Lines({21, 22}));
+}
+
+// The same for the unary synchronisations of the raw API: each fails, and the output is
+// still there for the one after.
+TEST_F(DeviceOutputTest, FailedUnarySynchronisationsLeaveTheOutputForTheNext) {
+  Collected collected;
+  ASSERT_OK_AND_ASSIGN(Printer printer, OpenPrinter(&collected));
+  ASSERT_OK_AND_ASSIGN(Stream stream, printer.session.CreateStream());
+  ASSERT_OK_AND_ASSIGN(Buffer buffer, Print(printer, {31, 32, 33}, &stream));
+  EXPECT_TRUE(::gpurpc::testing::Eventually([&] {
+    absl::StatusOr<bool> done = stream.Query();
+    return done.ok() && *done;
+  }));
+  std::unique_ptr<v1::ExecutionService::Stub> raw =
+      v1::ExecutionService::NewStub(client_->channel());
+  auto context = [&](grpc::ClientContext* c) {
+    c->AddMetadata(kSessionMetadataKey, std::to_string(printer.session.id()));
+    c->set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(30));
+  };
+  {
+    grpc::ClientContext c;
+    context(&c);
+    v1::SynchronizeStreamRequest request;
+    request.set_stream_id(0x5eed);  // no such stream
+    v1::SynchronizeStreamResponse response;
+    EXPECT_EQ(raw->SynchronizeStream(&c, request, &response).error_code(),
+              grpc::StatusCode::NOT_FOUND);
+  }
+  {
+    grpc::ClientContext c;
+    context(&c);
+    v1::SynchronizeEventRequest request;
+    request.set_event_id(0x5eed);  // no such event
+    v1::SynchronizeEventResponse response;
+    EXPECT_EQ(raw->SynchronizeEvent(&c, request, &response).error_code(),
+              grpc::StatusCode::NOT_FOUND);
+  }
+  {
+    // SynchronizeSession is refused while any stream captures.
+    ASSERT_OK_AND_ASSIGN(Stream capturing, printer.session.CreateStream(/*non_blocking=*/true));
+    ASSERT_OK(capturing.BeginCapture());
+    grpc::ClientContext c;
+    context(&c);
+    v1::SynchronizeSessionResponse response;
+    EXPECT_EQ(raw->SynchronizeSession(&c, v1::SynchronizeSessionRequest(), &response).error_code(),
+              grpc::StatusCode::FAILED_PRECONDITION);
+    ASSERT_OK(capturing.EndCapture().status());
+  }
+  EXPECT_THAT(collected.Take(), IsEmpty());
+  ASSERT_OK(printer.session.Synchronize());
+  EXPECT_EQ(collected.Take(), Lines({31, 32, 33}));
 }
 
 TEST_F(DeviceOutputTest, SessionsNeverSeeEachOthersOutput) {

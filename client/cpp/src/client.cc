@@ -1206,9 +1206,15 @@ absl::Status Function::LaunchPacked(const LaunchConfig& config, absl::Span<const
   v1::LaunchResponse response;
   absl::Status status =
       SessionCall(*core_, GPURPC_RPC(core_->execution(), Launch), "Launch", request, &response);
-  // Empty unless the call synchronized and succeeded (an error status carries no message).
+  if (mode != LaunchMode::kSynchronize || !status.ok()) return status;
   core_->DeliverDeviceOutput(response.device_output());
-  return status;
+  if (!response.synchronized()) {
+    // A daemon older than LaunchRequest.synchronize only enqueued the launch.
+    return core_->Sync(StreamId(config.stream), /*whole_session=*/false, core_->call_timeout(),
+                       "Function::LaunchAndSynchronize");
+  }
+  // As Stream::Synchronize would: the first asynchronous error since the last sync.
+  return core_->TakeCommandError();
 }
 
 absl::Status Function::SetAttribute(v1::FunctionAttribute attribute, int64_t value) {

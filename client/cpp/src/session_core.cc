@@ -722,18 +722,23 @@ absl::Status SessionCore::Sync(uint64_t stream_id, bool whole_session, absl::Dur
     // and its answer (and any error before it) is for a later synchronising call.
     return waited;
   }
+  absl::Status error = TakeCommandErrorLocked();
+  // The command's own error (e.g. the fault, with its sequence number) says more than the
+  // stream's end.
+  return error.ok() ? waited : error;
+}
+
+absl::Status SessionCore::TakeCommandErrorLocked() {
   // A fault ends the stream: once said here, the next command starts a new one.
   if (commands_->stream_ended || IsStickyFault(commands_->first_error)) {
     commands_->stream_error_reported = true;
   }
-  if (!commands_->first_error.ok()) {
-    // The command's own error (e.g. the fault, with its sequence number) says more than
-    // the stream's end.
-    absl::Status error = std::move(commands_->first_error);
-    commands_->first_error = absl::OkStatus();
-    return error;
-  }
-  return waited;
+  return std::exchange(commands_->first_error, absl::OkStatus());
+}
+
+absl::Status SessionCore::TakeCommandError() {
+  absl::MutexLock lock(&commands_->mu);
+  return TakeCommandErrorLocked();
 }
 
 absl::Status SessionCore::Close() {

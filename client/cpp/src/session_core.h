@@ -194,6 +194,10 @@ class SessionCore {
   absl::Status Sync(uint64_t stream_id, bool whole_session, absl::Duration timeout,
                     absl::string_view call, uint64_t event_id = 0)
       ABSL_LOCKS_EXCLUDED(send_mu_, commands_->mu);
+  // What a synchronising unary call that succeeded answers instead (Function::
+  // LaunchAndSynchronize, after a Barrier): the first asynchronous error since the last
+  // synchronising call, which it clears, or OK.
+  absl::Status TakeCommandError() ABSL_LOCKS_EXCLUDED(commands_->mu);
 
   // Stops the watch, cancels the command stream (queued commands are dropped: closing frees
   // everything anyway) and wakes every caller waiting on it, then closes the session
@@ -227,6 +231,7 @@ class SessionCore {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(send_mu_) ABSL_LOCKS_EXCLUDED(commands_->mu);
   absl::Status WaitProcessed(uint64_t sequence, absl::Time deadline, absl::Duration timeout,
                              absl::string_view call) ABSL_LOCKS_EXCLUDED(commands_->mu);
+  absl::Status TakeCommandErrorLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(commands_->mu);
 
   std::shared_ptr<grpc::Channel> channel_;
   const uint64_t id_;

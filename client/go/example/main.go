@@ -197,6 +197,15 @@ func run() error {
 		return fmt.Errorf("Launch: %v", err)
 	}
 	os.Stdout.Write(launched.DeviceOutput) // what the kernels printf'ed, if anything
+	if !launched.Synchronized {
+		// A daemon older than LaunchRequest.synchronize only enqueued the launch.
+		ctx, cancel = scall()
+		_, err = execution.SynchronizeSession(ctx, &pb.SynchronizeSessionRequest{})
+		cancel()
+		if err != nil {
+			return fmt.Errorf("SynchronizeSession: %v", err)
+		}
+	}
 
 	ctx, cancel = scall()
 	downloaded, err := memory.Download(ctx, &pb.DownloadRequest{

@@ -674,9 +674,12 @@ class Function {
   // One unary RPC that launches and then waits for config.stream (the default stream when
   // null), as Launch followed by Stream::Synchronize would, in one round trip: argument
   // errors, then what the wait answers (ABORTED for a kernel fault; FAILED_PRECONDITION,
-  // with nothing launched, when the stream captures a graph). The wait's deadline is the
-  // call timeout. Device printf output goes to the session's handler when the call
-  // succeeds (an error answer carries none).
+  // with nothing launched, when the stream captures a graph), then the first error of
+  // earlier asynchronous work since the last synchronising call. The call's deadline is
+  // the call timeout; DEADLINE_EXCEEDED during the wait leaves the kernel running (a retry
+  // launches it again) and may lose what it prints. Device printf output goes to the
+  // session's handler when the call succeeds (an error answer carries none). Against a
+  // daemon that predates the one-call form it sends the launch, then a Synchronize.
   template <typename... Args>
   absl::Status LaunchAndSynchronize(const LaunchConfig& config, const Args&... args) const {
     const KernelArg packed[] = {KernelArg(args)..., KernelArg(0)};

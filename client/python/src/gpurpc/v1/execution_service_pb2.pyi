@@ -230,10 +230,12 @@ class LaunchRequest(_message.Message):
     def __init__(self, launch: _Optional[_Union[LaunchCommand, _Mapping]] = ..., synchronize: bool = ...) -> None: ...
 
 class LaunchResponse(_message.Message):
-    __slots__ = ("device_output",)
+    __slots__ = ("device_output", "synchronized")
     DEVICE_OUTPUT_FIELD_NUMBER: _ClassVar[int]
+    SYNCHRONIZED_FIELD_NUMBER: _ClassVar[int]
     device_output: bytes
-    def __init__(self, device_output: _Optional[bytes] = ...) -> None: ...
+    synchronized: bool
+    def __init__(self, device_output: _Optional[bytes] = ..., synchronized: bool = ...) -> None: ...
 
 class MemsetCommand(_message.Message):
     __slots__ = ("destination", "value", "element_size_bytes", "count", "stream_id")

@@ -295,8 +295,12 @@ class ExecutionServiceServicer(object):
         stream as SynchronizeStream does: a launch and its wait in one round trip.
         Codes: OK; INVALID_ARGUMENT naming the parameter index with expected and given sizes,
         or the dimension and its limit; NOT_FOUND for an unknown function, stream or buffer;
-        with `synchronize`, also what SynchronizeStream answers (ABORTED when a kernel fault
-        surfaces; FAILED_PRECONDITION, before anything is enqueued, for a stream that captures).
+        with `synchronize`, also what SynchronizeStream answers: ABORTED when a kernel fault
+        surfaces; FAILED_PRECONDITION for a stream that captures when the call arrives (nothing
+        is enqueued then; a message that says the kernel was enqueued means a capture began,
+        or the stream was destroyed, between the launch and the wait); DEADLINE_EXCEEDED when
+        the call's deadline passes during the wait: the kernel runs on, and what it prints may
+        be lost.
         Retry: not idempotent (launches again).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
