@@ -22,18 +22,21 @@
 #include "absl/types/span.h"
 #include "common/limits.h"
 #include "gmock/gmock.h"
+#include "google/protobuf/message.h"
 #include "gpurpc/client.h"
-#include "gpurpc/v1/execution_service.grpc.pb.h"
+#include "gpurpc/v1/execution_service.pb.h"
 #include "grpcpp/grpcpp.h"
 #include "gtest/gtest.h"
 #include "tests/testing/daemon.h"
 #include "tests/testing/eventually.h"
+#include "tests/testing/raw_call.h"
 #include "tests/testing/shared_daemon.h"
 #include "tests/testing/status_matchers.h"
 
 namespace gpurpc {
 namespace {
 
+using ::gpurpc::testing::RawCall;
 using ::gpurpc::testing::SharedDaemonTest;
 using ::gpurpc::testing::StatusIs;
 using ::gpurpc::testing::TestDaemon;
@@ -125,6 +128,15 @@ class DeviceOutputTest : public SharedDaemonTest<DeviceOutputTest> {
     return buffer;
   }
 
+  // Until `stream`'s work has run (on the fake, a kernel prints as it runs); a query takes
+  // no output.
+  static void ExpectDoneEventually(const Stream& stream) {
+    EXPECT_TRUE(::gpurpc::testing::Eventually([&] {
+      absl::StatusOr<bool> done = stream.Query();
+      return done.ok() && *done;
+    }));
+  }
+
   std::optional<Client> client_;
 };
 
@@ -174,11 +186,7 @@ TEST_F(DeviceOutputTest, AFailedSynchronisingCallLeavesTheOutputForTheNext) {
   ASSERT_OK_AND_ASSIGN(Printer printer, OpenPrinter(&collected));
   ASSERT_OK_AND_ASSIGN(Stream stream, printer.session.CreateStream());
   ASSERT_OK_AND_ASSIGN(Buffer buffer, Print(printer, {21, 22}, &stream));
-  // The kernel has run (and printed) when its stream is done; a query takes no output.
-  EXPECT_TRUE(::gpurpc::testing::Eventually([&] {
-    absl::StatusOr<bool> done = stream.Query();
-    return done.ok() && *done;
-  }));
+  ExpectDoneEventually(stream);
   LaunchConfig too_wide = Threads(1);
   too_wide.block.x = 1 << 20;  // over every device's threads per block: refused by the worker
   EXPECT_THAT(printer.print.LaunchAndSynchronize(too_wide, buffer, uint64_t{1}),
@@ -195,45 +203,30 @@ TEST_F(DeviceOutputTest, FailedUnarySynchronisationsLeaveTheOutputForTheNext) {
   ASSERT_OK_AND_ASSIGN(Printer printer, OpenPrinter(&collected));
   ASSERT_OK_AND_ASSIGN(Stream stream, printer.session.CreateStream());
   ASSERT_OK_AND_ASSIGN(Buffer buffer, Print(printer, {31, 32, 33}, &stream));
-  EXPECT_TRUE(::gpurpc::testing::Eventually([&] {
-    absl::StatusOr<bool> done = stream.Query();
-    return done.ok() && *done;
-  }));
-  std::unique_ptr<v1::ExecutionService::Stub> raw =
-      v1::ExecutionService::NewStub(client_->channel());
-  auto context = [&](grpc::ClientContext* c) {
-    c->AddMetadata(kSessionMetadataKey, std::to_string(printer.session.id()));
-    c->set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(30));
+  ExpectDoneEventually(stream);
+  // The code of one raw call of the session's.
+  auto code_of = [&](const std::string& method, const google::protobuf::Message& request) {
+    grpc::ClientContext context;
+    context.AddMetadata(kSessionMetadataKey, std::to_string(printer.session.id()));
+    context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(30));
+    return RawCall(client_->channel(), &context, method, {request.SerializeAsString()})
+        .status.error_code();
   };
-  {
-    grpc::ClientContext c;
-    context(&c);
-    v1::SynchronizeStreamRequest request;
-    request.set_stream_id(0x5eed);  // no such stream
-    v1::SynchronizeStreamResponse response;
-    EXPECT_EQ(raw->SynchronizeStream(&c, request, &response).error_code(),
-              grpc::StatusCode::NOT_FOUND);
-  }
-  {
-    grpc::ClientContext c;
-    context(&c);
-    v1::SynchronizeEventRequest request;
-    request.set_event_id(0x5eed);  // no such event
-    v1::SynchronizeEventResponse response;
-    EXPECT_EQ(raw->SynchronizeEvent(&c, request, &response).error_code(),
-              grpc::StatusCode::NOT_FOUND);
-  }
-  {
-    // SynchronizeSession is refused while any stream captures.
-    ASSERT_OK_AND_ASSIGN(Stream capturing, printer.session.CreateStream(/*non_blocking=*/true));
-    ASSERT_OK(capturing.BeginCapture());
-    grpc::ClientContext c;
-    context(&c);
-    v1::SynchronizeSessionResponse response;
-    EXPECT_EQ(raw->SynchronizeSession(&c, v1::SynchronizeSessionRequest(), &response).error_code(),
-              grpc::StatusCode::FAILED_PRECONDITION);
-    ASSERT_OK(capturing.EndCapture().status());
-  }
+  v1::SynchronizeStreamRequest no_stream;
+  no_stream.set_stream_id(0x5eed);
+  EXPECT_EQ(code_of("/gpurpc.v1.ExecutionService/SynchronizeStream", no_stream),
+            grpc::StatusCode::NOT_FOUND);
+  v1::SynchronizeEventRequest no_event;
+  no_event.set_event_id(0x5eed);
+  EXPECT_EQ(code_of("/gpurpc.v1.ExecutionService/SynchronizeEvent", no_event),
+            grpc::StatusCode::NOT_FOUND);
+  // SynchronizeSession is refused while any stream captures.
+  ASSERT_OK_AND_ASSIGN(Stream capturing, printer.session.CreateStream(/*non_blocking=*/true));
+  ASSERT_OK(capturing.BeginCapture());
+  EXPECT_EQ(
+      code_of("/gpurpc.v1.ExecutionService/SynchronizeSession", v1::SynchronizeSessionRequest()),
+      grpc::StatusCode::FAILED_PRECONDITION);
+  ASSERT_OK(capturing.EndCapture().status());
   EXPECT_THAT(collected.Take(), IsEmpty());
   ASSERT_OK(printer.session.Synchronize());
   EXPECT_EQ(collected.Take(), Lines({31, 32, 33}));
